@@ -1,0 +1,1 @@
+//! rext4 engine (placeholder)
