@@ -1,1 +1,36 @@
-//! rext4 engine (placeholder)
+//! # rext4: a userspace ext4 engine
+//!
+//! The embedding API follows `std::fs`: [`Fs::open`] an image, then
+//! [`Fs::metadata`], [`Fs::read_dir`], [`Fs::read_link`], [`Fs::open_file`] and
+//! [`File::read_at`], [`Fs::xattrs`]. Inode-level calls (`*_ino`) serve frontends that
+//! work by inode number (FUSE).
+//!
+//! Layers, top to bottom (see docs/ARCHITECTURE.md):
+//! - `path`: path resolution and the path API; `file`: metadata and file reads;
+//!   `dir`: linear and htree directories; `xattr`: extended attributes;
+//! - `map`: logical→physical mapping (extent trees, block maps);
+//! - `fs`: superblock, feature gate, group descriptors, inode records;
+//! - `cache`: metadata buffers, verified on read;
+//! - `device`: the `BlockDevice` seam (file, memory).
+//!
+//! Everything below `path` takes no lock but the buffer cache's map mutex, which is
+//! never held across I/O. The engine is read-only in this version: an image whose
+//! journal needs recovery opens read-only with a warning (no replay yet).
+
+pub mod cache;
+pub mod device;
+pub mod dir;
+pub mod error;
+pub mod file;
+pub mod fs;
+pub mod map;
+pub mod path;
+pub mod xattr;
+
+pub use dir::DirEntry;
+pub use error::{Error, Result};
+pub use file::{File, FileType, Metadata};
+pub use fs::{Fs, FsOptions, Ino};
+pub use map::Mapping;
+pub use rext4_format as format;
+pub use rext4_format::inode::Timestamp;

@@ -1,0 +1,284 @@
+//! Directories: reading entries (linear and htree directories alike) and looking names
+//! up (hash-directed in htree directories, a linear scan otherwise).
+//!
+//! An htree directory's block 0 is the dx root and its interior index blocks (dx nodes)
+//! are found by walking the index from the root; every other block is a leaf, an
+//! ordinary dirent block. Every block is verified before use: leaves with their dirent
+//! tail checksum (metadata_csum), index blocks with their dx tail checksum.
+//!
+//! Must hold on any image: a directory's logical blocks are bounded by i_size (checked
+//! against the device size), the index walk is bounded by its levels (≤ 3), and a
+//! collision chain is bounded by the number of index entries, so no lookup loops.
+//! Entry names containing '/' or NUL are corruption, never returned to callers.
+
+use std::collections::HashSet;
+
+use rext4_format::dir::{self as fdir, DxNode, DxRoot};
+use rext4_format::hash::{dx_hash, HashVersion};
+use rext4_format::inode::{flags, Inode};
+use rext4_format::superblock::feature;
+
+use crate::cache::Kind;
+use crate::error::{AtBlock, Error, Result};
+use crate::file::FileType;
+use crate::fs::{Fs, Ino};
+use crate::map::Mapping;
+
+/// One directory entry, as `std::fs::DirEntry` gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub ino: Ino,
+    pub file_type: FileType,
+}
+
+impl DirEntry {
+    pub fn file_name(&self) -> &[u8] {
+        &self.name
+    }
+}
+
+fn bad_name(name: &[u8]) -> bool {
+    name.is_empty() || name.contains(&b'/') || name.contains(&0)
+}
+
+impl Fs {
+    fn dir_nblocks(&self, ino: Ino, inode: &Inode) -> Result<u64> {
+        if !inode.is_dir() {
+            return Err(Error::NotADirectory);
+        }
+        let bs = u64::from(self.inner.block_size);
+        let dev = self.cache().device().size_bytes();
+        if inode.size % bs != 0 || inode.size > dev {
+            return Err(Error::corrupted(
+                format!("directory {} has impossible size {}", ino.0, inode.size),
+                None,
+            ));
+        }
+        Ok(inode.size / bs)
+    }
+
+    fn dir_block_phys(&self, ino: Ino, inode: &Inode, lblk: u64) -> Result<u64> {
+        match self.map_block(ino, inode, lblk)? {
+            Mapping::Mapped { physical, unwritten: false, .. } => Ok(physical),
+            _ => Err(Error::corrupted(
+                format!("directory {} has a hole at block {lblk}", ino.0),
+                None,
+            )),
+        }
+    }
+
+    fn is_indexed(&self, inode: &Inode) -> bool {
+        inode.has_flag(flags::INDEX) && self.inner.sb.has_compat(feature::COMPAT_DIR_INDEX)
+    }
+
+    /// Read logical block `lblk` of a directory as a leaf (dirent block).
+    fn read_leaf(&self, ino: Ino, inode: &Inode, lblk: u64) -> Result<std::sync::Arc<[u8]>> {
+        let phys = self.dir_block_phys(ino, inode, lblk)?;
+        let csum = self.inner.metadata_csum;
+        let seed = self.inode_seed(ino, inode);
+        self.cache().read(phys, Kind::DirLeaf, |b| {
+            if csum {
+                fdir::verify_leaf(b, seed)?;
+            }
+            fdir::check_block(b, csum)?;
+            Ok(())
+        })
+    }
+
+    /// Read logical block `lblk` as a dx index block (root if `lblk == 0`).
+    fn read_index(&self, ino: Ino, inode: &Inode, lblk: u64) -> Result<(std::sync::Arc<[u8]>, u64)> {
+        let phys = self.dir_block_phys(ino, inode, lblk)?;
+        let csum = self.inner.metadata_csum;
+        let seed = self.inode_seed(ino, inode);
+        let largedir = self.inner.sb.has_incompat(feature::INCOMPAT_LARGEDIR);
+        let data = self.cache().read(phys, Kind::DirIndex, |b| {
+            if csum {
+                fdir::verify_dx_csum(b, seed)?;
+            }
+            if lblk == 0 {
+                DxRoot::decode(b, csum, largedir)?;
+            } else {
+                DxNode::decode(b, csum)?;
+            }
+            Ok(())
+        })?;
+        Ok((data, phys))
+    }
+
+    fn dx_root(&self, ino: Ino, inode: &Inode) -> Result<DxRoot> {
+        let (b, phys) = self.read_index(ino, inode, 0)?;
+        let largedir = self.inner.sb.has_incompat(feature::INCOMPAT_LARGEDIR);
+        DxRoot::decode(&b, self.inner.metadata_csum, largedir).at(phys)
+    }
+
+    fn dx_node(&self, ino: Ino, inode: &Inode, lblk: u64, nblocks: u64) -> Result<DxNode> {
+        if lblk == 0 || lblk >= nblocks {
+            return Err(Error::corrupted(
+                format!("directory {} index points at block {lblk} of {nblocks}", ino.0),
+                None,
+            ));
+        }
+        let (b, phys) = self.read_index(ino, inode, lblk)?;
+        DxNode::decode(&b, self.inner.metadata_csum).at(phys)
+    }
+
+    /// Logical blocks of the index (root and dx nodes) of an htree directory.
+    fn index_blocks(&self, ino: Ino, inode: &Inode, nblocks: u64) -> Result<HashSet<u64>> {
+        let root = self.dx_root(ino, inode)?;
+        let mut set = HashSet::from([0u64]);
+        let mut level: Vec<u64> = root.entries.iter().map(|e| u64::from(e.block)).collect();
+        for _ in 0..root.indirect_levels {
+            let mut next = Vec::new();
+            for b in level {
+                if !set.insert(b) {
+                    return Err(Error::corrupted(
+                        format!("directory {} index block {b} referenced twice", ino.0),
+                        None,
+                    ));
+                }
+                let n = self.dx_node(ino, inode, b, nblocks)?;
+                next.extend(n.entries.iter().map(|e| u64::from(e.block)));
+            }
+            level = next;
+        }
+        Ok(set)
+    }
+
+    /// Every live entry of directory `ino` except "." and "..", in on-disk order.
+    pub fn read_dir_ino(&self, ino: Ino) -> Result<Vec<DirEntry>> {
+        let inode = self.read_live_inode(ino)?;
+        let n = self.dir_nblocks(ino, &inode)?;
+        let skip = if self.is_indexed(&inode) {
+            self.index_blocks(ino, &inode, n)?
+        } else {
+            HashSet::new()
+        };
+        let csum = self.inner.metadata_csum;
+        let mut out = Vec::new();
+        for lblk in 0..n {
+            if skip.contains(&lblk) {
+                continue;
+            }
+            let b = self.read_leaf(ino, &inode, lblk)?;
+            for e in fdir::live_entries(&b, csum) {
+                let e = e.map_err(|x| {
+                    Error::from(x.at_block(self.dir_block_phys(ino, &inode, lblk).unwrap_or(0)))
+                })?;
+                if e.name == b"." || e.name == b".." {
+                    continue;
+                }
+                if bad_name(e.name) {
+                    return Err(Error::corrupted(
+                        format!("directory {} holds an invalid name {:?}", ino.0, e.name),
+                        None,
+                    ));
+                }
+                out.push(DirEntry {
+                    name: e.name.to_vec(),
+                    ino: Ino(e.inode),
+                    file_type: FileType::from_dirent(e.file_type),
+                });
+            }
+        }
+        // The ".." of an htree root lives in the dx root, which the loop skipped.
+        Ok(out)
+    }
+
+    /// Look `name` up in directory `dir`; "." and ".." included.
+    pub fn lookup(&self, dir: Ino, name: &[u8]) -> Result<Option<DirEntry>> {
+        if name.len() > fdir::NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        if name.is_empty() || name.contains(&b'/') {
+            return Err(Error::InvalidInput("bad file name".into()));
+        }
+        let inode = self.read_live_inode(dir)?;
+        let n = self.dir_nblocks(dir, &inode)?;
+        if self.is_indexed(&inode) {
+            if name == b"." || name == b".." {
+                let root = self.dx_root(dir, &inode)?;
+                let ino = if name == b"." { root.dot_inode } else { root.dotdot_inode };
+                return Ok(Some(DirEntry { name: name.to_vec(), ino: Ino(ino), file_type: FileType::Dir }));
+            }
+            return self.htree_lookup(dir, &inode, n, name);
+        }
+        for lblk in 0..n {
+            if let Some(e) = self.search_leaf(dir, &inode, lblk, name)? {
+                return Ok(Some(e));
+            }
+        }
+        Ok(None)
+    }
+
+    fn search_leaf(&self, dir: Ino, inode: &Inode, lblk: u64, name: &[u8]) -> Result<Option<DirEntry>> {
+        let b = self.read_leaf(dir, inode, lblk)?;
+        let found = fdir::lookup(&b, name, self.inner.metadata_csum)?;
+        Ok(found.map(|e| DirEntry {
+            name: e.name.to_vec(),
+            ino: Ino(e.inode),
+            file_type: FileType::from_dirent(e.file_type),
+        }))
+    }
+
+    fn htree_lookup(&self, dir: Ino, inode: &Inode, n: u64, name: &[u8]) -> Result<Option<DirEntry>> {
+        let root = self.dx_root(dir, inode)?;
+        let sb = &self.inner.sb;
+        let version = HashVersion::effective(root.hash_version, sb.flags).ok_or_else(|| {
+            Error::corrupted(format!("directory {} has unknown hash {}", dir.0, root.hash_version), None)
+        })?;
+        let (hash, _) = dx_hash(name, version, &sb.hash_seed);
+        // Path of (entries, chosen index) from the root down to the leaf's parent.
+        let mut path: Vec<(Vec<fdir::DxEntry>, usize)> = Vec::new();
+        let mut entries = root.entries;
+        for _ in 0..=root.indirect_levels {
+            let i = fdir::lookup_index(&entries, hash);
+            path.push((entries, i));
+            if path.len() > usize::from(root.indirect_levels) {
+                break;
+            }
+            let (ents, i) = &path[path.len() - 1];
+            let child = u64::from(ents[*i].block);
+            entries = self.dx_node(dir, inode, child, n)?.entries;
+        }
+        // Bound: a collision chain cannot visit more leaves than the directory has.
+        for _ in 0..n.max(1) {
+            let (ents, i) = &path[path.len() - 1];
+            let leaf = u64::from(ents[*i].block);
+            if leaf == 0 || leaf >= n {
+                return Err(Error::corrupted(
+                    format!("directory {} index points at block {leaf} of {n}", dir.0),
+                    None,
+                ));
+            }
+            if let Some(e) = self.search_leaf(dir, inode, leaf, name)? {
+                return Ok(Some(e));
+            }
+            // Move to the next leaf only while its index hash continues ours.
+            let mut lvl = path.len();
+            let next_hash = loop {
+                if lvl == 0 {
+                    return Ok(None);
+                }
+                lvl -= 1;
+                let (ents, i) = &mut path[lvl];
+                if *i + 1 < ents.len() {
+                    *i += 1;
+                    break ents[*i].hash;
+                }
+            };
+            if !fdir::collision_continues(next_hash, hash) {
+                return Ok(None);
+            }
+            // Descend to the leftmost leaf under the new position.
+            path.truncate(lvl + 1);
+            while path.len() <= usize::from(root.indirect_levels) {
+                let (ents, i) = &path[path.len() - 1];
+                let child = u64::from(ents[*i].block);
+                let node = self.dx_node(dir, inode, child, n)?;
+                path.push((node.entries, 0));
+            }
+        }
+        Ok(None)
+    }
+}

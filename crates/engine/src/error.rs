@@ -1,0 +1,109 @@
+//! The engine's error type. errno values appear only at the FUSE/CLI edge, through
+//! [`Error::errno`]; inside the engine errors are typed.
+
+use std::fmt;
+use std::io;
+
+use rext4_format::FormatError;
+
+#[derive(Debug)]
+pub enum Error {
+    /// The device failed.
+    Io(io::Error),
+    /// Metadata failed a check: `what` names it, `block` is where it was read from.
+    Corrupted { what: String, block: Option<u64> },
+    /// The image uses features this version cannot handle (names listed).
+    Unsupported(String),
+    NotFound,
+    NotADirectory,
+    IsADirectory,
+    NotASymlink,
+    /// Too many symbolic links while resolving a path.
+    Loop,
+    NameTooLong,
+    InvalidInput(String),
+    /// The filesystem is open read-only.
+    ReadOnly,
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn corrupted(what: impl Into<String>, block: Option<u64>) -> Self {
+        Error::Corrupted { what: what.into(), block }
+    }
+
+    /// The POSIX errno for this error (for frontends).
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Io(e) => e.raw_os_error().unwrap_or(5),
+            Error::Corrupted { .. } => 74, // EBADMSG, as the kernel reports checksum errors
+            Error::Unsupported(_) => 95,   // EOPNOTSUPP
+            Error::NotFound => 2,
+            Error::NotADirectory => 20,
+            Error::IsADirectory => 21,
+            Error::NotASymlink | Error::InvalidInput(_) => 22,
+            Error::Loop => 40,
+            Error::NameTooLong => 36,
+            Error::ReadOnly => 30,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Io(e) => write!(f, "I/O error: {e}"),
+            Error::Corrupted { what, block: Some(b) } => {
+                write!(f, "corrupted filesystem: {what} (block {b})")
+            }
+            Error::Corrupted { what, block: None } => write!(f, "corrupted filesystem: {what}"),
+            Error::Unsupported(s) => write!(f, "unsupported: {s}"),
+            Error::NotFound => write!(f, "no such file or directory"),
+            Error::NotADirectory => write!(f, "not a directory"),
+            Error::IsADirectory => write!(f, "is a directory"),
+            Error::NotASymlink => write!(f, "not a symbolic link"),
+            Error::Loop => write!(f, "too many levels of symbolic links"),
+            Error::NameTooLong => write!(f, "file name too long"),
+            Error::InvalidInput(s) => write!(f, "invalid argument: {s}"),
+            Error::ReadOnly => write!(f, "read-only filesystem"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Self {
+        Error::Io(e)
+    }
+}
+
+impl From<FormatError> for Error {
+    fn from(e: FormatError) -> Self {
+        match e {
+            FormatError::Corrupted { what, block } => Error::Corrupted { what, block },
+            t @ FormatError::Truncated { .. } => Error::Corrupted { what: t.to_string(), block: None },
+        }
+    }
+}
+
+impl From<Error> for io::Error {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Io(e) => e,
+            other => io::Error::from_raw_os_error(other.errno()),
+        }
+    }
+}
+
+/// Attach a block number to a format error.
+pub(crate) trait AtBlock<T> {
+    fn at(self, block: u64) -> Result<T>;
+}
+
+impl<T> AtBlock<T> for std::result::Result<T, FormatError> {
+    fn at(self, block: u64) -> Result<T> {
+        self.map_err(|e| Error::from(e.at_block(block)))
+    }
+}

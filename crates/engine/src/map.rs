@@ -1,0 +1,173 @@
+//! Logical-to-physical block mapping for an inode: extent trees of any depth and
+//! ext2/3-style block maps (direct, IND, DIND, TIND).
+//!
+//! [`Fs::map_block`] answers for one logical block and says how many following blocks
+//! share the answer, so readers move extent by extent, not block by block.
+//!
+//! Must hold on any image: a tree walk goes strictly down (each child's depth is its
+//! parent's minus one), so a corrupt tree cannot loop; every child block is checked
+//! against the fs size by the buffer cache and verified (magic, bounds, checksum) before
+//! use; extents pointing outside the filesystem are reported as corruption.
+
+use rext4_format::extent::{self, Node};
+use rext4_format::inode::{flags, Inode};
+use rext4_format::resize;
+
+use crate::cache::Kind;
+use crate::error::{AtBlock, Error, Result};
+use crate::fs::{Fs, Ino};
+
+/// What a logical block maps to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mapping {
+    /// No block: reads as zeros. `len` blocks from here are unmapped.
+    Hole { len: u64 },
+    /// `len` blocks from here live at `physical..`; unwritten ones read as zeros.
+    Mapped { physical: u64, len: u64, unwritten: bool },
+}
+
+/// Logical blocks are 32-bit.
+pub const MAX_LOGICAL: u64 = 1 << 32;
+
+impl Fs {
+    /// Map logical block `lblk` of inode `ino`.
+    pub fn map_block(&self, ino: Ino, inode: &Inode, lblk: u64) -> Result<Mapping> {
+        if lblk >= MAX_LOGICAL {
+            return Ok(Mapping::Hole { len: u64::MAX - lblk });
+        }
+        if inode.has_flag(flags::INLINE_DATA) {
+            return Err(Error::Unsupported("inline data".into()));
+        }
+        if inode.has_flag(flags::EXTENTS) {
+            self.map_extent(ino, inode, lblk)
+        } else {
+            self.map_indirect(inode, lblk)
+        }
+    }
+
+    fn check_physical(&self, physical: u64, len: u64, blk: Option<u64>) -> Result<()> {
+        let n = self.inner.sb.blocks_count;
+        let first = u64::from(self.inner.sb.first_data_block);
+        if physical < first || physical.saturating_add(len) > n {
+            return Err(Error::corrupted(
+                format!("extent {physical}+{len} lies outside the filesystem ({n} blocks)"),
+                blk,
+            ));
+        }
+        Ok(())
+    }
+
+    fn map_extent(&self, ino: Ino, inode: &Inode, lblk: u64) -> Result<Mapping> {
+        let mut node = Node::decode(&inode.block, true)
+            .map_err(|e| Error::corrupted(format!("inode {} extent root: {e}", ino.0), None))?;
+        let mut here: Option<u64> = None;
+        // Logical end of the subtree we are in (exclusive).
+        let mut upper = MAX_LOGICAL;
+        let seed = self.inode_seed(ino, inode);
+        let bs = self.inner.block_size as usize;
+        loop {
+            match node {
+                Node::Leaf(_, exts) => {
+                    let i = exts.partition_point(|e| u64::from(e.logical) <= lblk);
+                    if i > 0 {
+                        let e = exts[i - 1];
+                        if lblk < e.end() {
+                            self.check_physical(e.physical, u64::from(e.len), here)?;
+                            let off = lblk - u64::from(e.logical);
+                            return Ok(Mapping::Mapped {
+                                physical: e.physical + off,
+                                len: u64::from(e.len) - off,
+                                unwritten: e.unwritten,
+                            });
+                        }
+                    }
+                    let next = exts.get(i).map_or(upper, |e| u64::from(e.logical).min(upper));
+                    return Ok(Mapping::Hole { len: next.saturating_sub(lblk).max(1) });
+                }
+                Node::Index(h, idx) => {
+                    let i = idx.partition_point(|x| u64::from(x.logical) <= lblk);
+                    if i == 0 {
+                        let next = idx.first().map_or(upper, |x| u64::from(x.logical).min(upper));
+                        return Ok(Mapping::Hole { len: next.saturating_sub(lblk).max(1) });
+                    }
+                    if let Some(n) = idx.get(i) {
+                        upper = upper.min(u64::from(n.logical));
+                    }
+                    let child = idx[i - 1].child;
+                    let data = self.cache().read(child, Kind::ExtentNode, |b| {
+                        if self.inner.metadata_csum {
+                            extent::verify_csum(b, seed)?;
+                        }
+                        Node::decode(b, false)?;
+                        Ok(())
+                    })?;
+                    let n = Node::decode(&data[..bs.min(data.len())], false).at(child)?;
+                    if n.header().depth + 1 != h.depth {
+                        return Err(Error::corrupted(
+                            format!(
+                                "extent node depth {} under a parent of depth {}",
+                                n.header().depth,
+                                h.depth
+                            ),
+                            Some(child),
+                        ));
+                    }
+                    here = Some(child);
+                    node = n;
+                }
+            }
+        }
+    }
+
+    fn map_indirect(&self, inode: &Inode, lblk: u64) -> Result<Mapping> {
+        let bs = self.inner.block_size;
+        let Some(path) = resize::map_path(lblk, bs) else {
+            return Ok(Mapping::Hole { len: MAX_LOGICAL.saturating_sub(lblk).max(1) });
+        };
+        let apb = u64::from(resize::addr_per_block(bs));
+        let idx = path.indexes();
+        // A zero pointer at level k leaves the rest of that pointer's span unmapped.
+        let hole_from = |k: usize| -> Mapping {
+            let below = (idx.len() - k) as u32;
+            let span = apb.saturating_pow(below);
+            let mut within = 0u64;
+            for (j, &x) in idx.iter().enumerate().skip(k) {
+                within += u64::from(x) * apb.saturating_pow((idx.len() - 1 - j) as u32);
+            }
+            Mapping::Hole { len: span.saturating_sub(within).max(1) }
+        };
+        let mut blk = u64::from(rext4_format::bytes::le32(&inode.block, path.slot * 4));
+        for (k, &ix) in idx.iter().enumerate() {
+            if blk == 0 {
+                return Ok(hole_from(k));
+            }
+            self.check_physical(blk, 1, None)?;
+            let data = self.cache().read(blk, Kind::Indirect, |_| Ok(()))?;
+            blk = u64::from(rext4_format::bytes::le32(&data, ix as usize * 4));
+        }
+        if blk == 0 {
+            return Ok(Mapping::Hole { len: 1 });
+        }
+        self.check_physical(blk, 1, None)?;
+        Ok(Mapping::Mapped { physical: blk, len: 1, unwritten: false })
+    }
+
+    /// Every extent of an extent-mapped inode, in logical order (for fiemap-like tools
+    /// and fsck). Block-mapped inodes are reported block by block.
+    pub fn extents(&self, ino: Ino, inode: &Inode, limit_blocks: u64) -> Result<Vec<(u64, Mapping)>> {
+        let mut out = Vec::new();
+        let mut l = 0u64;
+        while l < limit_blocks.min(MAX_LOGICAL) {
+            let m = self.map_block(ino, inode, l)?;
+            let len = match m {
+                Mapping::Hole { len } => len,
+                Mapping::Mapped { len, .. } => {
+                    out.push((l, m));
+                    len
+                }
+            };
+            l = l.saturating_add(len.max(1));
+        }
+        Ok(out)
+    }
+}
