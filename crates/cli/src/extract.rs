@@ -1,0 +1,285 @@
+//! `rext4 cp -r IMAGE:/dir DEST`: copy a tree out of an image, preserving modes,
+//! owners (when run as root), times, symlinks, hard links, device nodes, fifos and
+//! extended attributes.
+//!
+//! Safety (the image is untrusted input): nothing is ever written outside DEST.
+//! - Names come from `Fs::read_dir`, which never yields "." or ".." and reports names
+//!   holding '/' or NUL as corruption; each name is still checked again here.
+//! - Every object is created new: files with O_CREAT|O_EXCL|O_NOFOLLOW, directories with
+//!   mkdir, symlinks/nodes/links with calls that fail on an existing name. A collision
+//!   (duplicate names in a corrupt image) is an error for that entry, never a reuse, so
+//!   no path ever passes through a symlink this run created: every directory on a
+//!   written path was created by mkdir in this run (or is DEST itself).
+//! - Symlinks are created, never followed; metadata of symlinks is set with
+//!   AT_SYMLINK_NOFOLLOW calls; metadata of files and directories through descriptors
+//!   opened with O_NOFOLLOW.
+//! - Directory cycles in a corrupt image are cut by a visited set.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::{CString, OsStr};
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use rext4::{FileType, Fs, Ino, Metadata, Timestamp};
+
+pub struct Options {
+    pub preserve_owner: bool,
+    pub progress: bool,
+}
+
+#[derive(Default)]
+pub struct Report {
+    pub files: u64,
+    pub bytes: u64,
+    pub errors: Vec<String>,
+}
+
+struct Copier<'a> {
+    fs: &'a Fs,
+    opts: Options,
+    links: HashMap<Ino, PathBuf>,
+    visited: HashSet<Ino>,
+    report: Report,
+    bar: ProgressBar,
+}
+
+fn cpath(p: &Path) -> std::io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in path"))
+}
+
+fn timespec(t: Timestamp) -> libc::timespec {
+    libc::timespec { tv_sec: t.sec as libc::time_t, tv_nsec: t.nsec.min(999_999_999) as _ }
+}
+
+fn last_err() -> std::io::Error {
+    std::io::Error::last_os_error()
+}
+
+/// Set owner, mode and times of `p` without following a final symlink.
+fn apply_meta(p: &Path, m: &Metadata, owner: bool) -> std::io::Result<()> {
+    let c = cpath(p)?;
+    if owner {
+        // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+        let r = unsafe { libc::lchown(c.as_ptr(), m.uid, m.gid) };
+        if r != 0 {
+            return Err(last_err());
+        }
+    }
+    if !m.is_symlink() {
+        // chmod after chown: chown clears setuid/setgid bits.
+        fs::set_permissions(p, fs::Permissions::from_mode(m.mode & 0o7777))?;
+    }
+    let ts = [timespec(m.atime), timespec(m.mtime)];
+    // SAFETY: `c` is a valid path and `ts` points at two timespecs, as utimensat requires.
+    let r = unsafe {
+        libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW)
+    };
+    if r != 0 {
+        return Err(last_err());
+    }
+    Ok(())
+}
+
+fn set_xattrs(p: &Path, attrs: &[(Vec<u8>, Vec<u8>)]) -> Vec<String> {
+    let mut errs = Vec::new();
+    let Ok(c) = cpath(p) else { return errs };
+    for (name, value) in attrs {
+        let Ok(n) = CString::new(name.clone()) else { continue };
+        // SAFETY: both strings are NUL-terminated and `value` is valid for its length.
+        let r = unsafe {
+            libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0)
+        };
+        if r != 0 {
+            errs.push(format!(
+                "{}: xattr {}: {}",
+                p.display(),
+                String::from_utf8_lossy(name),
+                last_err()
+            ));
+        }
+    }
+    errs
+}
+
+impl Copier<'_> {
+    fn err(&mut self, msg: String) {
+        self.bar.suspend(|| eprintln!("rext4 cp: {msg}"));
+        self.report.errors.push(msg);
+    }
+
+    fn copy(&mut self, ino: Ino, dst: &Path) {
+        if let Err(e) = self.copy_one(ino, dst) {
+            self.err(format!("{}: {e}", dst.display()));
+        }
+    }
+
+    fn copy_one(&mut self, ino: Ino, dst: &Path) -> Result<(), Box<dyn std::error::Error>> {
+        let m = self.fs.stat_ino(ino)?;
+        if !m.is_dir() && m.nlink > 1 {
+            if let Some(first) = self.links.get(&ino) {
+                fs::hard_link(first, dst)?;
+                return Ok(());
+            }
+            self.links.insert(ino, dst.to_path_buf());
+        }
+        match m.file_type {
+            FileType::Dir => return self.copy_dir(ino, &m, dst),
+            FileType::File => self.copy_file(ino, dst)?,
+            FileType::Symlink => {
+                let target = self.fs.read_link_ino(ino)?;
+                std::os::unix::fs::symlink(OsStr::from_bytes(&target), dst)?;
+            }
+            FileType::CharDevice | FileType::BlockDevice | FileType::Fifo => {
+                let c = cpath(dst)?;
+                let kind = match m.file_type {
+                    FileType::CharDevice => libc::S_IFCHR,
+                    FileType::BlockDevice => libc::S_IFBLK,
+                    _ => libc::S_IFIFO,
+                };
+                let (ma, mi) = m.rdev.unwrap_or((0, 0));
+                let dev = libc::makedev(ma, mi);
+                // SAFETY: `c` is a valid NUL-terminated path; mknod does not follow an
+                // existing final symlink (it fails with EEXIST).
+                let r = unsafe { libc::mknod(c.as_ptr(), kind | 0o600, dev) };
+                if r != 0 {
+                    return Err(last_err().into());
+                }
+            }
+            FileType::Socket | FileType::Unknown => {
+                self.err(format!("{}: skipping a socket or unknown file type", dst.display()));
+                return Ok(());
+            }
+        }
+        self.finish(ino, &m, dst);
+        self.report.files += 1;
+        Ok(())
+    }
+
+    fn finish(&mut self, ino: Ino, m: &Metadata, dst: &Path) {
+        match self.fs.xattrs_ino(ino) {
+            Ok(x) => {
+                for e in set_xattrs(dst, &x) {
+                    self.err(e);
+                }
+            }
+            Err(e) => self.err(format!("{}: reading xattrs: {e}", dst.display())),
+        }
+        if let Err(e) = apply_meta(dst, m, self.opts.preserve_owner) {
+            self.err(format!("{}: setting attributes: {e}", dst.display()));
+        }
+    }
+
+    fn copy_file(&mut self, ino: Ino, dst: &Path) -> Result<(), Box<dyn std::error::Error>> {
+        let f = self.fs.open_ino(ino)?;
+        let mut out = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(0o600)
+            .open(dst)?;
+        let size = f.len();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut off = 0u64;
+        while off < size {
+            let n = f.read_at(&mut buf, off)?;
+            if n == 0 {
+                break;
+            }
+            if buf[..n].iter().all(|&b| b == 0) {
+                // Keep holes: skip writing zeros, set the length at the end.
+            } else {
+                std::os::unix::fs::FileExt::write_all_at(&out, &buf[..n], off)?;
+            }
+            off += n as u64;
+            self.report.bytes += n as u64;
+            self.bar.inc(n as u64);
+        }
+        out.set_len(size)?;
+        out.flush()?;
+        Ok(())
+    }
+
+    fn copy_dir(&mut self, ino: Ino, m: &Metadata, dst: &Path) -> Result<(), Box<dyn std::error::Error>> {
+        if !self.visited.insert(ino) {
+            return Err(format!("directory inode {} appears twice (corrupt image)", ino.0).into());
+        }
+        if dst.as_os_str().is_empty() {
+            return Err("empty destination".into());
+        }
+        match fs::create_dir(dst) {
+            Ok(()) => {}
+            // Only the top-level destination may exist already, and only as a real dir.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && self.visited.len() == 1 => {
+                if !fs::symlink_metadata(dst)?.is_dir() {
+                    return Err("destination exists and is not a directory".into());
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+        fs::set_permissions(dst, fs::Permissions::from_mode(0o700))?;
+        let entries = self.fs.read_dir_ino(ino)?;
+        for e in entries {
+            if e.name.is_empty() || e.name == b"." || e.name == b".." || e.name.contains(&b'/') || e.name.contains(&0) {
+                self.err(format!("{}: refusing entry name {:?}", dst.display(), e.name));
+                continue;
+            }
+            let child = dst.join(OsStr::from_bytes(&e.name));
+            self.copy(e.ino, &child);
+        }
+        self.finish(ino, m, dst);
+        self.report.files += 1;
+        Ok(())
+    }
+}
+
+/// Sum of regular file sizes under `ino`, for the progress bar (bounded walk).
+fn total_bytes(fs: &Fs, ino: Ino, seen: &mut HashSet<Ino>) -> u64 {
+    let Ok(m) = fs.stat_ino(ino) else { return 0 };
+    if m.is_file() {
+        return m.size;
+    }
+    if !m.is_dir() || !seen.insert(ino) {
+        return 0;
+    }
+    let Ok(entries) = fs.read_dir_ino(ino) else { return 0 };
+    entries.iter().map(|e| total_bytes(fs, e.ino, seen)).sum()
+}
+
+/// Copy `src` (a path in the image) to `dest` on the host, cp -r style: when `dest` is
+/// an existing directory the copy goes inside it under the source's name.
+pub fn copy_out(fs: &Fs, src: &[u8], dest: &Path, opts: Options) -> rext4::Result<Report> {
+    let ino = fs.resolve(src, false)?;
+    let base = src.split(|&c| c == b'/').filter(|c| !c.is_empty()).next_back();
+    let target = match (fs::symlink_metadata(dest), base) {
+        (Ok(md), Some(name)) if md.is_dir() => dest.join(OsStr::from_bytes(name)),
+        _ => dest.to_path_buf(),
+    };
+    let bar = if opts.progress {
+        let total = total_bytes(fs, ino, &mut HashSet::new());
+        let b = ProgressBar::new(total);
+        if let Ok(style) = ProgressStyle::with_template(
+            "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        ) {
+            b.set_style(style);
+        }
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut c = Copier {
+        fs,
+        opts,
+        links: HashMap::new(),
+        visited: HashSet::new(),
+        report: Report::default(),
+        bar,
+    };
+    c.copy(ino, &target);
+    c.bar.finish_and_clear();
+    Ok(c.report)
+}
