@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install the tools the tests use (as root, via apt) and run every check:
+# formatting, clippy, and the test suite. Tests that need root or loop devices
+# print "SKIP: reason" where the machine cannot run them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+for cmd_pkg in mkfs.ext4:e2fsprogs fuse2fs:fuse2fs setfacl:acl setfattr:attr; do
+  cmd=${cmd_pkg%%:*} pkg=${cmd_pkg##*:}
+  command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "+ apt-get install ${need[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    echo "missing packages (${need[*]}); tests that need them will skip" >&2
+  fi
+fi
+
+echo "+ cargo fmt --check"
+cargo fmt --all -- --check
+echo "+ cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "+ cargo test"
+cargo test --workspace -- --test-threads=2
