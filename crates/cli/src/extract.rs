@@ -53,7 +53,10 @@ fn cpath(p: &Path) -> std::io::Result<CString> {
 }
 
 fn timespec(t: Timestamp) -> libc::timespec {
-    libc::timespec { tv_sec: t.sec as libc::time_t, tv_nsec: t.nsec.min(999_999_999) as _ }
+    libc::timespec {
+        tv_sec: t.sec as libc::time_t,
+        tv_nsec: t.nsec.min(999_999_999) as _,
+    }
 }
 
 fn last_err() -> std::io::Error {
@@ -77,7 +80,12 @@ fn apply_meta(p: &Path, m: &Metadata, owner: bool) -> std::io::Result<()> {
     let ts = [timespec(m.atime), timespec(m.mtime)];
     // SAFETY: `c` is a valid path and `ts` points at two timespecs, as utimensat requires.
     let r = unsafe {
-        libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW)
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            ts.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
     };
     if r != 0 {
         return Err(last_err());
@@ -89,10 +97,18 @@ fn set_xattrs(p: &Path, attrs: &[(Vec<u8>, Vec<u8>)]) -> Vec<String> {
     let mut errs = Vec::new();
     let Ok(c) = cpath(p) else { return errs };
     for (name, value) in attrs {
-        let Ok(n) = CString::new(name.clone()) else { continue };
+        let Ok(n) = CString::new(name.clone()) else {
+            continue;
+        };
         // SAFETY: both strings are NUL-terminated and `value` is valid for its length.
         let r = unsafe {
-            libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0)
+            libc::lsetxattr(
+                c.as_ptr(),
+                n.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0,
+            )
         };
         if r != 0 {
             errs.push(format!(
@@ -151,7 +167,10 @@ impl Copier<'_> {
                 }
             }
             FileType::Socket | FileType::Unknown => {
-                self.err(format!("{}: skipping a socket or unknown file type", dst.display()));
+                self.err(format!(
+                    "{}: skipping a socket or unknown file type",
+                    dst.display()
+                ));
                 return Ok(());
             }
         }
@@ -204,7 +223,12 @@ impl Copier<'_> {
         Ok(())
     }
 
-    fn copy_dir(&mut self, ino: Ino, m: &Metadata, dst: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    fn copy_dir(
+        &mut self,
+        ino: Ino,
+        m: &Metadata,
+        dst: &Path,
+    ) -> Result<(), Box<dyn std::error::Error>> {
         if !self.visited.insert(ino) {
             return Err(format!("directory inode {} appears twice (corrupt image)", ino.0).into());
         }
@@ -224,8 +248,17 @@ impl Copier<'_> {
         fs::set_permissions(dst, fs::Permissions::from_mode(0o700))?;
         let entries = self.fs.read_dir_ino(ino)?;
         for e in entries {
-            if e.name.is_empty() || e.name == b"." || e.name == b".." || e.name.contains(&b'/') || e.name.contains(&0) {
-                self.err(format!("{}: refusing entry name {:?}", dst.display(), e.name));
+            if e.name.is_empty()
+                || e.name == b"."
+                || e.name == b".."
+                || e.name.contains(&b'/')
+                || e.name.contains(&0)
+            {
+                self.err(format!(
+                    "{}: refusing entry name {:?}",
+                    dst.display(),
+                    e.name
+                ));
                 continue;
             }
             let child = dst.join(OsStr::from_bytes(&e.name));
@@ -246,7 +279,9 @@ fn total_bytes(fs: &Fs, ino: Ino, seen: &mut HashSet<Ino>) -> u64 {
     if !m.is_dir() || !seen.insert(ino) {
         return 0;
     }
-    let Ok(entries) = fs.read_dir_ino(ino) else { return 0 };
+    let Ok(entries) = fs.read_dir_ino(ino) else {
+        return 0;
+    };
     entries.iter().map(|e| total_bytes(fs, e.ino, seen)).sum()
 }
 
@@ -254,7 +289,7 @@ fn total_bytes(fs: &Fs, ino: Ino, seen: &mut HashSet<Ino>) -> u64 {
 /// an existing directory the copy goes inside it under the source's name.
 pub fn copy_out(fs: &Fs, src: &[u8], dest: &Path, opts: Options) -> rext4::Result<Report> {
     let ino = fs.resolve(src, false)?;
-    let base = src.split(|&c| c == b'/').filter(|c| !c.is_empty()).next_back();
+    let base = src.split(|&c| c == b'/').rfind(|c| !c.is_empty());
     let target = match (fs::symlink_metadata(dest), base) {
         (Ok(md), Some(name)) if md.is_dir() => dest.join(OsStr::from_bytes(name)),
         _ => dest.to_path_buf(),
@@ -262,9 +297,9 @@ pub fn copy_out(fs: &Fs, src: &[u8], dest: &Path, opts: Options) -> rext4::Resul
     let bar = if opts.progress {
         let total = total_bytes(fs, ino, &mut HashSet::new());
         let b = ProgressBar::new(total);
-        if let Ok(style) = ProgressStyle::with_template(
-            "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        ) {
+        if let Ok(style) =
+            ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+        {
             b.set_style(style);
         }
         b

@@ -28,8 +28,16 @@ fn cstr(b: &[u8]) -> String {
 fn features(sb: &Superblock) -> String {
     // dumpe2fs order: compat, incompat, ro_compat, each by bit.
     let mut v = feature::names(sb.feature_compat, feature::COMPAT_NAMES, "C");
-    v.extend(feature::names(sb.feature_incompat, feature::INCOMPAT_NAMES, "I"));
-    v.extend(feature::names(sb.feature_ro_compat, feature::RO_COMPAT_NAMES, "R"));
+    v.extend(feature::names(
+        sb.feature_incompat,
+        feature::INCOMPAT_NAMES,
+        "I",
+    ));
+    v.extend(feature::names(
+        sb.feature_ro_compat,
+        feature::RO_COMPAT_NAMES,
+        "R",
+    ));
     v.join(" ")
 }
 
@@ -57,14 +65,36 @@ pub fn render(fs: &Fs) -> String {
         let _ = writeln!(o, "{:<26}{v}", format!("{k}:"));
     };
     let name = cstr(&sb.volume_name);
-    line("Filesystem volume name", if name.is_empty() { "<none>".into() } else { name });
+    line(
+        "Filesystem volume name",
+        if name.is_empty() {
+            "<none>".into()
+        } else {
+            name
+        },
+    );
     let lm = cstr(&sb.last_mounted);
-    line("Last mounted on", if lm.is_empty() { "<not available>".into() } else { lm });
+    line(
+        "Last mounted on",
+        if lm.is_empty() {
+            "<not available>".into()
+        } else {
+            lm
+        },
+    );
     line("Filesystem UUID", uuid(&sb.uuid));
     line("Filesystem magic number", "0xEF53".into());
     line(
         "Filesystem revision #",
-        format!("{} ({})", sb.rev_level, if sb.rev_level == 0 { "original" } else { "dynamic" }),
+        format!(
+            "{} ({})",
+            sb.rev_level,
+            if sb.rev_level == 0 {
+                "original"
+            } else {
+                "dynamic"
+            }
+        ),
     );
     line("Filesystem features", features(sb));
     let mut flags = String::new();
@@ -84,7 +114,14 @@ pub fn render(fs: &Fs) -> String {
             mo.push(n);
         }
     }
-    line("Default mount options", if mo.is_empty() { "(none)".into() } else { mo.join(" ") });
+    line(
+        "Default mount options",
+        if mo.is_empty() {
+            "(none)".into()
+        } else {
+            mo.join(" ")
+        },
+    );
     let state = match (sb.state & 1 != 0, sb.state & 2 != 0) {
         (true, false) => "clean",
         (true, true) => "clean with errors",
@@ -100,7 +137,12 @@ pub fn render(fs: &Fs) -> String {
     };
     line("Errors behavior", errors.into());
     let os = ["Linux", "Hurd", "Masix", "FreeBSD", "Lites"];
-    line("Filesystem OS type", os.get(sb.creator_os as usize).unwrap_or(&"(unknown os)").to_string());
+    line(
+        "Filesystem OS type",
+        os.get(sb.creator_os as usize)
+            .unwrap_or(&"(unknown os)")
+            .to_string(),
+    );
     line("Inode count", sb.inodes_count.to_string());
     line("Block count", sb.blocks_count.to_string());
     line("Reserved block count", sb.r_blocks_count.to_string());
@@ -111,7 +153,10 @@ pub fn render(fs: &Fs) -> String {
     line("Free inodes", sb.free_inodes_count.to_string());
     line("First block", sb.first_data_block.to_string());
     line("Block size", sb.block_size().to_string());
-    line("Fragment size", (1024u64 << sb.log_cluster_size.min(20)).to_string());
+    line(
+        "Fragment size",
+        (1024u64 << sb.log_cluster_size.min(20)).to_string(),
+    );
     if sb.has_incompat(feature::INCOMPAT_64BIT) {
         line("Group descriptor size", sb.desc_size.to_string());
     }
@@ -122,9 +167,15 @@ pub fn render(fs: &Fs) -> String {
     line("Fragments per group", sb.clusters_per_group.to_string());
     line("Inodes per group", sb.inodes_per_group.to_string());
     let ipb = u64::from(sb.block_size()) / u64::from(sb.inode_size.max(1));
-    line("Inode blocks per group", (u64::from(sb.inodes_per_group) / ipb.max(1)).to_string());
+    line(
+        "Inode blocks per group",
+        (u64::from(sb.inodes_per_group) / ipb.max(1)).to_string(),
+    );
     if sb.has_incompat(feature::INCOMPAT_FLEX_BG) {
-        line("Flex block group size", (1u64 << sb.log_groups_per_flex.min(31)).to_string());
+        line(
+            "Flex block group size",
+            (1u64 << sb.log_groups_per_flex.min(31)).to_string(),
+        );
     }
     line("Filesystem created", time_or_na(sb.mkfs_time));
     line("Last mount time", time_or_na(sb.mtime));
@@ -134,7 +185,11 @@ pub fn render(fs: &Fs) -> String {
     line("Last checked", time_or_na(sb.lastcheck));
     line(
         "Check interval",
-        if sb.checkinterval == 0 { "0 (<none>)".into() } else { sb.checkinterval.to_string() },
+        if sb.checkinterval == 0 {
+            "0 (<none>)".into()
+        } else {
+            sb.checkinterval.to_string()
+        },
     );
     if sb.kbytes_written != 0 {
         let kb = sb.kbytes_written;
@@ -147,9 +202,17 @@ pub fn render(fs: &Fs) -> String {
         };
         line("Lifetime writes", s);
     }
-    let user = if sb.def_resuid == 0 { " (user root)".to_string() } else { String::new() };
+    let user = if sb.def_resuid == 0 {
+        " (user root)".to_string()
+    } else {
+        String::new()
+    };
     line("Reserved blocks uid", format!("{}{user}", sb.def_resuid));
-    let group = if sb.def_resgid == 0 { " (group root)".to_string() } else { String::new() };
+    let group = if sb.def_resgid == 0 {
+        " (group root)".to_string()
+    } else {
+        String::new()
+    };
     line("Reserved blocks gid", format!("{}{group}", sb.def_resgid));
     line("First inode", sb.first_ino.to_string());
     // dumpe2fs prints a tab here; keep the same bytes for easy diffing.
@@ -164,7 +227,10 @@ pub fn render(fs: &Fs) -> String {
     if sb.journal_inum != 0 {
         line("Journal inode", sb.journal_inum.to_string());
     }
-    line("Default directory hash", hash_name(sb.def_hash_version).into());
+    line(
+        "Default directory hash",
+        hash_name(sb.def_hash_version).into(),
+    );
     let mut seed = [0u8; 16];
     for (i, w) in sb.hash_seed.iter().enumerate() {
         seed[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
@@ -174,7 +240,14 @@ pub fn render(fs: &Fs) -> String {
         line("Journal backup", "inode blocks".into());
     }
     if sb.metadata_csum() {
-        line("Checksum type", if sb.checksum_type == 1 { "crc32c".into() } else { "unknown".into() });
+        line(
+            "Checksum type",
+            if sb.checksum_type == 1 {
+                "crc32c".into()
+            } else {
+                "unknown".into()
+            },
+        );
         line("Checksum", format!("{:#010x}", sb.checksum));
     }
     if sb.has_incompat(feature::INCOMPAT_CSUM_SEED) {

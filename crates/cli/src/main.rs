@@ -18,7 +18,11 @@ use clap::{Parser, Subcommand};
 use rext4::Fs;
 
 #[derive(Parser)]
-#[command(name = "rext4", version, about = "A userspace ext4 engine: inspect and copy files from ext4 images")]
+#[command(
+    name = "rext4",
+    version,
+    about = "A userspace ext4 engine: inspect and copy files from ext4 images"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -69,7 +73,8 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
     match cli.cmd {
         Cmd::Info { image } => {
             let fs = open(&image).map_err(e1)?;
-            out.write_all(info::render(&fs).as_bytes()).map_err(|e| e1(e.to_string()))?;
+            out.write_all(info::render(&fs).as_bytes())
+                .map_err(|e| e1(e.to_string()))?;
         }
         Cmd::Ls { long, spec } => {
             let s = split(&spec).map_err(|e| (2, e))?;
@@ -86,8 +91,14 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
             let fs = open(&s.image).map_err(e1)?;
             show::stat(&fs, &s.path, &mut out).map_err(|e| e1(format!("{spec}: {e}")))?;
         }
-        Cmd::Cp { recursive, quiet, src, dest } => {
-            let s = split(&src).map_err(|e| (2, format!("{e} (copying into images comes later)")))?;
+        Cmd::Cp {
+            recursive,
+            quiet,
+            src,
+            dest,
+        } => {
+            let s =
+                split(&src).map_err(|e| (2, format!("{e} (copying into images comes later)")))?;
             let fs = open(&s.image).map_err(e1)?;
             let meta = fs.resolve(&s.path, false).and_then(|ino| fs.stat_ino(ino));
             if let Ok(m) = &meta {

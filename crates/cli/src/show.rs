@@ -51,14 +51,25 @@ fn now() -> i64 {
 fn name_str(b: &[u8]) -> String {
     // Show names as the terminal would get them, with control bytes escaped.
     let s = String::from_utf8_lossy(b);
-    s.chars().flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect()
+    s.chars()
+        .flat_map(|c| {
+            if c.is_control() {
+                c.escape_default().collect::<Vec<_>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
 }
 
 pub fn ls(fs: &Fs, path: &[u8], long: bool, out: &mut dyn Write) -> rext4::Result<()> {
     let p = std::path::Path::new(OsStr::from_bytes(path));
     let meta = fs.symlink_metadata(p)?;
     let mut entries: Vec<(Vec<u8>, rext4::Ino)> = if meta.is_dir() {
-        fs.read_dir(p)?.into_iter().map(|e| (e.name, e.ino)).collect()
+        fs.read_dir(p)?
+            .into_iter()
+            .map(|e| (e.name, e.ino))
+            .collect()
     } else {
         vec![(path.to_vec(), meta.ino)]
     };
@@ -118,8 +129,15 @@ pub fn stat(fs: &Fs, path: &[u8], out: &mut dyn Write) -> rext4::Result<()> {
         "  Size: {:<15} Blocks: {:<10} IO Block: {:<6} {kind}",
         m.size, m.blocks, m.block_size
     )?;
-    let dev = m.rdev.map(|(a, b)| format!(" Device type: {a},{b}")).unwrap_or_default();
-    writeln!(out, "Inode: {:<15} Links: {:<5} Generation: {}{dev}", m.ino.0, m.nlink, m.generation)?;
+    let dev = m
+        .rdev
+        .map(|(a, b)| format!(" Device type: {a},{b}"))
+        .unwrap_or_default();
+    writeln!(
+        out,
+        "Inode: {:<15} Links: {:<5} Generation: {}{dev}",
+        m.ino.0, m.nlink, m.generation
+    )?;
     writeln!(
         out,
         "Access: ({:04o}/{})  Uid: ({:5})   Gid: ({:5})",
@@ -141,9 +159,19 @@ pub fn stat(fs: &Fs, path: &[u8], out: &mut dyn Write) -> rext4::Result<()> {
         let ext = f.extents()?;
         writeln!(out, "Extents: {}", ext.len())?;
         for (l, map) in ext.iter().take(16) {
-            if let rext4::Mapping::Mapped { physical, len, unwritten } = map {
+            if let rext4::Mapping::Mapped {
+                physical,
+                len,
+                unwritten,
+            } = map
+            {
                 let u = if *unwritten { " (unwritten)" } else { "" };
-                writeln!(out, "  {l}..{}: {physical}..{}{u}", l + len - 1, physical + len - 1)?;
+                writeln!(
+                    out,
+                    "  {l}..{}: {physical}..{}{u}",
+                    l + len - 1,
+                    physical + len - 1
+                )?;
             }
         }
         if ext.len() > 16 {

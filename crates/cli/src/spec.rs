@@ -15,8 +15,15 @@ pub fn parse(arg: &str) -> Option<ImagePath> {
     let candidates: Vec<usize> = arg.match_indices(':').map(|(i, _)| i).collect();
     let mk = |i: usize| {
         let rest = &arg[i + 1..];
-        let path = if rest.is_empty() { "/".to_string() } else { rest.to_string() };
-        ImagePath { image: PathBuf::from(&arg[..i]), path: path.into_bytes() }
+        let path = if rest.is_empty() {
+            "/".to_string()
+        } else {
+            rest.to_string()
+        };
+        ImagePath {
+            image: PathBuf::from(&arg[..i]),
+            path: path.into_bytes(),
+        }
     };
     let ok = |i: &usize| {
         let rest = &arg[*i + 1..];
@@ -39,6 +46,9 @@ mod tests {
         assert_eq!(parse("a.img:/x/y").map(|p| p.path), Some(b"/x/y".to_vec()));
         assert_eq!(parse("a.img:").map(|p| p.path), Some(b"/".to_vec()));
         assert_eq!(parse("a.img"), None);
-        assert_eq!(parse("a:b.img:/d").map(|p| p.image), Some(PathBuf::from("a:b.img")));
+        assert_eq!(
+            parse("a:b.img:/d").map(|p| p.image),
+            Some(PathBuf::from("a:b.img"))
+        );
     }
 }

@@ -21,15 +21,29 @@ fn split(sec: i64) -> (i64, u32, u32, u32, u32, u32, usize) {
     let rem = sec.rem_euclid(86_400);
     let (y, mo, d) = civil_from_days(days);
     let wday = (days + 4).rem_euclid(7) as usize; // 1970-01-01 was a Thursday
-    (y, mo, d, (rem / 3600) as u32, (rem / 60 % 60) as u32, (rem % 60) as u32, wday)
+    (
+        y,
+        mo,
+        d,
+        (rem / 3600) as u32,
+        (rem / 60 % 60) as u32,
+        (rem % 60) as u32,
+        wday,
+    )
 }
 
 pub fn ctime(sec: i64) -> String {
     const DAYS: [&str; 7] = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];
-    const MONTHS: [&str; 12] =
-        ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
     let (y, mo, d, h, mi, s, wd) = split(sec);
-    format!("{} {} {:2} {h:02}:{mi:02}:{s:02} {y}", DAYS[wd], MONTHS[mo as usize - 1], d)
+    format!(
+        "{} {} {:2} {h:02}:{mi:02}:{s:02} {y}",
+        DAYS[wd],
+        MONTHS[mo as usize - 1],
+        d
+    )
 }
 
 pub fn iso(sec: i64, nsec: u32) -> String {
@@ -39,8 +53,9 @@ pub fn iso(sec: i64, nsec: u32) -> String {
 
 /// "Nov 22 02:58" / "Nov 22  2020" as ls -l prints (recent = within ~6 months of now).
 pub fn ls_time(sec: i64, now: i64) -> String {
-    const MONTHS: [&str; 12] =
-        ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
     let (y, mo, d, h, mi, _, _) = split(sec);
     let recent = (now - sec).abs() < 183 * 86_400;
     if recent {

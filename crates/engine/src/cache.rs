@@ -46,8 +46,19 @@ pub struct BufferCache {
 }
 
 impl BufferCache {
-    pub fn new(dev: Arc<dyn BlockDevice>, block_size: usize, blocks_count: u64, cap: usize) -> Self {
-        BufferCache { dev, block_size, blocks_count, cap: cap.max(16), map: Mutex::new(HashMap::new()) }
+    pub fn new(
+        dev: Arc<dyn BlockDevice>,
+        block_size: usize,
+        blocks_count: u64,
+        cap: usize,
+    ) -> Self {
+        BufferCache {
+            dev,
+            block_size,
+            blocks_count,
+            cap: cap.max(16),
+            map: Mutex::new(HashMap::new()),
+        }
     }
 
     pub fn device(&self) -> &Arc<dyn BlockDevice> {
@@ -67,14 +78,18 @@ impl BufferCache {
     ) -> Result<Arc<[u8]>> {
         if blk >= self.blocks_count {
             return Err(Error::corrupted(
-                format!("{kind:?} block {blk} is past the end of the filesystem ({})", self.blocks_count),
+                format!(
+                    "{kind:?} block {blk} is past the end of the filesystem ({})",
+                    self.blocks_count
+                ),
                 Some(blk),
             ));
         }
         let bit = 1u32 << (kind as u32);
         let cached = {
             let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-            map.get(&blk).map(|e| (e.data.clone(), e.verified & bit != 0))
+            map.get(&blk)
+                .map(|e| (e.data.clone(), e.verified & bit != 0))
         };
         let data = match cached {
             Some((d, true)) => return Ok(d),
@@ -86,7 +101,10 @@ impl BufferCache {
             }
         };
         verify(&data).map_err(|e| match e {
-            Error::Corrupted { what, block: None } => Error::Corrupted { what, block: Some(blk) },
+            Error::Corrupted { what, block: None } => Error::Corrupted {
+                what,
+                block: Some(blk),
+            },
             other => other,
         })?;
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
@@ -96,7 +114,10 @@ impl BufferCache {
                 map.remove(&v);
             }
         }
-        let e = map.entry(blk).or_insert(Entry { data: data.clone(), verified: 0 });
+        let e = map.entry(blk).or_insert(Entry {
+            data: data.clone(),
+            verified: 0,
+        });
         e.verified |= bit;
         Ok(data)
     }
@@ -124,6 +145,9 @@ mod tests {
         c.read(3, Kind::Raw, |_| Ok(())).expect("raw ok");
         let e = c.read(3, Kind::DirLeaf, |_| Err(Error::corrupted("bad", None)));
         assert!(matches!(e, Err(Error::Corrupted { block: Some(3), .. })));
-        assert!(matches!(c.read(9, Kind::Raw, |_| Ok(())), Err(Error::Corrupted { .. })));
+        assert!(matches!(
+            c.read(9, Kind::Raw, |_| Ok(())),
+            Err(Error::Corrupted { .. })
+        ));
     }
 }

@@ -61,7 +61,12 @@ impl FileDevice {
             let mut f = &file;
             f.seek(SeekFrom::End(0))?
         };
-        Ok(FileDevice { file, size, read_only, direct })
+        Ok(FileDevice {
+            file,
+            size,
+            read_only,
+            direct,
+        })
     }
 
     fn aligned_bounce(len: usize) -> (Vec<u8>, usize) {
@@ -72,7 +77,7 @@ impl FileDevice {
     }
 
     fn direct_ok(buf_len: usize, offset: u64) -> bool {
-        buf_len % 512 == 0 && offset % 512 == 0
+        buf_len.is_multiple_of(512) && offset.is_multiple_of(512)
     }
 }
 
@@ -91,7 +96,10 @@ impl BlockDevice for FileDevice {
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         if self.read_only {
-            return Err(io::Error::new(io::ErrorKind::PermissionDenied, "device is read-only"));
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "device is read-only",
+            ));
         }
         check_range(offset, buf.len(), self.size)?;
         if self.direct && Self::direct_ok(buf.len(), offset) {
@@ -126,10 +134,16 @@ pub struct MemDevice {
 
 impl MemDevice {
     pub fn new(data: Vec<u8>) -> Self {
-        MemDevice { data: RwLock::new(data), read_only: false }
+        MemDevice {
+            data: RwLock::new(data),
+            read_only: false,
+        }
     }
     pub fn read_only(data: Vec<u8>) -> Self {
-        MemDevice { data: RwLock::new(data), read_only: true }
+        MemDevice {
+            data: RwLock::new(data),
+            read_only: true,
+        }
     }
     /// A copy of the current contents.
     pub fn snapshot(&self) -> Vec<u8> {
@@ -147,7 +161,10 @@ impl BlockDevice for MemDevice {
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         if self.read_only {
-            return Err(io::Error::new(io::ErrorKind::PermissionDenied, "device is read-only"));
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "device is read-only",
+            ));
         }
         let mut d = self.data.write().unwrap_or_else(|p| p.into_inner());
         check_range(offset, buf.len(), d.len() as u64)?;

@@ -49,7 +49,7 @@ impl Fs {
         }
         let bs = u64::from(self.inner.block_size);
         let dev = self.cache().device().size_bytes();
-        if inode.size % bs != 0 || inode.size > dev {
+        if !inode.size.is_multiple_of(bs) || inode.size > dev {
             return Err(Error::corrupted(
                 format!("directory {} has impossible size {}", ino.0, inode.size),
                 None,
@@ -60,7 +60,11 @@ impl Fs {
 
     fn dir_block_phys(&self, ino: Ino, inode: &Inode, lblk: u64) -> Result<u64> {
         match self.map_block(ino, inode, lblk)? {
-            Mapping::Mapped { physical, unwritten: false, .. } => Ok(physical),
+            Mapping::Mapped {
+                physical,
+                unwritten: false,
+                ..
+            } => Ok(physical),
             _ => Err(Error::corrupted(
                 format!("directory {} has a hole at block {lblk}", ino.0),
                 None,
@@ -87,7 +91,12 @@ impl Fs {
     }
 
     /// Read logical block `lblk` as a dx index block (root if `lblk == 0`).
-    fn read_index(&self, ino: Ino, inode: &Inode, lblk: u64) -> Result<(std::sync::Arc<[u8]>, u64)> {
+    fn read_index(
+        &self,
+        ino: Ino,
+        inode: &Inode,
+        lblk: u64,
+    ) -> Result<(std::sync::Arc<[u8]>, u64)> {
         let phys = self.dir_block_phys(ino, inode, lblk)?;
         let csum = self.inner.metadata_csum;
         let seed = self.inode_seed(ino, inode);
@@ -115,7 +124,10 @@ impl Fs {
     fn dx_node(&self, ino: Ino, inode: &Inode, lblk: u64, nblocks: u64) -> Result<DxNode> {
         if lblk == 0 || lblk >= nblocks {
             return Err(Error::corrupted(
-                format!("directory {} index points at block {lblk} of {nblocks}", ino.0),
+                format!(
+                    "directory {} index points at block {lblk} of {nblocks}",
+                    ino.0
+                ),
                 None,
             ));
         }
@@ -198,8 +210,16 @@ impl Fs {
         if self.is_indexed(&inode) {
             if name == b"." || name == b".." {
                 let root = self.dx_root(dir, &inode)?;
-                let ino = if name == b"." { root.dot_inode } else { root.dotdot_inode };
-                return Ok(Some(DirEntry { name: name.to_vec(), ino: Ino(ino), file_type: FileType::Dir }));
+                let ino = if name == b"." {
+                    root.dot_inode
+                } else {
+                    root.dotdot_inode
+                };
+                return Ok(Some(DirEntry {
+                    name: name.to_vec(),
+                    ino: Ino(ino),
+                    file_type: FileType::Dir,
+                }));
             }
             return self.htree_lookup(dir, &inode, n, name);
         }
@@ -211,7 +231,13 @@ impl Fs {
         Ok(None)
     }
 
-    fn search_leaf(&self, dir: Ino, inode: &Inode, lblk: u64, name: &[u8]) -> Result<Option<DirEntry>> {
+    fn search_leaf(
+        &self,
+        dir: Ino,
+        inode: &Inode,
+        lblk: u64,
+        name: &[u8],
+    ) -> Result<Option<DirEntry>> {
         let b = self.read_leaf(dir, inode, lblk)?;
         let found = fdir::lookup(&b, name, self.inner.metadata_csum)?;
         Ok(found.map(|e| DirEntry {
@@ -221,11 +247,20 @@ impl Fs {
         }))
     }
 
-    fn htree_lookup(&self, dir: Ino, inode: &Inode, n: u64, name: &[u8]) -> Result<Option<DirEntry>> {
+    fn htree_lookup(
+        &self,
+        dir: Ino,
+        inode: &Inode,
+        n: u64,
+        name: &[u8],
+    ) -> Result<Option<DirEntry>> {
         let root = self.dx_root(dir, inode)?;
         let sb = &self.inner.sb;
         let version = HashVersion::effective(root.hash_version, sb.flags).ok_or_else(|| {
-            Error::corrupted(format!("directory {} has unknown hash {}", dir.0, root.hash_version), None)
+            Error::corrupted(
+                format!("directory {} has unknown hash {}", dir.0, root.hash_version),
+                None,
+            )
         })?;
         let (hash, _) = dx_hash(name, version, &sb.hash_seed);
         // Path of (entries, chosen index) from the root down to the leaf's parent.

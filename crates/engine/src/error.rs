@@ -11,7 +11,10 @@ pub enum Error {
     /// The device failed.
     Io(io::Error),
     /// Metadata failed a check: `what` names it, `block` is where it was read from.
-    Corrupted { what: String, block: Option<u64> },
+    Corrupted {
+        what: String,
+        block: Option<u64>,
+    },
     /// The image uses features this version cannot handle (names listed).
     Unsupported(String),
     NotFound,
@@ -30,7 +33,10 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub fn corrupted(what: impl Into<String>, block: Option<u64>) -> Self {
-        Error::Corrupted { what: what.into(), block }
+        Error::Corrupted {
+            what: what.into(),
+            block,
+        }
     }
 
     /// The POSIX errno for this error (for frontends).
@@ -54,7 +60,10 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Io(e) => write!(f, "I/O error: {e}"),
-            Error::Corrupted { what, block: Some(b) } => {
+            Error::Corrupted {
+                what,
+                block: Some(b),
+            } => {
                 write!(f, "corrupted filesystem: {what} (block {b})")
             }
             Error::Corrupted { what, block: None } => write!(f, "corrupted filesystem: {what}"),
@@ -83,7 +92,10 @@ impl From<FormatError> for Error {
     fn from(e: FormatError) -> Self {
         match e {
             FormatError::Corrupted { what, block } => Error::Corrupted { what, block },
-            t @ FormatError::Truncated { .. } => Error::Corrupted { what: t.to_string(), block: None },
+            t @ FormatError::Truncated { .. } => Error::Corrupted {
+                what: t.to_string(),
+                block: None,
+            },
         }
     }
 }

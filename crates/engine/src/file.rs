@@ -112,7 +112,10 @@ impl Fs {
     pub fn read_live_inode(&self, ino: Ino) -> Result<Inode> {
         let inode = self.read_inode(ino)?;
         if inode.mode == 0 || (inode.links_count == 0 && inode.dtime != 0) {
-            return Err(Error::corrupted(format!("entry refers to deleted inode {}", ino.0), None));
+            return Err(Error::corrupted(
+                format!("entry refers to deleted inode {}", ino.0),
+                None,
+            ));
         }
         self.check_size(ino, &inode)?;
         Ok(inode)
@@ -122,7 +125,10 @@ impl Fs {
         let max = MAX_LOGICAL * u64::from(self.inner.block_size);
         if inode.size > max {
             return Err(Error::corrupted(
-                format!("inode {} size {} exceeds the ext4 maximum {max}", ino.0, inode.size),
+                format!(
+                    "inode {} size {} exceeds the ext4 maximum {max}",
+                    ino.0, inode.size
+                ),
                 None,
             ));
         }
@@ -156,7 +162,13 @@ impl Fs {
 
     /// Read up to `buf.len()` bytes of inode `ino` at byte `offset`; returns the count
     /// (0 at or past EOF).
-    pub fn read_ino_at(&self, ino: Ino, inode: &Inode, buf: &mut [u8], offset: u64) -> Result<usize> {
+    pub fn read_ino_at(
+        &self,
+        ino: Ino,
+        inode: &Inode,
+        buf: &mut [u8],
+        offset: u64,
+    ) -> Result<usize> {
         if offset >= inode.size {
             return Ok(0);
         }
@@ -171,11 +183,21 @@ impl Fs {
             let m = self.map_block(ino, inode, lblk)?;
             let (run_blocks, phys) = match m {
                 Mapping::Hole { len } => (len, None),
-                Mapping::Mapped { unwritten: true, len, .. } => (len, None),
-                Mapping::Mapped { physical, len, unwritten: false } => (len, Some(physical)),
+                Mapping::Mapped {
+                    unwritten: true,
+                    len,
+                    ..
+                } => (len, None),
+                Mapping::Mapped {
+                    physical,
+                    len,
+                    unwritten: false,
+                } => (len, Some(physical)),
             };
             let run_bytes = run_blocks.saturating_mul(bs).saturating_sub(in_blk);
-            let n = (want - done).min(run_bytes.min(usize::MAX as u64) as usize).max(1);
+            let n = (want - done)
+                .min(run_bytes.min(usize::MAX as u64) as usize)
+                .max(1);
             let n = n.min(want - done);
             let dst = &mut buf[done..done + n];
             match phys {
@@ -190,7 +212,11 @@ impl Fs {
     /// Open inode `ino` as a [`File`].
     pub fn open_ino(&self, ino: Ino) -> Result<File> {
         let inode = self.read_live_inode(ino)?;
-        Ok(File { fs: self.clone(), ino, inode })
+        Ok(File {
+            fs: self.clone(),
+            ino,
+            inode,
+        })
     }
 }
 
@@ -232,6 +258,7 @@ impl File {
     /// Mapped extents (logical block, mapping), like FIEMAP.
     pub fn extents(&self) -> Result<Vec<(u64, Mapping)>> {
         let bs = u64::from(self.fs.block_size());
-        self.fs.extents(self.ino, &self.inode, self.inode.size.div_ceil(bs))
+        self.fs
+            .extents(self.ino, &self.inode, self.inode.size.div_ceil(bs))
     }
 }

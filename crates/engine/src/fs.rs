@@ -35,7 +35,11 @@ pub struct FsOptions {
 
 impl Default for FsOptions {
     fn default() -> Self {
-        FsOptions { read_only: true, direct_io: false, cache_blocks: 16384 }
+        FsOptions {
+            read_only: true,
+            direct_io: false,
+            cache_blocks: 16384,
+        }
     }
 }
 
@@ -72,7 +76,9 @@ impl Fs {
 
     pub fn open_with(path: impl AsRef<Path>, opts: FsOptions) -> Result<Fs> {
         if !opts.read_only {
-            return Err(Error::Unsupported("read-write opening is not implemented yet".into()));
+            return Err(Error::Unsupported(
+                "read-write opening is not implemented yet".into(),
+            ));
         }
         let dev = FileDevice::open(path.as_ref(), opts.read_only, opts.direct_io)?;
         Self::open_device(Arc::new(dev), opts)
@@ -81,7 +87,10 @@ impl Fs {
     pub fn open_device(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<Fs> {
         let mut raw = vec![0u8; SB_SIZE];
         if dev.size_bytes() < SB_OFFSET + SB_SIZE as u64 {
-            return Err(Error::corrupted("device too small to hold an ext4 superblock", None));
+            return Err(Error::corrupted(
+                "device too small to hold an ext4 superblock",
+                None,
+            ));
         }
         dev.read_at(&mut raw, SB_OFFSET)?;
         let sb = Superblock::decode(&raw).map_err(|e| Error::from(e.at_block(SB_OFFSET / 1024)))?;
@@ -173,7 +182,10 @@ impl Fs {
     pub fn inode_bytes(&self, ino: Ino) -> Result<(Vec<u8>, u64)> {
         let sb = &self.inner.sb;
         if ino.0 == 0 || ino.0 > sb.inodes_count {
-            return Err(Error::corrupted(format!("inode number {} out of range", ino.0), None));
+            return Err(Error::corrupted(
+                format!("inode number {} out of range", ino.0),
+                None,
+            ));
         }
         let ipg = sb.inodes_per_group;
         let g = ((ino.0 - 1) / ipg) as usize;
@@ -248,6 +260,9 @@ fn check_group(sb: &Superblock, g: u64, gd: &GroupDesc) -> rext4_format::Result<
         format!("group {g} inode table {} out of range", gd.inode_table)
     })?;
     rext4_format::ensure(gd.free_inodes_count <= sb.inodes_per_group, || {
-        format!("group {g} free inodes {} > inodes per group", gd.free_inodes_count)
+        format!(
+            "group {g} free inodes {} > inodes per group",
+            gd.free_inodes_count
+        )
     })
 }

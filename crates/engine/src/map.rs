@@ -23,7 +23,11 @@ pub enum Mapping {
     /// No block: reads as zeros. `len` blocks from here are unmapped.
     Hole { len: u64 },
     /// `len` blocks from here live at `physical..`; unwritten ones read as zeros.
-    Mapped { physical: u64, len: u64, unwritten: bool },
+    Mapped {
+        physical: u64,
+        len: u64,
+        unwritten: bool,
+    },
 }
 
 /// Logical blocks are 32-bit.
@@ -33,7 +37,9 @@ impl Fs {
     /// Map logical block `lblk` of inode `ino`.
     pub fn map_block(&self, ino: Ino, inode: &Inode, lblk: u64) -> Result<Mapping> {
         if lblk >= MAX_LOGICAL {
-            return Ok(Mapping::Hole { len: u64::MAX - lblk });
+            return Ok(Mapping::Hole {
+                len: u64::MAX - lblk,
+            });
         }
         if inode.has_flag(flags::INLINE_DATA) {
             return Err(Error::Unsupported("inline data".into()));
@@ -81,14 +87,22 @@ impl Fs {
                             });
                         }
                     }
-                    let next = exts.get(i).map_or(upper, |e| u64::from(e.logical).min(upper));
-                    return Ok(Mapping::Hole { len: next.saturating_sub(lblk).max(1) });
+                    let next = exts
+                        .get(i)
+                        .map_or(upper, |e| u64::from(e.logical).min(upper));
+                    return Ok(Mapping::Hole {
+                        len: next.saturating_sub(lblk).max(1),
+                    });
                 }
                 Node::Index(h, idx) => {
                     let i = idx.partition_point(|x| u64::from(x.logical) <= lblk);
                     if i == 0 {
-                        let next = idx.first().map_or(upper, |x| u64::from(x.logical).min(upper));
-                        return Ok(Mapping::Hole { len: next.saturating_sub(lblk).max(1) });
+                        let next = idx
+                            .first()
+                            .map_or(upper, |x| u64::from(x.logical).min(upper));
+                        return Ok(Mapping::Hole {
+                            len: next.saturating_sub(lblk).max(1),
+                        });
                     }
                     if let Some(n) = idx.get(i) {
                         upper = upper.min(u64::from(n.logical));
@@ -122,7 +136,9 @@ impl Fs {
     fn map_indirect(&self, inode: &Inode, lblk: u64) -> Result<Mapping> {
         let bs = self.inner.block_size;
         let Some(path) = resize::map_path(lblk, bs) else {
-            return Ok(Mapping::Hole { len: MAX_LOGICAL.saturating_sub(lblk).max(1) });
+            return Ok(Mapping::Hole {
+                len: MAX_LOGICAL.saturating_sub(lblk).max(1),
+            });
         };
         let apb = u64::from(resize::addr_per_block(bs));
         let idx = path.indexes();
@@ -134,7 +150,9 @@ impl Fs {
             for (j, &x) in idx.iter().enumerate().skip(k) {
                 within += u64::from(x) * apb.saturating_pow((idx.len() - 1 - j) as u32);
             }
-            Mapping::Hole { len: span.saturating_sub(within).max(1) }
+            Mapping::Hole {
+                len: span.saturating_sub(within).max(1),
+            }
         };
         let mut blk = u64::from(rext4_format::bytes::le32(&inode.block, path.slot * 4));
         for (k, &ix) in idx.iter().enumerate() {
@@ -149,12 +167,21 @@ impl Fs {
             return Ok(Mapping::Hole { len: 1 });
         }
         self.check_physical(blk, 1, None)?;
-        Ok(Mapping::Mapped { physical: blk, len: 1, unwritten: false })
+        Ok(Mapping::Mapped {
+            physical: blk,
+            len: 1,
+            unwritten: false,
+        })
     }
 
     /// Every extent of an extent-mapped inode, in logical order (for fiemap-like tools
     /// and fsck). Block-mapped inodes are reported block by block.
-    pub fn extents(&self, ino: Ino, inode: &Inode, limit_blocks: u64) -> Result<Vec<(u64, Mapping)>> {
+    pub fn extents(
+        &self,
+        ino: Ino,
+        inode: &Inode,
+        limit_blocks: u64,
+    ) -> Result<Vec<(u64, Mapping)>> {
         let mut out = Vec::new();
         let mut l = 0u64;
         while l < limit_blocks.min(MAX_LOGICAL) {

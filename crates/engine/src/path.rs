@@ -49,7 +49,10 @@ impl Fs {
         let n = self.read_ino_at(ino, inode, &mut buf, 0)?;
         buf.truncate(n);
         if buf.contains(&0) {
-            return Err(Error::corrupted(format!("symlink {} target contains NUL", ino.0), None));
+            return Err(Error::corrupted(
+                format!("symlink {} target contains NUL", ino.0),
+                None,
+            ));
         }
         Ok(buf)
     }
@@ -61,8 +64,15 @@ impl Fs {
     }
 
     fn walk(&self, start: Ino, path: &[u8], follow: bool, budget: &mut u32) -> Result<Ino> {
-        let mut cur = if path.first() == Some(&b'/') { Ino::ROOT } else { start };
-        let comps: Vec<&[u8]> = path.split(|&c| c == b'/').filter(|c| !c.is_empty()).collect();
+        let mut cur = if path.first() == Some(&b'/') {
+            Ino::ROOT
+        } else {
+            start
+        };
+        let comps: Vec<&[u8]> = path
+            .split(|&c| c == b'/')
+            .filter(|c| !c.is_empty())
+            .collect();
         for (i, comp) in comps.iter().enumerate() {
             let last = i + 1 == comps.len();
             if comp.len() > rext4_format::dir::NAME_MAX {

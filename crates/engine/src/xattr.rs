@@ -51,6 +51,10 @@ impl Fs {
 
     /// One attribute's value, `None` when absent.
     pub fn get_xattr_ino(&self, ino: Ino, name: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.xattrs_ino(ino)?.into_iter().find(|(n, _)| n == name).map(|(_, v)| v))
+        Ok(self
+            .xattrs_ino(ino)?
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v))
     }
 }

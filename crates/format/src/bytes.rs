@@ -10,7 +10,11 @@ use crate::{FormatError, Result};
 #[inline]
 pub fn need(buf: &[u8], len: usize, what: &'static str) -> Result<()> {
     if buf.len() < len {
-        Err(FormatError::Truncated { what, need: len, have: buf.len() })
+        Err(FormatError::Truncated {
+            what,
+            need: len,
+            have: buf.len(),
+        })
     } else {
         Ok(())
     }

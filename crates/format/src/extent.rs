@@ -70,7 +70,9 @@ impl Node {
     pub fn decode(b: &[u8], in_inode: bool) -> Result<Node> {
         need(b, HEADER_SIZE, "extent header")?;
         let magic = le16(b, 0);
-        ensure(magic == MAGIC, || format!("extent header magic {magic:#06x}"))?;
+        ensure(magic == MAGIC, || {
+            format!("extent header magic {magic:#06x}")
+        })?;
         let h = Header {
             entries: le16(b, 2),
             max: le16(b, 4),
@@ -79,16 +81,27 @@ impl Node {
         };
         let fits = (b.len() - HEADER_SIZE) / ENTRY_SIZE;
         ensure(usize::from(h.max) <= fits, || {
-            format!("extent eh_max {} exceeds the {} entries that fit", h.max, fits)
+            format!(
+                "extent eh_max {} exceeds the {} entries that fit",
+                h.max, fits
+            )
         })?;
         if !in_inode {
             let cap = block_capacity(b.len());
             ensure(h.max + 2 >= cap && h.max <= cap, || {
-                format!("extent block eh_max {} not within [{}, {cap}]", h.max, cap - 2)
+                format!(
+                    "extent block eh_max {} not within [{}, {cap}]",
+                    h.max,
+                    cap - 2
+                )
             })?;
         }
-        ensure(h.entries <= h.max, || format!("extent entries {} > max {}", h.entries, h.max))?;
-        ensure(h.depth <= MAX_DEPTH, || format!("extent depth {} too deep", h.depth))?;
+        ensure(h.entries <= h.max, || {
+            format!("extent entries {} > max {}", h.entries, h.max)
+        })?;
+        ensure(h.depth <= MAX_DEPTH, || {
+            format!("extent depth {} too deep", h.depth)
+        })?;
         let n = usize::from(h.entries);
         let at = |i: usize| HEADER_SIZE + i * ENTRY_SIZE;
         if h.depth == 0 {
@@ -108,10 +121,15 @@ impl Node {
                     unwritten,
                 };
                 ensure(e.len > 0, || format!("extent {i} has length 0"))?;
-                ensure(e.end() <= 1 << 32, || format!("extent {i} passes logical block 2^32"))?;
+                ensure(e.end() <= 1 << 32, || {
+                    format!("extent {i} passes logical block 2^32")
+                })?;
                 if let Some(prev) = v.last() {
                     ensure(prev.end() <= u64::from(e.logical), || {
-                        format!("extent {i} at {} overlaps or precedes the previous", e.logical)
+                        format!(
+                            "extent {i} at {} overlaps or precedes the previous",
+                            e.logical
+                        )
                     })?;
                 }
                 v.push(e);
@@ -126,7 +144,9 @@ impl Node {
                     child: lohi(le32(b, o + 4), u32::from(le16(b, o + 8))),
                 };
                 if let Some(prev) = v.last() {
-                    ensure(prev.logical < ix.logical, || format!("extent index {i} not sorted"))?;
+                    ensure(prev.logical < ix.logical, || {
+                        format!("extent index {i} not sorted")
+                    })?;
                 }
                 v.push(ix);
             }
@@ -158,7 +178,11 @@ impl Node {
                 for (i, e) in v.iter().enumerate() {
                     let o = at(i);
                     set_le32(b, o, e.logical);
-                    let l = if e.unwritten { e.len + MAX_INIT_LEN } else { e.len };
+                    let l = if e.unwritten {
+                        e.len + MAX_INIT_LEN
+                    } else {
+                        e.len
+                    };
                     set_le16(b, o + 4, l);
                     set_le16(b, o + 6, (e.physical >> 32) as u16);
                     set_le32(b, o + 8, e.physical as u32);
@@ -188,10 +212,14 @@ pub fn compute_csum(b: &[u8], inode_seed: u32) -> u32 {
 
 pub fn verify_csum(b: &[u8], inode_seed: u32) -> Result<()> {
     let off = tail_offset(b);
-    ensure(off + 4 <= b.len(), || "extent block has no room for its checksum tail".into())?;
+    ensure(off + 4 <= b.len(), || {
+        "extent block has no room for its checksum tail".into()
+    })?;
     let have = le32(b, off);
     let want = compute_csum(b, inode_seed);
-    ensure(have == want, || format!("extent block checksum {have:#010x}, computed {want:#010x}"))
+    ensure(have == want, || {
+        format!("extent block checksum {have:#010x}, computed {want:#010x}")
+    })
 }
 
 pub fn set_csum(b: &mut [u8], inode_seed: u32) {
@@ -214,12 +242,27 @@ mod tests {
 
     #[test]
     fn leaf_round_trip_with_checksum() {
-        let h = Header { entries: 2, max: 340, depth: 0, generation: 0 };
+        let h = Header {
+            entries: 2,
+            max: 340,
+            depth: 0,
+            generation: 0,
+        };
         let n = Node::Leaf(
             h,
             vec![
-                Extent { logical: 0, len: 10, physical: 1 << 40, unwritten: false },
-                Extent { logical: 20, len: 5, physical: 99, unwritten: true },
+                Extent {
+                    logical: 0,
+                    len: 10,
+                    physical: 1 << 40,
+                    unwritten: false,
+                },
+                Extent {
+                    logical: 20,
+                    len: 5,
+                    physical: 99,
+                    unwritten: true,
+                },
             ],
         );
         let mut b = vec![0u8; 4096];
@@ -237,18 +280,36 @@ mod tests {
 
     #[test]
     fn rejects_overlap_and_bad_max() {
-        let h = Header { entries: 2, max: 4, depth: 0, generation: 0 };
+        let h = Header {
+            entries: 2,
+            max: 4,
+            depth: 0,
+            generation: 0,
+        };
         let n = Node::Leaf(
             h,
             vec![
-                Extent { logical: 0, len: 10, physical: 1, unwritten: false },
-                Extent { logical: 5, len: 5, physical: 99, unwritten: false },
+                Extent {
+                    logical: 0,
+                    len: 10,
+                    physical: 1,
+                    unwritten: false,
+                },
+                Extent {
+                    logical: 5,
+                    len: 5,
+                    physical: 99,
+                    unwritten: false,
+                },
             ],
         );
         let mut b = vec![0u8; 60];
         n.encode_into(&mut b);
         assert!(Node::decode(&b, true).is_err());
         set_le16(&mut b, 4, 5);
-        assert!(Node::decode(&b, true).is_err(), "max 5 cannot fit in 60 bytes");
+        assert!(
+            Node::decode(&b, true).is_err(),
+            "max 5 cannot fit in 60 bytes"
+        );
     }
 }

@@ -37,9 +37,13 @@ pub struct GroupDesc {
 pub enum DescCsum {
     None,
     /// uninit_bg: crc16 seeded with the uuid.
-    Crc16 { uuid: [u8; 16] },
+    Crc16 {
+        uuid: [u8; 16],
+    },
     /// metadata_csum: crc32c seeded with the fs checksum seed.
-    Crc32c { seed: u32 },
+    Crc32c {
+        seed: u32,
+    },
 }
 
 impl GroupDesc {
@@ -138,7 +142,11 @@ pub fn crc16(mut crc: u16, data: &[u8]) -> u16 {
     for &byte in data {
         crc ^= u16::from(byte);
         for _ in 0..8 {
-            crc = if crc & 1 != 0 { (crc >> 1) ^ 0xA001 } else { crc >> 1 };
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xA001
+            } else {
+                crc >> 1
+            };
         }
     }
     crc
@@ -167,9 +175,18 @@ mod tests {
         let mut b = vec![0u8; 64];
         d.encode_into(&mut b, 64, 5, kind);
         let back = GroupDesc::decode(&b, 64).expect("decode");
-        assert_eq!(GroupDesc { checksum: 0, ..back.clone() }, d);
+        assert_eq!(
+            GroupDesc {
+                checksum: 0,
+                ..back.clone()
+            },
+            d
+        );
         verify(&b, 5, kind).expect("csum");
-        assert!(verify(&b, 6, kind).is_err(), "group number is part of the checksum");
+        assert!(
+            verify(&b, 6, kind).is_err(),
+            "group number is part of the checksum"
+        );
         for bit in 0..64 * 8 {
             let mut m = b.clone();
             m[bit / 8] ^= 1 << (bit % 8);

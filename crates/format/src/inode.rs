@@ -110,16 +110,29 @@ impl Inode {
     /// self-consistent; [`verify_csum`] checks the checksum.
     pub fn decode(b: &[u8]) -> Result<Self> {
         need(b, GOOD_OLD_INODE_SIZE, "inode")?;
-        let extra_isize = if b.len() > GOOD_OLD_INODE_SIZE { le16(b, 0x80) } else { 0 };
+        let extra_isize = if b.len() > GOOD_OLD_INODE_SIZE {
+            le16(b, 0x80)
+        } else {
+            0
+        };
         ensure(
             GOOD_OLD_INODE_SIZE + usize::from(extra_isize) <= b.len() && extra_isize % 4 == 0,
-            || format!("inode extra size {extra_isize} does not fit a {}-byte inode", b.len()),
+            || {
+                format!(
+                    "inode extra size {extra_isize} does not fit a {}-byte inode",
+                    b.len()
+                )
+            },
         )?;
         let ex = |end: usize, off: usize| has_extra(extra_isize, end).then(|| le32(b, off));
         let mut block = [0u8; 60];
         block.copy_from_slice(slice(b, 0x28, 60).unwrap_or(&[0; 60]));
         let crtime = ex(0x94, 0x90).map(|base| Timestamp::decode(base, ex(0x98, 0x94)));
-        let csum_hi = if has_extra(extra_isize, 0x84) { u32::from(le16(b, 0x82)) } else { 0 };
+        let csum_hi = if has_extra(extra_isize, 0x84) {
+            u32::from(le16(b, 0x82))
+        } else {
+            0
+        };
         Ok(Inode {
             mode: le16(b, 0x0),
             uid: u32::from(le16(b, 0x2)) | (u32::from(le16(b, 0x78)) << 16),
@@ -167,7 +180,10 @@ impl Inode {
             set_le16(b, 0x80, self.extra_isize);
         }
         let x = self.extra_isize;
-        let times = [(self.ctime, 0xC, 0x84, 0x88), (self.mtime, 0x10, 0x88, 0x8C)];
+        let times = [
+            (self.ctime, 0xC, 0x84, 0x88),
+            (self.mtime, 0x10, 0x88, 0x8C),
+        ];
         for (t, base_off, extra_off, end) in times {
             let (base, extra) = t.encode();
             set_le32(b, base_off, base);
@@ -229,7 +245,11 @@ impl Inode {
         {
             return false;
         }
-        let xattr_blocks = if self.file_acl != 0 { u64::from(block_size / 512) } else { 0 };
+        let xattr_blocks = if self.file_acl != 0 {
+            u64::from(block_size / 512)
+        } else {
+            0
+        };
         self.size < 60 && self.blocks_raw.saturating_sub(xattr_blocks) == 0
     }
 
@@ -258,7 +278,11 @@ impl Inode {
 
 /// Checksum of an inode record as it should be stored.
 pub fn compute_csum(b: &[u8], inode_seed: u32) -> u32 {
-    let extra_isize = if b.len() > GOOD_OLD_INODE_SIZE { le16(b, 0x80) } else { 0 };
+    let extra_isize = if b.len() > GOOD_OLD_INODE_SIZE {
+        le16(b, 0x80)
+    } else {
+        0
+    };
     let wide = has_extra(extra_isize, 0x84);
     let c = csum::raw(inode_seed, b.get(..0x7C).unwrap_or(b));
     let c = csum::raw(c, &[0, 0]);
@@ -282,9 +306,18 @@ pub fn compute_csum(b: &[u8], inode_seed: u32) -> u32 {
 /// Verify an inode record's checksum. All-zero records are valid.
 pub fn verify_csum(b: &[u8], ino: u32, fs_seed: u32) -> Result<()> {
     let gen = le32(b, 0x64);
-    let extra_isize = if b.len() > GOOD_OLD_INODE_SIZE { le16(b, 0x80) } else { 0 };
+    let extra_isize = if b.len() > GOOD_OLD_INODE_SIZE {
+        le16(b, 0x80)
+    } else {
+        0
+    };
     let wide = has_extra(extra_isize, 0x84);
-    let have = u32::from(le16(b, 0x7C)) | if wide { u32::from(le16(b, 0x82)) << 16 } else { 0 };
+    let have = u32::from(le16(b, 0x7C))
+        | if wide {
+            u32::from(le16(b, 0x82)) << 16
+        } else {
+            0
+        };
     let want = compute_csum(b, csum::inode_seed(fs_seed, ino, gen));
     if have == want {
         return Ok(());
@@ -292,7 +325,9 @@ pub fn verify_csum(b: &[u8], ino: u32, fs_seed: u32) -> Result<()> {
     if b.iter().all(|&x| x == 0) {
         return Ok(());
     }
-    ensure(false, || format!("inode {ino} checksum {have:#x}, computed {want:#x}"))
+    ensure(false, || {
+        format!("inode {ino} checksum {have:#x}, computed {want:#x}")
+    })
 }
 
 /// Store the checksum into an encoded record.
@@ -300,7 +335,11 @@ pub fn set_csum(b: &mut [u8], ino: u32, fs_seed: u32) {
     let gen = le32(b, 0x64);
     let c = compute_csum(b, csum::inode_seed(fs_seed, ino, gen));
     set_le16(b, 0x7C, c as u16);
-    let extra_isize = if b.len() > GOOD_OLD_INODE_SIZE { le16(b, 0x80) } else { 0 };
+    let extra_isize = if b.len() > GOOD_OLD_INODE_SIZE {
+        le16(b, 0x80)
+    } else {
+        0
+    };
     if has_extra(extra_isize, 0x84) {
         set_le16(b, 0x82, (c >> 16) as u16);
     }
@@ -312,7 +351,15 @@ mod tests {
 
     #[test]
     fn timestamps_round_trip_across_epochs() {
-        for sec in [0i64, -1, -(1 << 31), (1 << 31) - 1, 1 << 31, 7_258_118_400, (3 << 32) + (1 << 31) - 1] {
+        for sec in [
+            0i64,
+            -1,
+            -(1 << 31),
+            (1 << 31) - 1,
+            1 << 31,
+            7_258_118_400,
+            (3 << 32) + (1 << 31) - 1,
+        ] {
             for nsec in [0u32, 1, 999_999_999] {
                 let t = Timestamp { sec, nsec };
                 let (b, x) = t.encode();
@@ -331,7 +378,10 @@ mod tests {
         ino.size = 5 << 32;
         ino.extra_isize = 32;
         ino.mtime = Timestamp { sec: -5, nsec: 7 };
-        ino.crtime = Some(Timestamp { sec: 1 << 33, nsec: 9 });
+        ino.crtime = Some(Timestamp {
+            sec: 1 << 33,
+            nsec: 9,
+        });
         ino.generation = 77;
         ino.links_count = 1;
         ino.encode_into(&mut b);

@@ -41,18 +41,28 @@ pub enum FormatError {
     /// by callers that know where the bytes came from (the decoders see only bytes).
     Corrupted { what: String, block: Option<u64> },
     /// The buffer handed to a decoder is shorter than the structure.
-    Truncated { what: &'static str, need: usize, have: usize },
+    Truncated {
+        what: &'static str,
+        need: usize,
+        have: usize,
+    },
 }
 
 impl FormatError {
     pub fn corrupted(what: impl Into<String>) -> Self {
-        FormatError::Corrupted { what: what.into(), block: None }
+        FormatError::Corrupted {
+            what: what.into(),
+            block: None,
+        }
     }
 
     /// Attach the physical block number the bytes were read from.
     pub fn at_block(self, blk: u64) -> Self {
         match self {
-            FormatError::Corrupted { what, .. } => FormatError::Corrupted { what, block: Some(blk) },
+            FormatError::Corrupted { what, .. } => FormatError::Corrupted {
+                what,
+                block: Some(blk),
+            },
             other => other,
         }
     }
@@ -61,7 +71,10 @@ impl FormatError {
 impl fmt::Display for FormatError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            FormatError::Corrupted { what, block: Some(b) } => {
+            FormatError::Corrupted {
+                what,
+                block: Some(b),
+            } => {
                 write!(f, "corrupted metadata at block {b}: {what}")
             }
             FormatError::Corrupted { what, block: None } => write!(f, "corrupted metadata: {what}"),

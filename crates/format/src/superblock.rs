@@ -263,18 +263,26 @@ impl Superblock {
     pub fn decode(buf: &[u8]) -> Result<Self> {
         need(buf, SB_SIZE, "superblock")?;
         let magic = le16(buf, 0x38);
-        ensure(magic == MAGIC, || format!("superblock magic {magic:#06x}, expected 0xef53"))?;
+        ensure(magic == MAGIC, || {
+            format!("superblock magic {magic:#06x}, expected 0xef53")
+        })?;
         let sb = Self::decode_unchecked(buf);
         sb.check_geometry()?;
         // A checksum type without metadata_csum means the feature bit itself was
         // damaged: check the checksum then too, so that flip is caught.
         if sb.has_ro_compat(RO_COMPAT_METADATA_CSUM) || sb.checksum_type != 0 {
             ensure(sb.checksum_type == 1, || {
-                format!("superblock checksum type {} is not crc32c", sb.checksum_type)
+                format!(
+                    "superblock checksum type {} is not crc32c",
+                    sb.checksum_type
+                )
             })?;
             let want = Self::compute_csum(buf);
             ensure(want == sb.checksum, || {
-                format!("superblock checksum {:#010x}, computed {want:#010x}", sb.checksum)
+                format!(
+                    "superblock checksum {:#010x}, computed {want:#010x}",
+                    sb.checksum
+                )
             })?;
         }
         Ok(sb)
@@ -317,8 +325,16 @@ impl Superblock {
             rev_level: le32(b, 0x4C),
             def_resuid: le16(b, 0x50),
             def_resgid: le16(b, 0x52),
-            first_ino: if le32(b, 0x4C) == 0 { 11 } else { le32(b, 0x54) },
-            inode_size: if le32(b, 0x4C) == 0 { 128 } else { le16(b, 0x58) },
+            first_ino: if le32(b, 0x4C) == 0 {
+                11
+            } else {
+                le32(b, 0x54)
+            },
+            inode_size: if le32(b, 0x4C) == 0 {
+                128
+            } else {
+                le16(b, 0x58)
+            },
             block_group_nr: le16(b, 0x5A),
             feature_compat: le32(b, 0x5C),
             feature_incompat: le32(b, 0x60),
@@ -370,10 +386,18 @@ impl Superblock {
             format!("block size 2^(10+{}) is out of range", self.log_block_size)
         })?;
         let bs = self.block_size();
-        ensure(self.blocks_per_group >= 8 && self.blocks_per_group <= bs * 8, || {
-            format!("blocks per group {} out of range for block size {bs}", self.blocks_per_group)
+        ensure(
+            self.blocks_per_group >= 8 && self.blocks_per_group <= bs * 8,
+            || {
+                format!(
+                    "blocks per group {} out of range for block size {bs}",
+                    self.blocks_per_group
+                )
+            },
+        )?;
+        ensure(self.blocks_per_group.is_multiple_of(8), || {
+            "blocks per group not a multiple of 8".into()
         })?;
-        ensure(self.blocks_per_group % 8 == 0, || "blocks per group not a multiple of 8".into())?;
         ensure(
             self.inodes_per_group >= 1 && self.inodes_per_group <= bs * 8,
             || format!("inodes per group {} out of range", self.inodes_per_group),
@@ -382,10 +406,12 @@ impl Superblock {
         ensure(isz >= 128 && isz <= bs && isz.is_power_of_two(), || {
             format!("inode size {isz} invalid")
         })?;
-        ensure(
-            self.first_data_block == u32::from(bs == 1024),
-            || format!("first data block {} wrong for block size {bs}", self.first_data_block),
-        )?;
+        ensure(self.first_data_block == u32::from(bs == 1024), || {
+            format!(
+                "first data block {} wrong for block size {bs}",
+                self.first_data_block
+            )
+        })?;
         ensure(self.blocks_count > u64::from(self.first_data_block), || {
             format!("blocks count {} too small", self.blocks_count)
         })?;
@@ -403,17 +429,26 @@ impl Superblock {
                 || format!("descriptor size {} invalid", self.desc_size),
             )?;
         }
-        ensure(self.first_ino >= 11 && self.first_ino < self.inodes_count, || {
-            format!("first inode {} invalid", self.first_ino)
-        })?;
+        ensure(
+            self.first_ino >= 11 && self.first_ino < self.inodes_count,
+            || format!("first inode {} invalid", self.first_ino),
+        )?;
         if self.has_ro_compat(RO_COMPAT_EXTRA_ISIZE) || isz > 128 {
-            ensure(u32::from(self.min_extra_isize) <= isz - 128, || "min_extra_isize too big".into())?;
+            ensure(u32::from(self.min_extra_isize) <= isz - 128, || {
+                "min_extra_isize too big".into()
+            })?;
         }
         ensure(self.free_inodes_count <= self.inodes_count, || {
-            format!("free inodes {} > inodes {}", self.free_inodes_count, self.inodes_count)
+            format!(
+                "free inodes {} > inodes {}",
+                self.free_inodes_count, self.inodes_count
+            )
         })?;
         ensure(self.free_blocks_count <= self.blocks_count, || {
-            format!("free blocks {} > blocks {}", self.free_blocks_count, self.blocks_count)
+            format!(
+                "free blocks {} > blocks {}",
+                self.free_blocks_count, self.blocks_count
+            )
         })
     }
 
@@ -543,7 +578,9 @@ impl Superblock {
         1024u32 << self.log_block_size.min(6)
     }
     pub fn group_count(&self) -> u64 {
-        let data = self.blocks_count.saturating_sub(u64::from(self.first_data_block));
+        let data = self
+            .blocks_count
+            .saturating_sub(u64::from(self.first_data_block));
         data.div_ceil(u64::from(self.blocks_per_group.max(1)))
     }
     /// Size of a group descriptor on disk.
@@ -563,7 +600,9 @@ impl Superblock {
     }
     /// The checksum seed for every metadata checksum.
     pub fn csum_seed(&self) -> u32 {
-        let seed = self.has_incompat(INCOMPAT_CSUM_SEED).then_some(self.checksum_seed);
+        let seed = self
+            .has_incompat(INCOMPAT_CSUM_SEED)
+            .then_some(self.checksum_seed);
         csum::fs_seed(&self.uuid, seed)
     }
     /// Extra inode bytes beyond the 128-byte base that new inodes get.
@@ -583,7 +622,7 @@ impl Superblock {
         if g <= 1 || !self.has_ro_compat(RO_COMPAT_SPARSE_SUPER) {
             return true;
         }
-        if g % 2 == 0 {
+        if g.is_multiple_of(2) {
             return false;
         }
         [3u64, 5, 7].iter().any(|&p| {
@@ -600,24 +639,30 @@ impl Superblock {
 
     /// First block of group `g`.
     pub fn group_first_block(&self, g: u64) -> u64 {
-        u64::from(self.first_data_block).saturating_add(g.saturating_mul(u64::from(self.blocks_per_group)))
+        u64::from(self.first_data_block)
+            .saturating_add(g.saturating_mul(u64::from(self.blocks_per_group)))
     }
 
     /// Number of blocks in group `g` (the last group may be short).
     pub fn blocks_in_group(&self, g: u64) -> u64 {
         let first = self.group_first_block(g);
-        self.blocks_count.saturating_sub(first).min(u64::from(self.blocks_per_group))
+        self.blocks_count
+            .saturating_sub(first)
+            .min(u64::from(self.blocks_per_group))
     }
 
     /// Physical block of group-descriptor block `i` (handles meta_bg).
     pub fn desc_block_location(&self, i: u64) -> u64 {
         let first_meta = u64::from(self.first_meta_bg);
         if !self.has_incompat(INCOMPAT_META_BG) || i < first_meta {
-            return u64::from(self.first_data_block).saturating_add(1).saturating_add(i);
+            return u64::from(self.first_data_block)
+                .saturating_add(1)
+                .saturating_add(i);
         }
         // meta_bg: descriptor block i lives in the first group of its meta group.
         let g = i.saturating_mul(self.descs_per_block());
-        self.group_first_block(g).saturating_add(u64::from(self.group_has_super(g)))
+        self.group_first_block(g)
+            .saturating_add(u64::from(self.group_has_super(g)))
     }
 }
 
@@ -637,7 +682,11 @@ mod tests {
         set_le32(&mut b, 0x4C, 1);
         set_le32(&mut b, 0x54, 11);
         set_le16(&mut b, 0x58, 256);
-        set_le32(&mut b, 0x64, RO_COMPAT_METADATA_CSUM | RO_COMPAT_SPARSE_SUPER);
+        set_le32(
+            &mut b,
+            0x64,
+            RO_COMPAT_METADATA_CSUM | RO_COMPAT_SPARSE_SUPER,
+        );
         set_le32(&mut b, 0x60, INCOMPAT_64BIT | INCOMPAT_EXTENTS);
         set_le16(&mut b, 0xFE, 64);
         set_u8(&mut b, 0x175, 1);
@@ -677,7 +726,11 @@ mod tests {
     #[test]
     fn unknown_features_are_named() {
         let mut b = sample();
-        set_le32(&mut b, 0x60, INCOMPAT_64BIT | INCOMPAT_INLINE_DATA | 0x8000_0000);
+        set_le32(
+            &mut b,
+            0x60,
+            INCOMPAT_64BIT | INCOMPAT_INLINE_DATA | 0x8000_0000,
+        );
         let sb = Superblock::decode_unchecked(&b);
         let fc = sb.check_features();
         assert_eq!(fc.unsupported_incompat, vec!["inline_data", "FEATURE_I31"]);
@@ -696,7 +749,12 @@ mod tests {
                 b[i] = (x >> 32) as u8;
             }
             let sb = Superblock::decode_unchecked(&b);
-            let _ = (sb.group_count(), sb.desc_blocks(), sb.csum_seed(), sb.desc_block_location(3));
+            let _ = (
+                sb.group_count(),
+                sb.desc_blocks(),
+                sb.csum_seed(),
+                sb.desc_block_location(3),
+            );
             let _ = Superblock::decode(&b);
         }
     }
