@@ -18,6 +18,7 @@
 //! journal needs recovery opens read-only with a warning (no replay yet).
 
 pub mod cache;
+pub mod check;
 pub mod device;
 pub mod dir;
 pub mod error;
@@ -27,6 +28,7 @@ pub mod map;
 pub mod path;
 pub mod xattr;
 
+pub use check::{Audit, MetaKind};
 pub use dir::DirEntry;
 pub use error::{Error, Result};
 pub use file::{File, FileType, Metadata};

@@ -10,11 +10,20 @@ use rext4_format::xattr as fx;
 use crate::cache::Kind;
 use crate::error::{AtBlock, Error, Result};
 use crate::fs::{Fs, Ino};
+use rext4_format::inode::Inode;
 
 impl Fs {
     /// All extended attributes of inode `ino` as (full name, value), in-inode first.
     pub fn xattrs_ino(&self, ino: Ino) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let inode = self.read_live_inode(ino)?;
+        self.xattrs_ino_raw(ino, &inode)
+    }
+
+    pub(crate) fn xattrs_ino_raw(
+        &self,
+        ino: Ino,
+        inode: &Inode,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let (raw, blk) = self.inode_bytes(ino)?;
         let mut attrs = Vec::new();
         if raw.len() > fx::GOOD_OLD_INODE_SIZE {

@@ -1,0 +1,91 @@
+//! Shared helpers for the engine's integration tests: what rext4 sees, in the testkit's
+//! `Tree` form, so it can be compared with what the kernel sees.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashSet};
+
+use rext4::{FileType, Fs, Ino};
+use rext4_testkit::{ContentHasher, Kind, Node, Tree};
+
+fn kind(t: FileType) -> Kind {
+    match t {
+        FileType::File => Kind::File,
+        FileType::Dir => Kind::Dir,
+        FileType::Symlink => Kind::Symlink,
+        FileType::CharDevice => Kind::CharDev,
+        FileType::BlockDevice => Kind::BlockDev,
+        FileType::Fifo => Kind::Fifo,
+        FileType::Socket => Kind::Socket,
+        FileType::Unknown => Kind::File,
+    }
+}
+
+/// Read at most `limit` bytes of each file (bounds the fuzz walks); `u64::MAX` for all.
+pub fn node(fs: &Fs, ino: Ino, limit: u64) -> rext4::Result<Node> {
+    let m = fs.stat_ino(ino)?;
+    let symlink = if m.is_symlink() {
+        Some(fs.read_link_ino(ino)?)
+    } else {
+        None
+    };
+    let content = if m.is_file() {
+        let f = fs.open_ino(ino)?;
+        let mut h = ContentHasher::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut off = 0u64;
+        while off < m.size.min(limit) {
+            let n = f.read_at(&mut buf, off)?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+            off += n as u64;
+        }
+        Some(h.finish())
+    } else {
+        None
+    };
+    let xattrs: BTreeMap<Vec<u8>, Vec<u8>> = fs.xattrs_ino(ino)?.into_iter().collect();
+    Ok(Node {
+        kind: kind(m.file_type),
+        mode: m.mode,
+        uid: m.uid,
+        gid: m.gid,
+        size: m.size,
+        nlink: u64::from(m.nlink),
+        atime: (m.atime.sec, m.atime.nsec),
+        mtime: (m.mtime.sec, m.mtime.nsec),
+        ctime: (m.ctime.sec, m.ctime.nsec),
+        rdev: m.rdev,
+        symlink,
+        xattrs,
+        content,
+        ino: u64::from(ino.0),
+    })
+}
+
+/// The whole tree as rext4 reads it. Stops at the first error.
+pub fn snapshot(fs: &Fs) -> rext4::Result<Tree> {
+    snapshot_limited(fs, u64::MAX)
+}
+
+pub fn snapshot_limited(fs: &Fs, limit: u64) -> rext4::Result<Tree> {
+    let mut t = Tree::new();
+    let mut seen = HashSet::new();
+    let mut stack = vec![(Vec::new(), Ino::ROOT)];
+    while let Some((path, ino)) = stack.pop() {
+        let n = node(fs, ino, limit)?;
+        if n.kind == Kind::Dir && seen.insert(ino) {
+            for e in fs.read_dir_ino(ino)? {
+                let mut p = path.clone();
+                if !p.is_empty() {
+                    p.push(b'/');
+                }
+                p.extend_from_slice(&e.name);
+                stack.push((p, e.ino));
+            }
+        }
+        t.insert(path, n);
+    }
+    Ok(t)
+}
