@@ -89,3 +89,73 @@ pub fn snapshot_limited(fs: &Fs, limit: u64) -> rext4::Result<Tree> {
     }
     Ok(t)
 }
+
+/// A device over a shared base image with a few bytes patched: cheap per-case
+/// corruption of one image without copying it.
+pub struct OverlayDevice {
+    pub base: std::sync::Arc<Vec<u8>>,
+    pub patches: Vec<(u64, u8)>,
+}
+
+impl rext4::device::BlockDevice for OverlayDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .filter(|&e| e <= self.base.len() as u64)
+            .ok_or_else(|| std::io::Error::other("read outside the image"))?;
+        buf.copy_from_slice(&self.base[offset as usize..end as usize]);
+        for &(at, b) in &self.patches {
+            if at >= offset && at < end {
+                buf[(at - offset) as usize] = b;
+            }
+        }
+        Ok(())
+    }
+    fn write_at(&self, _: &[u8], _: u64) -> std::io::Result<()> {
+        Err(std::io::Error::other("overlay is read-only"))
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn size_bytes(&self) -> u64 {
+        self.base.len() as u64
+    }
+    fn is_read_only(&self) -> bool {
+        true
+    }
+}
+
+/// Open an overlay of `base` with `patches` applied.
+pub fn open_patched(base: &std::sync::Arc<Vec<u8>>, patches: Vec<(u64, u8)>) -> rext4::Result<Fs> {
+    let dev = OverlayDevice {
+        base: base.clone(),
+        patches,
+    };
+    Fs::open_device(std::sync::Arc::new(dev), rext4::FsOptions::default())
+}
+
+/// Everything a reader can see: open, walk the tree, audit every metadata block.
+/// Returns the tree if nothing was reported, else the first error.
+pub fn full_read(fs: &Fs, limit: u64) -> rext4::Result<Tree> {
+    let t = snapshot_limited(fs, limit)?;
+    let audit = fs.audit()?;
+    if let Some(e) = audit.problems.into_iter().next() {
+        return Err(e);
+    }
+    Ok(t)
+}
+
+/// A tiny deterministic PRNG (xorshift64*), so failures are reproducible by seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}

@@ -1,0 +1,169 @@
+//! Robustness: random byte mutations of the metadata of valid images (with and without
+//! metadata_csum, so mutations also reach the parsers behind the checksums), then a
+//! full walk: open, every directory, every file's first MiB, every symlink and xattr,
+//! and the metadata audit. Each case must end in a value or an error: no panic, no hang
+//! (a watchdog fails a case after 30 s), and no single allocation larger than the image.
+//!
+//! Case count: `REXT4_FUZZ_CASES` (default 1500 per image, 3 images).
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use common::{open_patched, snapshot_limited, Rng};
+use rext4::MetaKind;
+use rext4_testkit::{mkfs, populate_debugfs, Fixture, MkfsOptions};
+
+/// Largest allocation made by an armed thread (a walk in progress).
+static LARGEST: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static ARMED: Cell<bool> = const { Cell::new(false) };
+}
+
+struct Watch;
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the wrapper only
+// records sizes in an atomic and reads a const-initialized thread-local (no allocation).
+unsafe impl GlobalAlloc for Watch {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if ARMED.with(|a| a.get()) {
+            LARGEST.fetch_max(l.size(), Ordering::Relaxed);
+        }
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: `p` came from System.alloc with layout `l`.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        if ARMED.with(|a| a.get()) {
+            LARGEST.fetch_max(l.size(), Ordering::Relaxed);
+        }
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc_zeroed(l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        if ARMED.with(|a| a.get()) {
+            LARGEST.fetch_max(new, Ordering::Relaxed);
+        }
+        // SAFETY: forwarded unchanged.
+        unsafe { System.realloc(p, l, new) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Watch = Watch;
+
+fn cases() -> u64 {
+    std::env::var("REXT4_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1500)
+}
+
+fn fuzz_image(opts: MkfsOptions, label: &str, seed: u64) {
+    let img = mkfs(&opts).expect("mkfs");
+    let spec = Fixture {
+        big_dir_entries: 300,
+        frag_extents: 120,
+        sparse_far_offset: 2 << 20,
+        deep_depth: 6,
+        ..Fixture::quick()
+    };
+    populate_debugfs(img.path(), &spec).expect("populate");
+    let base = Arc::new(std::fs::read(img.path()).expect("read"));
+    let image_len = base.len();
+    let fs = open_patched(&base, vec![]).expect("opens");
+    let bs = u64::from(fs.block_size());
+    let audit = fs.audit().expect("audit");
+    assert!(audit.problems.is_empty(), "{:?}", audit.problems);
+    let mut blocks: Vec<(u64, MetaKind)> = audit.blocks;
+    blocks.sort();
+    blocks.dedup();
+    drop(fs);
+    let mut rng = Rng(seed);
+    let (mut ok, mut errs) = (0u64, 0u64);
+    for case in 0..cases() {
+        let nmut = 1 + rng.below(16) as usize;
+        let mut patches = Vec::with_capacity(nmut);
+        for _ in 0..nmut {
+            let (blk, kind) = blocks[rng.below(blocks.len() as u64) as usize];
+            let (start, len) = if kind == MetaKind::Superblock {
+                (1024, 1024)
+            } else {
+                (blk * bs, bs)
+            };
+            let at = start + rng.below(len);
+            // Mix of bit flips, small values and extremes: they reach different checks.
+            let v = match rng.below(4) {
+                0 => base[at as usize] ^ (1 << rng.below(8)),
+                1 => rng.below(4) as u8,
+                2 => 0xFF,
+                _ => rng.next() as u8,
+            };
+            patches.push((at, v));
+        }
+        let b = base.clone();
+        let (tx, rx) = mpsc::channel();
+        let worker = std::thread::spawn(move || {
+            ARMED.with(|a| a.set(true));
+            let r = open_patched(&b, patches).and_then(|fs| {
+                let t = snapshot_limited(&fs, 1 << 20)?;
+                let a = fs.audit()?;
+                Ok((t.len(), a.problems.len()))
+            });
+            ARMED.with(|a| a.set(false));
+            let _ = tx.send(r.is_ok());
+        });
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(true) => ok += 1,
+            Ok(false) => errs += 1,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                panic!("[{label}] case {case} (seed {seed}) hangs")
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let _ = worker.join();
+                panic!("[{label}] case {case} (seed {seed}) panicked");
+            }
+        }
+        worker.join().expect("walk thread");
+        let largest = LARGEST.load(Ordering::Relaxed);
+        assert!(
+            largest <= image_len,
+            "[{label}] case {case}: allocation of {largest} bytes > image of {image_len}"
+        );
+    }
+    eprintln!(
+        "[{label}] {} cases: {ok} read fully, {errs} ended in an error; largest allocation {} bytes",
+        ok + errs,
+        LARGEST.load(Ordering::Relaxed)
+    );
+}
+
+#[test]
+fn fuzz_metadata_csum_1k() {
+    fuzz_image(MkfsOptions::new(1024, 16 << 20), "csum 1k", 1);
+}
+
+#[test]
+fn fuzz_no_csum_4k() {
+    let opts = MkfsOptions::new(4096, 16 << 20)
+        .arg("-O")
+        .arg("^metadata_csum");
+    fuzz_image(opts, "no-csum 4k", 2);
+}
+
+#[test]
+fn fuzz_no_csum_1k_upstream() {
+    let opts = MkfsOptions::new(1024, 16 << 20)
+        .upstream(true)
+        .arg("-O")
+        .arg("^metadata_csum,^metadata_csum_seed,^orphan_file");
+    fuzz_image(opts, "no-csum 1k", 3);
+}
