@@ -3,6 +3,7 @@
 
 use std::fmt::Write;
 
+use rext4::format::jbd2;
 use rext4::format::superblock::{feature, Superblock};
 use rext4::Fs;
 
@@ -256,5 +257,116 @@ pub fn render(fs: &Fs) -> String {
     if sb.has_compat(feature::COMPAT_ORPHAN_FILE) {
         line("Orphan file inode", sb.orphan_file_inum.to_string());
     }
+    if sb.journal_inum != 0 {
+        match journal(fs, sb.journal_inum) {
+            Ok(j) => o.push_str(&j),
+            Err(e) => {
+                let _ = writeln!(o, "Journal superblock unreadable: {e}");
+            }
+        }
+    }
+    // dumpe2fs -h ends with an empty line.
+    o.push('\n');
     o
+}
+
+/// e2fsprogs' names for jbd2 feature bits.
+fn journal_feature_names(j: &jbd2::JournalSuperblock) -> Vec<String> {
+    let mut v = Vec::new();
+    let table: [(u32, u32, &str); 7] = [
+        (0, jbd2::COMPAT_CHECKSUM, "journal_checksum"),
+        (1, jbd2::INCOMPAT_REVOKE, "journal_incompat_revoke"),
+        (1, jbd2::INCOMPAT_64BIT, "journal_64bit"),
+        (1, jbd2::INCOMPAT_ASYNC_COMMIT, "journal_async_commit"),
+        (1, jbd2::INCOMPAT_CSUM_V2, "journal_checksum_v2"),
+        (1, jbd2::INCOMPAT_CSUM_V3, "journal_checksum_v3"),
+        (1, jbd2::INCOMPAT_FAST_COMMIT, "journal_fast_commit"),
+    ];
+    for (word, bit, name) in table {
+        let w = if word == 0 {
+            j.feature_compat
+        } else {
+            j.feature_incompat
+        };
+        if w & bit != 0 {
+            v.push(name.to_string());
+        }
+    }
+    let known_c = jbd2::COMPAT_CHECKSUM;
+    let known_i = table.iter().filter(|t| t.0 == 1).fold(0, |a, t| a | t.1);
+    for i in 0..32 {
+        if j.feature_compat & !known_c & (1 << i) != 0 {
+            v.push(format!("FEATURE_C{i}"));
+        }
+    }
+    for i in 0..32 {
+        if j.feature_incompat & !known_i & (1 << i) != 0 {
+            v.push(format!("FEATURE_I{i}"));
+        }
+    }
+    for i in 0..32 {
+        if j.feature_ro_compat & (1 << i) != 0 {
+            v.push(format!("FEATURE_R{i}"));
+        }
+    }
+    v
+}
+
+/// The journal section of dumpe2fs -h (internal journals).
+fn journal(fs: &Fs, ino: u32) -> rext4::Result<String> {
+    let f = fs.open_ino(rext4::Ino(ino))?;
+    let mut b = vec![0u8; jbd2::SB_SIZE];
+    f.read_exact_at(&mut b, 0)?;
+    let j = jbd2::JournalSuperblock::decode(&b)?;
+    let mut o = String::new();
+    let mut line = |k: &str, v: String| {
+        let _ = writeln!(o, "{:<26}{v}", format!("{k}:"));
+    };
+    let names = journal_feature_names(&j);
+    line(
+        "Journal features",
+        if names.is_empty() {
+            "(none)".into()
+        } else {
+            names.join(" ")
+        },
+    );
+    let kb = u64::from(j.blocksize) * u64::from(j.maxlen) / 1024;
+    line(
+        "Total journal size",
+        if kb < 8192 {
+            format!("{kb}k")
+        } else {
+            format!("{}M", kb >> 10)
+        },
+    );
+    line("Total journal blocks", j.maxlen.to_string());
+    let fc = j.num_fc_blocks();
+    line(
+        "Max transaction length",
+        j.maxlen.saturating_sub(fc).to_string(),
+    );
+    line("Fast commit length", fc.to_string());
+    if j.first != 1 {
+        line("Journal first block", j.first.to_string());
+    }
+    line("Journal sequence", format!("{:#010x}", j.sequence));
+    line("Journal start", j.start.to_string());
+    if j.nr_users != 1 {
+        line("Journal number of users", j.nr_users.to_string());
+    }
+    let f = j.features();
+    if f.csum_v2or3() {
+        let t = if j.checksum_type == jbd2::CHECKSUM_TYPE_CRC32C {
+            "crc32c"
+        } else {
+            "unknown"
+        };
+        line("Journal checksum type", t.into());
+        line("Journal checksum", format!("{:#010x}", j.checksum));
+    }
+    if j.errno != 0 {
+        line("Journal errno", j.errno.to_string());
+    }
+    Ok(o)
 }
