@@ -25,7 +25,9 @@ pub mod error;
 pub mod file;
 pub mod fs;
 pub mod map;
+pub mod mkfs;
 pub mod path;
+pub mod store;
 pub mod xattr;
 
 pub use check::{Audit, MetaKind};

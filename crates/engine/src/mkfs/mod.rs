@@ -1,0 +1,1 @@
+//! mkfs (placeholder, being written)

@@ -1,0 +1,55 @@
+//! The seams between the tree/directory algorithms and the filesystem.
+//!
+//! Extent-tree writes (`extent_write`) and directory writes (`dir_write`) are written
+//! against these traits, not against `Fs`, so they can be unit-tested on an in-memory
+//! store and so the filesystem can put every metadata write through one place
+//! (`Fs::write_meta`, where the journal will attach them to a transaction).
+//!
+//! Contract for implementors:
+//! - `read_meta` returns the current contents of a metadata block (including writes
+//!   made earlier through `write_meta`), verified as the caller asks.
+//! - `write_meta` takes the complete new contents of a block; the caller has already
+//!   set its checksum. The store may verify it again before accepting it.
+//! - `alloc` returns a run of free blocks, near `goal` when possible, at least 1 and
+//!   at most `max_len` long, already marked in use; `free` returns a run.
+//!   Accounting of `i_blocks` is the caller's job (see each algorithm's notes).
+
+use crate::error::Result;
+
+/// Block-level services the extent-tree code needs.
+pub trait BlockStore {
+    /// Filesystem block size in bytes.
+    fn block_size(&self) -> usize;
+    /// Read a tree block (extent node). The store verifies magic/checksum with `seed`.
+    fn read_meta(&self, blk: u64) -> Result<Vec<u8>>;
+    /// Replace a tree block's contents (checksum already set by the caller).
+    fn write_meta(&mut self, blk: u64, data: &[u8]) -> Result<()>;
+    /// Allocate up to `max_len` contiguous blocks near `goal`; returns (start, len ≥ 1).
+    fn alloc(&mut self, goal: u64, max_len: u32) -> Result<(u64, u32)>;
+    /// Free `len` blocks starting at `start`.
+    fn free(&mut self, start: u64, len: u64) -> Result<()>;
+}
+
+/// Services the directory code needs for one directory inode.
+pub trait DirStore {
+    fn block_size(&self) -> usize;
+    /// Number of logical blocks (i_size / block size).
+    fn nblocks(&self) -> u64;
+    /// Read logical block `lblk` (unverified bytes; the dir code verifies).
+    fn read_block(&self, lblk: u64) -> Result<Vec<u8>>;
+    /// Write logical block `lblk` (< nblocks); checksums already set by the caller.
+    fn write_block(&mut self, lblk: u64, data: &[u8]) -> Result<()>;
+    /// Add one block at the end (allocating and mapping it, growing i_size by one block)
+    /// and return its logical number. Its contents are undefined until written.
+    fn append_block(&mut self) -> Result<u64>;
+    /// Whether the directory has the htree INDEX flag.
+    fn is_indexed(&self) -> bool;
+    /// Set the INDEX flag (conversion of a linear directory to an htree).
+    fn set_indexed(&mut self, on: bool) -> Result<()>;
+    /// Inode seed for dirent-tail and dx-tail checksums (None without metadata_csum).
+    fn csum_seed(&self) -> Option<u32>;
+    /// Hash seed, signedness flags (superblock s_flags) and default hash version.
+    fn hash_params(&self) -> ([u32; 4], u32, u8);
+    /// Whether the filesystem has large_dir (3-level htrees, > 2 GiB dirs).
+    fn largedir(&self) -> bool;
+}
