@@ -201,7 +201,7 @@ impl Copier<'_> {
             .custom_flags(libc::O_NOFOLLOW)
             .mode(0o600)
             .open(dst)?;
-        let size = f.len();
+        let size = f.len()?;
         let mut buf = vec![0u8; 1 << 20];
         let mut off = 0u64;
         while off < size {
@@ -290,6 +290,9 @@ fn total_bytes(fs: &Fs, ino: Ino, seen: &mut HashSet<Ino>) -> u64 {
 pub fn copy_out(fs: &Fs, src: &[u8], dest: &Path, opts: Options) -> rext4::Result<Report> {
     let ino = fs.resolve(src, false)?;
     let base = src.split(|&c| c == b'/').rfind(|c| !c.is_empty());
+    // A last component "." or ".." names no new entry (dest/.. is outside dest): copy
+    // into `dest` itself, as GNU cp does.
+    let base = base.filter(|c| !matches!(*c, b"." | b".."));
     let target = match (fs::symlink_metadata(dest), base) {
         (Ok(md), Some(name)) if md.is_dir() => dest.join(OsStr::from_bytes(name)),
         _ => dest.to_path_buf(),

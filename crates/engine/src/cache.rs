@@ -3,10 +3,11 @@
 //!
 //! A block is verified once per [`Kind`] it is read as: a corrupted image can make one
 //! block look like both an extent node and a directory block, and each use must pass its
-//! own verifier before its bytes are trusted. Buffers are shared `Arc<[u8]>`; the cache
-//! is bounded by a block count and drops arbitrary unpinned entries when full (the write
-//! path will add dirty tracking and pinning here: this is the one place where a
-//! metadata buffer will be declared dirty).
+//! own verifier before its bytes are trusted. Buffers are shared `Arc<[u8]>` and never
+//! changed in place: a write replaces the buffer, so readers holding the old one keep a
+//! consistent copy. The cache is bounded by a block count and drops arbitrary clean
+//! entries when full; dirty entries stay until [`BufferCache::flush`] writes them.
+//! [`BufferCache::write`] is the one place where a metadata buffer is declared dirty.
 //!
 //! Locking: one mutex around the map, never held across device I/O.
 
@@ -35,6 +36,8 @@ pub enum Kind {
 struct Entry {
     data: Arc<[u8]>,
     verified: u32,
+    /// Newer than the device: must be written before it may be dropped.
+    dirty: bool,
 }
 
 pub struct BufferCache {
@@ -108,18 +111,81 @@ impl BufferCache {
             other => other,
         })?;
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if map.len() >= self.cap {
-            let victims: Vec<u64> = map.keys().take(self.cap / 4).copied().collect();
-            for v in victims {
-                map.remove(&v);
+        Self::make_room(&mut map, self.cap);
+        let e = map.entry(blk).or_insert(Entry { data: data.clone(), verified: 0, dirty: false });
+        e.verified |= bit;
+        Ok(e.data.clone())
+    }
+
+    /// Drop clean entries when the cache is full (dirty ones stay until written).
+    fn make_room(map: &mut HashMap<u64, Entry>, cap: usize) {
+        if map.len() < cap {
+            return;
+        }
+        let victims: Vec<u64> =
+            map.iter().filter(|(_, e)| !e.dirty).map(|(k, _)| *k).take(cap / 4).collect();
+        for v in victims {
+            map.remove(&v);
+        }
+    }
+
+    /// Replace block `blk` with `data` and mark it dirty: the one place where a metadata
+    /// buffer is declared dirty (the journal will attach it to the running transaction
+    /// here). `verify` checks the new contents before they are accepted (verify before
+    /// write); they count as verified for `kind` afterwards.
+    pub fn write(
+        &self,
+        blk: u64,
+        kind: Kind,
+        data: Vec<u8>,
+        verify: impl FnOnce(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        if blk >= self.blocks_count || data.len() != self.block_size {
+            return Err(Error::InvalidInput(format!(
+                "metadata write of {} bytes to block {blk} outside the filesystem",
+                data.len()
+            )));
+        }
+        verify(&data).map_err(|e| match e {
+            Error::Corrupted { what, .. } => Error::Corrupted {
+                what: format!("refusing to write bad {kind:?} block: {what}"),
+                block: Some(blk),
+            },
+            other => other,
+        })?;
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        Self::make_room(&mut map, self.cap);
+        map.insert(blk, Entry { data: Arc::from(data), verified: 1 << (kind as u32), dirty: true });
+        Ok(())
+    }
+
+    /// Write every dirty block to the device, in block order. Blocks stay cached.
+    pub fn flush(&self) -> Result<usize> {
+        let dirty: Vec<(u64, Arc<[u8]>)> = {
+            let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+            let mut v: Vec<_> =
+                map.iter().filter(|(_, e)| e.dirty).map(|(k, e)| (*k, e.data.clone())).collect();
+            v.sort_by_key(|(k, _)| *k);
+            v
+        };
+        for (blk, data) in &dirty {
+            self.dev.write_at(data, blk * self.block_size as u64)?;
+        }
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        for (blk, data) in &dirty {
+            // Clean only if nobody replaced it meanwhile.
+            if let Some(e) = map.get_mut(blk) {
+                if Arc::ptr_eq(&e.data, data) {
+                    e.dirty = false;
+                }
             }
         }
-        let e = map.entry(blk).or_insert(Entry {
-            data: data.clone(),
-            verified: 0,
-        });
-        e.verified |= bit;
-        Ok(data)
+        Ok(dirty.len())
+    }
+
+    /// Number of dirty blocks.
+    pub fn dirty_count(&self) -> usize {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).values().filter(|e| e.dirty).count()
     }
 
     /// Read without a verifier (data blocks of symlinks, raw dumps).
@@ -127,9 +193,9 @@ impl BufferCache {
         self.read(blk, Kind::Raw, |_| Ok(()))
     }
 
-    /// Forget everything (after the device changed underneath).
+    /// Forget every clean block (after the device changed underneath).
     pub fn invalidate(&self) {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).retain(|_, e| e.dirty);
     }
 }
 

@@ -27,6 +27,16 @@ pub enum Error {
     InvalidInput(String),
     /// The filesystem is open read-only.
     ReadOnly,
+    /// The name exists already (EEXIST).
+    Exists,
+    /// A directory to remove or replace is not empty (ENOTEMPTY).
+    NotEmpty,
+    /// No free blocks or inodes (ENOSPC).
+    NoSpace,
+    /// Too many hard links (EMLINK).
+    TooManyLinks,
+    /// The file would exceed ext4's maximum size (EFBIG).
+    FileTooLarge,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -52,6 +62,11 @@ impl Error {
             Error::Loop => 40,
             Error::NameTooLong => 36,
             Error::ReadOnly => 30,
+            Error::Exists => 17,
+            Error::NotEmpty => 39,
+            Error::NoSpace => 28,
+            Error::TooManyLinks => 31,
+            Error::FileTooLarge => 27,
         }
     }
 }
@@ -76,6 +91,11 @@ impl fmt::Display for Error {
             Error::NameTooLong => write!(f, "file name too long"),
             Error::InvalidInput(s) => write!(f, "invalid argument: {s}"),
             Error::ReadOnly => write!(f, "read-only filesystem"),
+            Error::Exists => write!(f, "file exists"),
+            Error::NotEmpty => write!(f, "directory not empty"),
+            Error::NoSpace => write!(f, "no space left on device"),
+            Error::TooManyLinks => write!(f, "too many links"),
+            Error::FileTooLarge => write!(f, "file too large"),
         }
     }
 }

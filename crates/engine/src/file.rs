@@ -209,43 +209,50 @@ impl Fs {
         Ok(done)
     }
 
-    /// Open inode `ino` as a [`File`].
+    /// Open inode `ino` as a read-only [`File`].
     pub fn open_ino(&self, ino: Ino) -> Result<File> {
-        let inode = self.read_live_inode(ino)?;
-        Ok(File {
-            fs: self.clone(),
-            ino,
-            inode,
-        })
+        self.read_live_inode(ino)?;
+        Ok(File { fs: self.clone(), ino, read: true, write: false, append: false })
     }
 }
 
-/// An open file (read-only for now).
+/// An open file. Like `std::fs::File` with positional I/O (`read_at`, `write_at`);
+/// the inode is read afresh on every call, so handles see each other's changes.
 pub struct File {
-    fs: Fs,
-    ino: Ino,
-    inode: Inode,
+    pub(crate) fs: Fs,
+    pub(crate) ino: Ino,
+    pub(crate) read: bool,
+    pub(crate) write: bool,
+    pub(crate) append: bool,
 }
 
 impl File {
     pub fn ino(&self) -> Ino {
         self.ino
     }
-    pub fn metadata(&self) -> Metadata {
-        self.fs.metadata_of(self.ino, &self.inode)
+    fn inode(&self) -> Result<Inode> {
+        self.fs.read_live_inode(self.ino)
     }
-    pub fn len(&self) -> u64 {
-        self.inode.size
+    pub fn metadata(&self) -> Result<Metadata> {
+        let i = self.inode()?;
+        Ok(self.fs.metadata_of(self.ino, &i))
     }
-    pub fn is_empty(&self) -> bool {
-        self.inode.size == 0
+    pub fn len(&self) -> Result<u64> {
+        Ok(self.inode()?.size)
+    }
+    pub fn is_empty(&self) -> Result<bool> {
+        Ok(self.len()? == 0)
     }
     /// Positional read, like `std::os::unix::fs::FileExt::read_at`.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
-        if self.inode.is_dir() {
+        if !self.read {
+            return Err(Error::InvalidInput("file not open for reading".into()));
+        }
+        let inode = self.inode()?;
+        if inode.is_dir() {
             return Err(Error::IsADirectory);
         }
-        self.fs.read_ino_at(self.ino, &self.inode, buf, offset)
+        self.fs.read_ino_at(self.ino, &inode, buf, offset)
     }
     /// Read exactly `buf.len()` bytes or fail with `InvalidInput` at EOF.
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
@@ -255,10 +262,43 @@ impl File {
         }
         Ok(())
     }
+    /// Positional write (`FileExt::write_at`); with `append` the offset is ignored and
+    /// the data goes to the end, as O_APPEND does.
+    pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<usize> {
+        if !self.write {
+            return Err(Error::InvalidInput("file not open for writing".into()));
+        }
+        let _w = self.fs.write_lock();
+        self.fs.check_writable()?;
+        let off = if self.append { self.inode()?.size } else { offset };
+        self.fs.write_locked(self.ino, buf, off)
+    }
+    /// Write all of `buf` at `offset`.
+    pub fn write_all_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let n = self.write_at(buf, offset)?;
+        debug_assert_eq!(n, buf.len());
+        Ok(())
+    }
+    /// Truncate or extend (`File::set_len`).
+    pub fn set_len(&self, size: u64) -> Result<()> {
+        if !self.write {
+            return Err(Error::InvalidInput("file not open for writing".into()));
+        }
+        self.fs.truncate_ino(self.ino, size)
+    }
+    /// Flush data and metadata to the device (`File::sync_all`). Without a journal this
+    /// writes all dirty metadata of the filesystem.
+    pub fn sync_all(&self) -> Result<()> {
+        self.fs.sync()
+    }
+    /// `File::sync_data`: the same as `sync_all` for now.
+    pub fn sync_data(&self) -> Result<()> {
+        self.fs.sync()
+    }
     /// Mapped extents (logical block, mapping), like FIEMAP.
     pub fn extents(&self) -> Result<Vec<(u64, Mapping)>> {
+        let inode = self.inode()?;
         let bs = u64::from(self.fs.block_size());
-        self.fs
-            .extents(self.ino, &self.inode, self.inode.size.div_ceil(bs))
+        self.fs.extents(self.ino, &inode, inode.size.div_ceil(bs))
     }
 }

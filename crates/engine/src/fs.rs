@@ -12,11 +12,11 @@
 //! `inodes_count`.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use rext4_format::group::{self, DescCsum, GroupDesc};
 use rext4_format::inode::{self as fmt_inode, Inode};
-use rext4_format::superblock::{feature, Superblock, SB_OFFSET, SB_SIZE};
+use rext4_format::superblock::{feature, Superblock, SB_OFFSET, SB_SIZE, STATE_VALID};
 
 use crate::cache::{BufferCache, Kind};
 use crate::device::{BlockDevice, FileDevice};
@@ -25,7 +25,7 @@ use crate::error::{AtBlock, Error, Result};
 /// How to open a filesystem.
 #[derive(Debug, Clone)]
 pub struct FsOptions {
-    /// Open without writing anything to the image (the only mode until the write path).
+    /// Open without writing anything to the image.
     pub read_only: bool,
     /// Use O_DIRECT on the image file.
     pub direct_io: bool,
@@ -43,10 +43,33 @@ impl Default for FsOptions {
     }
 }
 
+/// A group descriptor and whether it differs from its on-disk copy.
+pub(crate) struct Group {
+    pub(crate) desc: GroupDesc,
+    pub(crate) dirty: bool,
+}
+
+/// Superblock state that changes while the filesystem is open.
+pub(crate) struct Live {
+    pub(crate) sb: Superblock,
+    /// The 1024 bytes read at open: fields rext4 does not model are kept from here.
+    pub(crate) raw: Vec<u8>,
+    pub(crate) dirty: bool,
+    /// Whether the filesystem was clean (VALID_FS) when opened read-write.
+    pub(crate) was_clean: bool,
+    pub(crate) closed: bool,
+}
+
 pub(crate) struct Inner {
     pub(crate) cache: BufferCache,
+    /// Geometry and features as opened; they do not change while open. Counters and
+    /// state live in `live`.
     pub(crate) sb: Superblock,
-    pub(crate) groups: Vec<GroupDesc>,
+    pub(crate) live: Mutex<Live>,
+    pub(crate) groups: Vec<Mutex<Group>>,
+    /// Serializes namespace and allocation changes (a coarse lock until the mount issue
+    /// brings per-inode locks). Lock order: write_lock, then a group, then live.
+    pub(crate) write_lock: Mutex<()>,
     pub(crate) block_size: u32,
     pub(crate) csum_seed: u32,
     pub(crate) metadata_csum: bool,
@@ -75,11 +98,6 @@ impl Fs {
     }
 
     pub fn open_with(path: impl AsRef<Path>, opts: FsOptions) -> Result<Fs> {
-        if !opts.read_only {
-            return Err(Error::Unsupported(
-                "read-write opening is not implemented yet".into(),
-            ));
-        }
         let dev = FileDevice::open(path.as_ref(), opts.read_only, opts.direct_io)?;
         Self::open_device(Arc::new(dev), opts)
     }
@@ -134,25 +152,95 @@ impl Fs {
         let csum_seed = sb.csum_seed();
         let metadata_csum = sb.metadata_csum();
         let groups = read_groups(&cache, &sb, csum_seed)?;
-        Ok(Fs {
+        if !read_only && cache.device().is_read_only() {
+            read_only = true;
+        }
+        let was_clean = sb.state & STATE_VALID != 0;
+        let fs = Fs {
             inner: Arc::new(Inner {
                 cache,
+                live: Mutex::new(Live {
+                    sb: sb.clone(),
+                    raw,
+                    dirty: false,
+                    was_clean,
+                    closed: read_only,
+                }),
                 sb,
-                groups,
+                groups: groups.into_iter().map(|desc| Mutex::new(Group { desc, dirty: false })).collect(),
+                write_lock: Mutex::new(()),
                 block_size: bs,
                 csum_seed,
                 metadata_csum,
                 read_only,
                 warnings,
             }),
-        })
+        };
+        if !read_only {
+            // Marked not clean on disk while open read-write, as fuse2fs does: an
+            // interrupted session is then caught by e2fsck.
+            let mut live = fs.live();
+            live.sb.state &= !STATE_VALID;
+            live.sb.mnt_count = live.sb.mnt_count.wrapping_add(1);
+            live.sb.mtime = now();
+            live.dirty = true;
+            drop(live);
+            fs.inner.write_superblock()?;
+            fs.cache().device().flush()?;
+        }
+        Ok(fs)
     }
 
-    pub fn superblock(&self) -> &Superblock {
-        &self.inner.sb
+    pub(crate) fn live(&self) -> MutexGuard<'_, Live> {
+        self.inner.live.lock().unwrap_or_else(|p| p.into_inner())
     }
-    pub fn group_descs(&self) -> &[GroupDesc] {
-        &self.inner.groups
+
+    pub(crate) fn group(&self, g: usize) -> Result<MutexGuard<'_, Group>> {
+        self.inner
+            .groups
+            .get(g)
+            .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()))
+            .ok_or_else(|| Error::corrupted(format!("group {g} does not exist"), None))
+    }
+
+    pub(crate) fn write_lock(&self) -> MutexGuard<'_, ()> {
+        self.inner.write_lock.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Fail with `ReadOnly` unless the filesystem is writable.
+    pub(crate) fn check_writable(&self) -> Result<()> {
+        if self.inner.read_only || self.live().closed {
+            Err(Error::ReadOnly)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Write every change to the device and flush it (`syncfs`).
+    pub fn sync(&self) -> Result<()> {
+        if self.inner.read_only {
+            return Ok(());
+        }
+        let _w = self.write_lock();
+        self.inner.sync_locked()
+    }
+
+    /// Write everything and mark the filesystem clean again. Further writes fail with
+    /// `ReadOnly`. Dropping the last handle of a read-write `Fs` does this too, but only
+    /// `close` reports errors.
+    pub fn close(&self) -> Result<()> {
+        let _w = self.write_lock();
+        self.inner.close()
+    }
+
+    pub fn superblock(&self) -> Superblock {
+        self.live().sb.clone()
+    }
+    /// Every group descriptor as it is now.
+    pub fn group_descs(&self) -> Vec<GroupDesc> {
+        (0..self.inner.groups.len())
+            .filter_map(|g| self.group(g).ok().map(|grp| grp.desc.clone()))
+            .collect()
     }
     pub fn block_size(&self) -> u32 {
         self.inner.block_size
@@ -190,9 +278,7 @@ impl Fs {
         let ipg = sb.inodes_per_group;
         let g = ((ino.0 - 1) / ipg) as usize;
         let idx = u64::from((ino.0 - 1) % ipg);
-        let gd = self.inner.groups.get(g).ok_or_else(|| {
-            Error::corrupted(format!("inode {} is in a missing group {g}", ino.0), None)
-        })?;
+        let gd = self.group(g)?.desc.clone();
         let isz = u64::from(sb.inode_size);
         let bs = u64::from(self.inner.block_size);
         if gd.has_flag(group::FLAG_INODE_UNINIT) {
@@ -214,17 +300,108 @@ impl Fs {
     }
 }
 
-fn read_groups(cache: &BufferCache, sb: &Superblock, seed: u32) -> Result<Vec<GroupDesc>> {
-    let ngroups = sb.group_count();
-    let ds = sb.desc_size();
-    let per_block = sb.descs_per_block();
-    let kind = if sb.metadata_csum() {
+pub(crate) fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+pub(crate) fn desc_csum_kind(sb: &Superblock, seed: u32) -> DescCsum {
+    if sb.metadata_csum() {
         DescCsum::Crc32c { seed }
     } else if sb.has_ro_compat(feature::RO_COMPAT_GDT_CSUM) {
         DescCsum::Crc16 { uuid: sb.uuid }
     } else {
         DescCsum::None
-    };
+    }
+}
+
+impl Inner {
+    fn live(&self) -> MutexGuard<'_, Live> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Encode the live superblock and write it to byte 1024 (the primary copy).
+    pub(crate) fn write_superblock(&self) -> Result<()> {
+        let mut live = self.live();
+        live.sb.wtime = now();
+        let mut raw = live.raw.clone();
+        live.sb.encode_into(&mut raw);
+        self.cache.device().write_at(&raw, SB_OFFSET)?;
+        live.raw = raw;
+        live.dirty = false;
+        Ok(())
+    }
+
+    /// Write dirty group descriptors into their GDT blocks (through the cache).
+    fn write_group_descs(&self) -> Result<()> {
+        let sb = &self.sb;
+        let ds = sb.desc_size();
+        let per_block = sb.descs_per_block();
+        let kind = desc_csum_kind(sb, self.csum_seed);
+        let mut by_block: std::collections::BTreeMap<u64, Vec<(usize, GroupDesc)>> =
+            Default::default();
+        for (g, m) in self.groups.iter().enumerate() {
+            let mut grp = m.lock().unwrap_or_else(|p| p.into_inner());
+            if grp.dirty {
+                grp.dirty = false;
+                let blk = sb.desc_block_location(g as u64 / per_block);
+                by_block.entry(blk).or_default().push((g, grp.desc.clone()));
+            }
+        }
+        for (blk, descs) in by_block {
+            let mut data = self.cache.read(blk, Kind::GroupDesc, |_| Ok(()))?.to_vec();
+            for (g, d) in descs {
+                let off = (g as u64 % per_block) as usize * ds;
+                if let Some(bytes) = data.get_mut(off..off + ds) {
+                    d.encode_into(bytes, ds, g as u32, kind);
+                }
+            }
+            self.cache.write(blk, Kind::GroupDesc, data, |_| Ok(()))?;
+        }
+        Ok(())
+    }
+
+    /// Caller holds the write lock.
+    pub(crate) fn sync_locked(&self) -> Result<()> {
+        self.write_group_descs()?;
+        self.cache.flush()?;
+        self.write_superblock()?;
+        self.cache.device().flush()?;
+        Ok(())
+    }
+
+    /// Caller holds the write lock (or is the last owner).
+    fn close(&self) -> Result<()> {
+        if self.read_only || self.live().closed {
+            return Ok(());
+        }
+        self.sync_locked()?;
+        let mut live = self.live();
+        if live.was_clean {
+            live.sb.state |= STATE_VALID;
+        }
+        live.closed = true;
+        drop(live);
+        self.write_superblock()?;
+        self.cache.device().flush()?;
+        Ok(())
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Best effort when the last handle goes away without close().
+        let _ = self.close();
+    }
+}
+
+fn read_groups(cache: &BufferCache, sb: &Superblock, seed: u32) -> Result<Vec<GroupDesc>> {
+    let ngroups = sb.group_count();
+    let ds = sb.desc_size();
+    let per_block = sb.descs_per_block();
+    let kind = desc_csum_kind(sb, seed);
     let mut out = Vec::with_capacity(ngroups.min(1 << 20) as usize);
     for i in 0..sb.desc_blocks() {
         let blk = sb.desc_block_location(i);

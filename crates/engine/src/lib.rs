@@ -17,15 +17,20 @@
 //! never held across I/O. The engine is read-only in this version: an image whose
 //! journal needs recovery opens read-only with a warning (no replay yet).
 
+pub mod alloc;
 pub mod cache;
 pub mod check;
 pub mod device;
 pub mod dir;
+pub mod dir_write;
 pub mod error;
+pub mod extent_write;
 pub mod file;
 pub mod fs;
+pub mod inode_write;
 pub mod map;
 pub mod mkfs;
+pub mod ops;
 pub mod path;
 pub mod store;
 pub mod xattr;
@@ -36,5 +41,8 @@ pub use error::{Error, Result};
 pub use file::{File, FileType, Metadata};
 pub use fs::{Fs, FsOptions, Ino};
 pub use map::Mapping;
+pub use ops::{FallocMode, RenameFlags, SetAttr, StatFs};
+pub use path::OpenOptions;
+pub use xattr::XattrFlags;
 pub use rext4_format as format;
 pub use rext4_format::inode::Timestamp;

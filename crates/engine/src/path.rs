@@ -8,12 +8,13 @@
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use rext4_format::inode::Inode;
+use rext4_format::inode::{Inode, Timestamp};
 
 use crate::dir::DirEntry;
 use crate::error::{Error, Result};
 use crate::file::{File, Metadata};
 use crate::fs::{Fs, Ino};
+use crate::ops::{RenameFlags, SetAttr};
 
 pub const MAX_SYMLINKS: u32 = 40;
 /// Longest symlink target ext4 stores (one block; the kernel caps at PATH_MAX).
@@ -126,7 +127,7 @@ impl Fs {
     pub fn open_file(&self, path: impl AsRef<Path>) -> Result<File> {
         let ino = self.resolve(path_bytes(path.as_ref()), true)?;
         let f = self.open_ino(ino)?;
-        if f.metadata().is_dir() {
+        if f.metadata()?.is_dir() {
             return Err(Error::IsADirectory);
         }
         Ok(f)
@@ -151,5 +152,274 @@ impl Fs {
     /// Extended attributes of `path` (not following a final symlink, like llistxattr).
     pub fn xattrs(&self, path: impl AsRef<Path>) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         self.xattrs_ino(self.resolve(path_bytes(path.as_ref()), false)?)
+    }
+}
+
+/// Options for opening files, like `std::fs::OpenOptions` (plus the mode and owner a
+/// created file gets, since the engine has no process credentials).
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    read: bool,
+    write: bool,
+    append: bool,
+    truncate: bool,
+    create: bool,
+    create_new: bool,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl OpenOptions {
+    pub fn new() -> Self {
+        OpenOptions {
+            read: false,
+            write: false,
+            append: false,
+            truncate: false,
+            create: false,
+            create_new: false,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+        }
+    }
+    pub fn read(&mut self, v: bool) -> &mut Self {
+        self.read = v;
+        self
+    }
+    pub fn write(&mut self, v: bool) -> &mut Self {
+        self.write = v;
+        self
+    }
+    /// O_APPEND: every write goes to the end of the file.
+    pub fn append(&mut self, v: bool) -> &mut Self {
+        self.append = v;
+        self
+    }
+    pub fn truncate(&mut self, v: bool) -> &mut Self {
+        self.truncate = v;
+        self
+    }
+    /// O_CREAT.
+    pub fn create(&mut self, v: bool) -> &mut Self {
+        self.create = v;
+        self
+    }
+    /// O_CREAT | O_EXCL.
+    pub fn create_new(&mut self, v: bool) -> &mut Self {
+        self.create_new = v;
+        self
+    }
+    /// Permission bits of a created file (default 0o644).
+    pub fn mode(&mut self, mode: u32) -> &mut Self {
+        self.mode = mode;
+        self
+    }
+    /// Owner of a created file (default 0:0).
+    pub fn owner(&mut self, uid: u32, gid: u32) -> &mut Self {
+        self.uid = uid;
+        self.gid = gid;
+        self
+    }
+
+    /// Open `path` in `fs`.
+    pub fn open(&self, fs: &Fs, path: impl AsRef<Path>) -> Result<File> {
+        let p = path_bytes(path.as_ref());
+        let writing = self.write || self.append;
+        if (self.truncate || self.create || self.create_new) && !writing {
+            return Err(Error::InvalidInput("create or truncate needs write access".into()));
+        }
+        let ino = match fs.resolve(p, true) {
+            Ok(ino) => {
+                if self.create_new {
+                    return Err(Error::Exists);
+                }
+                ino
+            }
+            Err(Error::NotFound) if self.create || self.create_new => {
+                let (parent, name) = fs.parent_and_name(p)?;
+                let mode = u32::from(rext4_format::inode::mode::S_IFREG) | (self.mode & 0o7777);
+                match fs.mknod_ino(parent, name, mode, self.uid, self.gid, (0, 0)) {
+                    Ok(ino) => ino,
+                    Err(Error::Exists) if !self.create_new => fs.resolve(p, true)?,
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        let f = fs.open_ino(ino)?;
+        let meta = f.metadata()?;
+        if meta.is_dir() && writing {
+            return Err(Error::IsADirectory);
+        }
+        if self.truncate && meta.is_file() && meta.size > 0 {
+            fs.truncate_ino(ino, 0)?;
+        }
+        Ok(File { read: self.read, write: writing, append: self.append, ..f })
+    }
+}
+
+impl Fs {
+    /// Split `path` into its resolved parent directory and final name.
+    pub fn parent_and_name<'p>(&self, path: &'p [u8]) -> Result<(Ino, &'p [u8])> {
+        let trimmed = {
+            let mut t = path;
+            while t.len() > 1 && t.last() == Some(&b'/') {
+                t = &t[..t.len() - 1];
+            }
+            t
+        };
+        let cut = trimmed.iter().rposition(|&c| c == b'/');
+        let (dir, name) = match cut {
+            Some(i) => (&trimmed[..i.max(1)], &trimmed[i + 1..]),
+            None => (&b"."[..], trimmed),
+        };
+        if name.is_empty() || name == b"." || name == b".." {
+            return Err(Error::InvalidInput("path has no final name".into()));
+        }
+        let parent = self.resolve(if dir.is_empty() { b"/" } else { dir }, true)?;
+        Ok((parent, name))
+    }
+
+    /// Create (or truncate) a file for writing (`std::fs::File::create`).
+    pub fn create(&self, path: impl AsRef<Path>) -> Result<File> {
+        OpenOptions::new().write(true).create(true).truncate(true).open(self, path)
+    }
+
+    /// Write a whole file (`std::fs::write`).
+    pub fn write(&self, path: impl AsRef<Path>, data: impl AsRef<[u8]>) -> Result<()> {
+        let f = self.create(path)?;
+        let d = data.as_ref();
+        if !d.is_empty() {
+            f.write_all_at(d, 0)?;
+        }
+        Ok(())
+    }
+
+    /// `std::fs::create_dir` (mode 0o755, owner 0:0; see [`Fs::mkdir_ino`] for more).
+    pub fn create_dir(&self, path: impl AsRef<Path>) -> Result<()> {
+        let (parent, name) = self.parent_and_name(path_bytes(path.as_ref()))?;
+        self.mkdir_ino(parent, name, 0o755, 0, 0).map(|_| ())
+    }
+
+    /// `std::fs::create_dir_all`.
+    pub fn create_dir_all(&self, path: impl AsRef<Path>) -> Result<()> {
+        let p = path_bytes(path.as_ref());
+        let mut cur = Vec::new();
+        for comp in p.split(|&c| c == b'/').filter(|c| !c.is_empty()) {
+            cur.push(b'/');
+            cur.extend_from_slice(comp);
+            match self.resolve(&cur, true) {
+                Ok(ino) if self.stat_ino(ino)?.is_dir() => continue,
+                Ok(_) => return Err(Error::NotADirectory),
+                Err(Error::NotFound) => {
+                    let (parent, name) = self.parent_and_name(&cur)?;
+                    match self.mkdir_ino(parent, name, 0o755, 0, 0) {
+                        Ok(_) | Err(Error::Exists) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// `std::fs::remove_file`.
+    pub fn remove_file(&self, path: impl AsRef<Path>) -> Result<()> {
+        let (parent, name) = self.parent_and_name(path_bytes(path.as_ref()))?;
+        self.unlink_ino(parent, name)
+    }
+
+    /// `std::fs::remove_dir` (must be empty).
+    pub fn remove_dir(&self, path: impl AsRef<Path>) -> Result<()> {
+        let (parent, name) = self.parent_and_name(path_bytes(path.as_ref()))?;
+        self.rmdir_ino(parent, name)
+    }
+
+    /// `std::fs::remove_dir_all`: a directory and everything below it.
+    pub fn remove_dir_all(&self, path: impl AsRef<Path>) -> Result<()> {
+        let ino = self.resolve(path_bytes(path.as_ref()), false)?;
+        self.remove_tree(ino)?;
+        self.remove_dir(path)
+    }
+
+    fn remove_tree(&self, dir: Ino) -> Result<()> {
+        for e in self.read_dir_ino(dir)? {
+            if self.stat_ino(e.ino)?.is_dir() {
+                self.remove_tree(e.ino)?;
+                self.rmdir_ino(dir, &e.name)?;
+            } else {
+                self.unlink_ino(dir, &e.name)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `std::fs::rename`.
+    pub fn rename(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> Result<()> {
+        self.rename_with(from, to, RenameFlags::default())
+    }
+
+    /// renameat2 with RENAME_NOREPLACE / RENAME_EXCHANGE.
+    pub fn rename_with(&self, from: impl AsRef<Path>, to: impl AsRef<Path>, fl: RenameFlags) -> Result<()> {
+        let (p1, n1) = self.parent_and_name(path_bytes(from.as_ref()))?;
+        let (p2, n2) = self.parent_and_name(path_bytes(to.as_ref()))?;
+        self.rename_ino(p1, n1, p2, n2, fl)
+    }
+
+    /// `std::fs::hard_link(original, link)`.
+    pub fn hard_link(&self, original: impl AsRef<Path>, link: impl AsRef<Path>) -> Result<()> {
+        let ino = self.resolve(path_bytes(original.as_ref()), false)?;
+        let (p, n) = self.parent_and_name(path_bytes(link.as_ref()))?;
+        self.link_ino(ino, p, n)
+    }
+
+    /// `std::os::unix::fs::symlink(target, link)`.
+    pub fn symlink(&self, target: impl AsRef<Path>, link: impl AsRef<Path>) -> Result<()> {
+        let (p, n) = self.parent_and_name(path_bytes(link.as_ref()))?;
+        self.symlink_ino(p, n, path_bytes(target.as_ref()), 0, 0).map(|_| ())
+    }
+
+    /// mknod(2): `mode` holds the file type and permission bits.
+    pub fn mknod(&self, path: impl AsRef<Path>, mode: u32, rdev: (u32, u32)) -> Result<()> {
+        let (p, n) = self.parent_and_name(path_bytes(path.as_ref()))?;
+        self.mknod_ino(p, n, mode, 0, 0, rdev).map(|_| ())
+    }
+
+    /// chmod (follows symlinks, like `std::fs::set_permissions`).
+    pub fn set_permissions(&self, path: impl AsRef<Path>, mode: u32) -> Result<()> {
+        let ino = self.resolve(path_bytes(path.as_ref()), true)?;
+        self.setattr_ino(ino, &SetAttr { mode: Some(mode), ..SetAttr::default() }).map(|_| ())
+    }
+
+    /// lchown (does not follow a final symlink).
+    pub fn lchown(&self, path: impl AsRef<Path>, uid: Option<u32>, gid: Option<u32>) -> Result<()> {
+        let ino = self.resolve(path_bytes(path.as_ref()), false)?;
+        self.setattr_ino(ino, &SetAttr { uid, gid, ..SetAttr::default() }).map(|_| ())
+    }
+
+    /// utimensat with AT_SYMLINK_NOFOLLOW.
+    pub fn set_times(
+        &self,
+        path: impl AsRef<Path>,
+        atime: Option<Timestamp>,
+        mtime: Option<Timestamp>,
+    ) -> Result<()> {
+        let ino = self.resolve(path_bytes(path.as_ref()), false)?;
+        self.setattr_ino(ino, &SetAttr { atime, mtime, ..SetAttr::default() }).map(|_| ())
+    }
+
+    /// Truncate or extend a file by path (truncate(2)).
+    pub fn set_len(&self, path: impl AsRef<Path>, size: u64) -> Result<()> {
+        let ino = self.resolve(path_bytes(path.as_ref()), true)?;
+        self.truncate_ino(ino, size)
     }
 }

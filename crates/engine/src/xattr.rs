@@ -67,3 +67,140 @@ impl Fs {
             .map(|(_, v)| v))
     }
 }
+
+/// How `set_xattr` treats an existing attribute (setxattr(2) flags).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct XattrFlags {
+    /// XATTR_CREATE: fail with `Exists` if present.
+    pub create: bool,
+    /// XATTR_REPLACE: fail with `NotFound` if absent.
+    pub replace: bool,
+}
+
+impl Fs {
+    /// All attributes of `ino` in ext4's stored form (ACLs in disk format).
+    fn stored_xattrs(&self, ino: Ino, inode: &Inode) -> Result<(Vec<fx::Xattr>, Vec<fx::Xattr>)> {
+        let (raw, blk) = self.inode_bytes(ino)?;
+        let mut ibody = Vec::new();
+        if raw.len() > fx::GOOD_OLD_INODE_SIZE {
+            ibody = fx::decode_inode(fx::inode_region(&raw).at(blk)?).at(blk)?;
+        }
+        let mut block = Vec::new();
+        if inode.file_acl != 0 {
+            let b = inode.file_acl;
+            let seed = self.inner.metadata_csum.then_some(self.inner.csum_seed);
+            let data = self.cache().read(b, Kind::Xattr, |d| {
+                fx::verify_block(d, seed, b)?;
+                Ok(())
+            })?;
+            block = fx::decode_block(&data).at(b)?.attrs();
+        }
+        Ok((ibody, block))
+    }
+
+    /// setxattr(2). ACL values are given in the VFS format and stored in ext4's.
+    pub fn set_xattr_ino(&self, ino: Ino, name: &[u8], value: &[u8], fl: XattrFlags) -> Result<()> {
+        let (index, suffix) = fx::split_name(name)
+            .ok_or_else(|| Error::Unsupported(format!("xattr namespace of {:?}", String::from_utf8_lossy(name))))?;
+        if suffix.len() > fx::NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        let stored = if index == fx::INDEX_POSIX_ACL_ACCESS || index == fx::INDEX_POSIX_ACL_DEFAULT {
+            fx::acl_vfs_to_disk(value).map_err(|e| Error::InvalidInput(format!("ACL value: {e}")))?
+        } else {
+            value.to_vec()
+        };
+        if stored.len() > self.inner.block_size as usize {
+            return Err(Error::NoSpace);
+        }
+        let _w = self.write_lock();
+        self.check_writable()?;
+        self.update_xattrs(ino, |all| {
+            let pos = all.iter().position(|a| a.index == index && a.name == suffix);
+            match (pos, fl.create, fl.replace) {
+                (Some(_), true, _) => return Err(Error::Exists),
+                (None, _, true) => return Err(Error::NotFound),
+                (Some(i), _, _) => all[i].value = stored,
+                (None, _, _) => all.push(fx::Xattr::new(index, suffix, &stored)),
+            }
+            Ok(())
+        })
+    }
+
+    /// removexattr(2); `NotFound` when absent (ENODATA at the edge).
+    pub fn remove_xattr_ino(&self, ino: Ino, name: &[u8]) -> Result<()> {
+        let (index, suffix) = fx::split_name(name).ok_or(Error::NotFound)?;
+        let _w = self.write_lock();
+        self.check_writable()?;
+        self.update_xattrs(ino, |all| {
+            let pos = all.iter().position(|a| a.index == index && a.name == suffix);
+            let i = pos.ok_or(Error::NotFound)?;
+            all.remove(i);
+            Ok(())
+        })
+    }
+
+    /// Change the attribute list and lay it out again: as many as fit in the inode
+    /// (smallest first), the rest in an xattr block (copy-on-write when shared).
+    fn update_xattrs(&self, ino: Ino, f: impl FnOnce(&mut Vec<fx::Xattr>) -> Result<()>) -> Result<()> {
+        let mut inode = self.read_live_inode(ino)?;
+        let (ibody, block) = self.stored_xattrs(ino, &inode)?;
+        let mut all: Vec<fx::Xattr> = ibody.into_iter().chain(block).collect();
+        f(&mut all)?;
+        let (mut raw, _) = self.inode_bytes(ino)?;
+        let region_len = fx::inode_region(&raw).map(|r| r.len()).unwrap_or(0);
+        all.sort_by_key(|a| fx::entry_size(a.name.len()) + fx::value_size_padded(a.value.len()));
+        let mut inside = Vec::new();
+        let mut outside = Vec::new();
+        for a in all {
+            let mut trial = inside.clone();
+            trial.push(a.clone());
+            if outside.is_empty() && region_len > 0 && fx::fits_in_inode(region_len, &trial) {
+                inside = trial;
+            } else {
+                outside.push(a);
+            }
+        }
+        let bs = self.inner.block_size as usize;
+        if !outside.is_empty() && !fx::fits_in_block(bs, &outside) {
+            return Err(Error::NoSpace);
+        }
+        if let Ok(region) = fx::inode_region_mut(&mut raw) {
+            fx::encode_inode_region(region, &inside)
+                .map_err(|e| Error::InvalidInput(format!("xattr: {e:?}")))?;
+        }
+        // The block: reuse ours when unshared, else allocate a new one.
+        let old = inode.file_acl;
+        let old_refs = if old != 0 {
+            let d = self.cache().read(old, Kind::Xattr, |_| Ok(()))?;
+            u32::from_le_bytes([d[4], d[5], d[6], d[7]])
+        } else {
+            0
+        };
+        if outside.is_empty() {
+            self.release_xattr_block(&mut inode)?;
+        } else {
+            let target = if old != 0 && old_refs <= 1 {
+                old
+            } else {
+                if old != 0 {
+                    self.release_xattr_block(&mut inode)?;
+                }
+                let goal = self.data_goal(ino, &inode, 0);
+                let (b, _) = self.alloc_blocks(goal, 1)?;
+                inode.blocks_raw += bs as u64 / 512;
+                b
+            };
+            let mut data = vec![0u8; bs];
+            fx::encode_block(&mut data, &outside, 1)
+                .map_err(|e| Error::InvalidInput(format!("xattr: {e:?}")))?;
+            if self.inner.metadata_csum {
+                fx::set_block_csum(&mut data, self.inner.csum_seed, target);
+            }
+            self.cache().write(target, Kind::Xattr, data, |_| Ok(()))?;
+            inode.file_acl = target;
+        }
+        inode.ctime = crate::inode_write::now_ts();
+        self.write_inode_raw(ino, &raw, &inode)
+    }
+}

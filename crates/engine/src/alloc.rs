@@ -1,0 +1,277 @@
+//! Block and inode allocation.
+//!
+//! Data: each group's descriptor (free counts, flags, bitmap checksums) lives in
+//! `Inner::groups` behind a per-group mutex; bitmaps live in the buffer cache and are
+//! loaded on first use. A BLOCK_UNINIT / INODE_UNINIT group has no bitmap on disk: its
+//! bitmap is computed (format notes §2.3), written, and the flag cleared the first time
+//! anything is allocated in it. Free counts (group and superblock) and itable_unused
+//! stay exact; bitmap and descriptor checksums are refreshed on every change.
+//!
+//! Policy (in the spirit of mballoc, simplified): block allocation is goal-directed —
+//! the search starts at the goal block (the file's previous physical block + 1, or its
+//! inode's group) and takes the first free run there, extended up to the wanted length;
+//! groups without free blocks are skipped by their counters without I/O. Inodes: files
+//! go to their parent's group, directories are spread (Orlov-like: the next group with
+//! at least average free inodes and blocks).
+//!
+//! Locking: callers hold `Fs::write_lock`; inside, one group mutex at a time, then the
+//! superblock (`live`) — never the other way round.
+
+use rext4_format::bitmap;
+use rext4_format::group::{FLAG_BLOCK_UNINIT, FLAG_INODE_UNINIT};
+
+use crate::cache::Kind;
+use crate::error::{Error, Result};
+use crate::fs::{Fs, Group, Ino};
+
+impl Fs {
+    fn group_of_block(&self, blk: u64) -> usize {
+        let sb = &self.inner.sb;
+        (blk.saturating_sub(u64::from(sb.first_data_block)) / u64::from(sb.blocks_per_group)) as usize
+    }
+
+    /// The block bitmap of group `g` (materialized if uninitialized). Caller holds the
+    /// group lock `grp`.
+    fn load_block_bitmap(&self, g: usize, grp: &mut Group) -> Result<Vec<u8>> {
+        if grp.desc.has_flag(FLAG_BLOCK_UNINIT) {
+            let b = self.uninit_block_bitmap_locked(g, grp);
+            grp.desc.flags &= !FLAG_BLOCK_UNINIT;
+            grp.dirty = true;
+            return Ok(b);
+        }
+        let blk = grp.desc.block_bitmap;
+        Ok(self.cache().read(blk, Kind::Bitmap, |_| Ok(()))?.to_vec())
+    }
+
+    /// The bitmap a BLOCK_UNINIT group implicitly has: its superblock backup, GDT and
+    /// reserved GDT blocks, and any group's bitmaps and inode table that lie inside it
+    /// (flex_bg), plus the padding past the group's end. `grp` is group `g`, whose
+    /// mutex the caller holds; the other groups are locked one at a time.
+    fn uninit_block_bitmap_locked(&self, g: usize, grp: &Group) -> Vec<u8> {
+        let sb = &self.inner.sb;
+        let bs = self.inner.block_size as usize;
+        let mut b = vec![0u8; bs];
+        let first = sb.group_first_block(g as u64);
+        let n = sb.blocks_in_group(g as u64);
+        let mut mark = |blk: u64, len: u64| {
+            for x in blk.max(first)..blk.saturating_add(len).min(first + n) {
+                bitmap::set(&mut b, x - first, true);
+            }
+        };
+        if sb.group_has_super(g as u64) {
+            let base = 1 + sb.desc_blocks() + u64::from(sb.reserved_gdt_blocks);
+            mark(first, base);
+        }
+        let itable_blocks = (u64::from(sb.inodes_per_group) * u64::from(sb.inode_size))
+            .div_ceil(bs as u64);
+        for (i, m) in self.inner.groups.iter().enumerate() {
+            let d = if i == g {
+                grp.desc.clone()
+            } else {
+                m.lock().unwrap_or_else(|p| p.into_inner()).desc.clone()
+            };
+            mark(d.block_bitmap, 1);
+            mark(d.inode_bitmap, 1);
+            mark(d.inode_table, itable_blocks);
+        }
+        for x in n..(bs as u64 * 8) {
+            bitmap::set(&mut b, x, true);
+        }
+        b
+    }
+
+    fn store_block_bitmap(&self, grp: &mut Group, b: Vec<u8>) -> Result<()> {
+        let sb = &self.inner.sb;
+        if self.inner.metadata_csum {
+            let c = bitmap::compute_csum(&b, sb.clusters_per_group, self.inner.csum_seed);
+            grp.desc.block_bitmap_csum = if sb.desc_size() >= 64 { c } else { c & 0xFFFF };
+        }
+        grp.dirty = true;
+        self.cache().write(grp.desc.block_bitmap, Kind::Bitmap, b, |_| Ok(()))
+    }
+
+    fn store_inode_bitmap(&self, grp: &mut Group, b: Vec<u8>) -> Result<()> {
+        let sb = &self.inner.sb;
+        if self.inner.metadata_csum {
+            let c = bitmap::compute_csum(&b, sb.inodes_per_group, self.inner.csum_seed);
+            grp.desc.inode_bitmap_csum = if sb.desc_size() >= 64 { c } else { c & 0xFFFF };
+        }
+        grp.dirty = true;
+        self.cache().write(grp.desc.inode_bitmap, Kind::Bitmap, b, |_| Ok(()))
+    }
+
+    /// Allocate up to `max_len` (≥ 1) contiguous blocks, as near `goal` as possible.
+    /// Returns (first block, length ≥ 1). Caller holds the write lock.
+    pub(crate) fn alloc_blocks(&self, goal: u64, max_len: u32) -> Result<(u64, u32)> {
+        self.check_writable()?;
+        let sb = &self.inner.sb;
+        let ngroups = self.inner.groups.len();
+        let want = u64::from(max_len.max(1));
+        let goal = goal.clamp(u64::from(sb.first_data_block), sb.blocks_count - 1);
+        let g0 = self.group_of_block(goal);
+        for i in 0..ngroups {
+            let g = (g0 + i) % ngroups;
+            let mut grp = self.group(g)?;
+            if grp.desc.free_blocks_count == 0 {
+                continue;
+            }
+            let first = sb.group_first_block(g as u64);
+            let n = sb.blocks_in_group(g as u64);
+            let mut b = self.load_block_bitmap(g, &mut grp)?;
+            let start = if i == 0 { goal - first } else { 0 };
+            // First free bit at or after start, then (wrapping) from the group start.
+            let found = (start..n).find(|&x| !bitmap::test(&b, x)).or_else(|| {
+                (0..start.min(n)).find(|&x| !bitmap::test(&b, x))
+            });
+            let Some(x) = found else {
+                // Counter said free but the bitmap is full: trust the bitmap.
+                return Err(Error::corrupted(
+                    format!("group {g} free count {} but bitmap full", grp.desc.free_blocks_count),
+                    Some(grp.desc.block_bitmap),
+                ));
+            };
+            let mut len = 0u64;
+            while len < want && x + len < n && !bitmap::test(&b, x + len) {
+                bitmap::set(&mut b, x + len, true);
+                len += 1;
+            }
+            grp.desc.free_blocks_count = grp.desc.free_blocks_count.saturating_sub(len as u32);
+            self.store_block_bitmap(&mut grp, b)?;
+            drop(grp);
+            let mut live = self.live();
+            live.sb.free_blocks_count = live.sb.free_blocks_count.saturating_sub(len);
+            live.dirty = true;
+            return Ok((first + x, len as u32));
+        }
+        Err(Error::NoSpace)
+    }
+
+    /// Return `len` blocks starting at `start` to the free pool.
+    pub(crate) fn free_blocks(&self, start: u64, len: u64) -> Result<()> {
+        self.check_writable()?;
+        let sb = &self.inner.sb;
+        let mut blk = start;
+        let end = start.saturating_add(len);
+        if start < u64::from(sb.first_data_block) || end > sb.blocks_count {
+            return Err(Error::corrupted(format!("freeing blocks {start}+{len} outside the fs"), None));
+        }
+        while blk < end {
+            let g = self.group_of_block(blk);
+            let first = sb.group_first_block(g as u64);
+            let gend = (first + sb.blocks_in_group(g as u64)).min(end);
+            let mut grp = self.group(g)?;
+            let mut b = self.load_block_bitmap(g, &mut grp)?;
+            let mut freed = 0u32;
+            for x in blk..gend {
+                if !bitmap::test(&b, x - first) {
+                    return Err(Error::corrupted(format!("freeing free block {x}"), Some(grp.desc.block_bitmap)));
+                }
+                bitmap::set(&mut b, x - first, false);
+                freed += 1;
+            }
+            grp.desc.free_blocks_count += freed;
+            self.store_block_bitmap(&mut grp, b)?;
+            drop(grp);
+            let mut live = self.live();
+            live.sb.free_blocks_count += u64::from(freed);
+            live.dirty = true;
+            blk = gend;
+        }
+        Ok(())
+    }
+
+    /// Allocate an inode near `parent` (directories spread across groups).
+    pub(crate) fn alloc_inode(&self, parent: Ino, is_dir: bool) -> Result<Ino> {
+        self.check_writable()?;
+        let sb = &self.inner.sb;
+        let ipg = sb.inodes_per_group;
+        let ngroups = self.inner.groups.len();
+        let pg = ((parent.0.max(1) - 1) / ipg) as usize % ngroups.max(1);
+        let start = if is_dir && ngroups > 1 {
+            // Orlov-like: the next group after the parent's with at least average free
+            // inodes and blocks, so directories spread out.
+            let live = self.live();
+            let avg_i = live.sb.free_inodes_count / ngroups as u32;
+            let avg_b = live.sb.free_blocks_count / ngroups as u64;
+            drop(live);
+            (1..=ngroups)
+                .map(|i| (pg + i) % ngroups)
+                .find(|&g| {
+                    self.group(g).is_ok_and(|grp| {
+                        grp.desc.free_inodes_count >= avg_i.max(1)
+                            && u64::from(grp.desc.free_blocks_count) >= avg_b
+                    })
+                })
+                .unwrap_or(pg)
+        } else {
+            pg
+        };
+        for i in 0..ngroups {
+            let g = (start + i) % ngroups;
+            let mut grp = self.group(g)?;
+            if grp.desc.free_inodes_count == 0 {
+                continue;
+            }
+            let bs = self.inner.block_size as usize;
+            let mut b = if grp.desc.has_flag(FLAG_INODE_UNINIT) {
+                let mut b = vec![0u8; bs];
+                for x in u64::from(ipg)..(bs as u64 * 8) {
+                    bitmap::set(&mut b, x, true);
+                }
+                grp.desc.flags &= !FLAG_INODE_UNINIT;
+                b
+            } else {
+                self.cache().read(grp.desc.inode_bitmap, Kind::Bitmap, |_| Ok(()))?.to_vec()
+            };
+            // Allocating an inode in a group also initializes its block bitmap.
+            if grp.desc.has_flag(FLAG_BLOCK_UNINIT) {
+                let bb = self.load_block_bitmap(g, &mut grp)?;
+                self.store_block_bitmap(&mut grp, bb)?;
+            }
+            let lo = if g == 0 { u64::from(sb.first_ino) } else { 0 };
+            let Some(x) = (lo..u64::from(ipg)).find(|&x| !bitmap::test(&b, x)) else {
+                continue;
+            };
+            bitmap::set(&mut b, x, true);
+            grp.desc.free_inodes_count -= 1;
+            if is_dir {
+                grp.desc.used_dirs_count += 1;
+            }
+            let used = x as u32 + 1;
+            if ipg - grp.desc.itable_unused < used {
+                grp.desc.itable_unused = ipg - used;
+            }
+            self.store_inode_bitmap(&mut grp, b)?;
+            drop(grp);
+            let mut live = self.live();
+            live.sb.free_inodes_count -= 1;
+            live.dirty = true;
+            return Ok(Ino(g as u32 * ipg + used));
+        }
+        Err(Error::NoSpace)
+    }
+
+    /// Return inode `ino` to the free pool.
+    pub(crate) fn free_inode(&self, ino: Ino, is_dir: bool) -> Result<()> {
+        self.check_writable()?;
+        let ipg = self.inner.sb.inodes_per_group;
+        let g = ((ino.0 - 1) / ipg) as usize;
+        let x = u64::from((ino.0 - 1) % ipg);
+        let mut grp = self.group(g)?;
+        let mut b = self.cache().read(grp.desc.inode_bitmap, Kind::Bitmap, |_| Ok(()))?.to_vec();
+        if !bitmap::test(&b, x) {
+            return Err(Error::corrupted(format!("freeing free inode {}", ino.0), None));
+        }
+        bitmap::set(&mut b, x, false);
+        grp.desc.free_inodes_count += 1;
+        if is_dir {
+            grp.desc.used_dirs_count = grp.desc.used_dirs_count.saturating_sub(1);
+        }
+        self.store_inode_bitmap(&mut grp, b)?;
+        drop(grp);
+        let mut live = self.live();
+        live.sb.free_inodes_count += 1;
+        live.dirty = true;
+        Ok(())
+    }
+}

@@ -1,0 +1,1216 @@
+//! Directory writes: adding, removing and replacing entries in linear and htree
+//! directories, converting a full one-block directory to an htree, and growing the
+//! htree (leaf splits, index-node splits, a new index level).
+//!
+//! Everything works on one directory through [`DirStore`] (logical blocks only), so the
+//! algorithms are unit-tested on an in-memory store. Behaviour follows the kernel's
+//! `fs/ext4/namei.c` (facts, not code):
+//! - Linear directories: a new name goes into the first block with room, scanning every
+//!   block; when none has room, a directory of exactly one block is converted to an
+//!   htree if the filesystem has dir_index (`make_indexed_dir`), otherwise a new empty
+//!   block is appended. Multi-block linear directories stay linear.
+//! - Conversion: block 0 becomes the dx root (hash version = `s_def_hash_version`,
+//!   levels 0); its entries after ".." move to a new block 1, which is split by hash
+//!   into blocks 1 and 2 exactly as a full leaf is.
+//! - Leaf split (`do_split`): the live entries are sorted by hash; from the top, entries
+//!   move to a new block while more than half of the next one would still be in the
+//!   upper half of the block (by count if that leaves nothing behind); the parent gets
+//!   `(hash of the first moved entry) | 1-if-it-equals-the-last-kept-hash` (the
+//!   collision bit) right after the split leaf's entry. The kept block stays in on-disk
+//!   order, the moved block is in hash order, both packed.
+//! - A full leaf whose parent index block is full: walk up while the parent is full
+//!   too. Reaching the root (full), add a level: the root's entries move to a new node
+//!   and the root points at it (0→1 always, 1→2 only with large_dir, else
+//!   [`Error::NoSpace`]). Otherwise split the index node reached in half by count and
+//!   insert the upper half's first hash in its parent. Then start over from the root.
+//! - Removal merges the entry into the previous one's record (or zeroes the inode of a
+//!   block's first entry). Directories never shrink and leaves are never merged.
+//!
+//! Must hold after every call: every block written carries its dirent-tail checksum
+//! (leaves) or dx-tail checksum (root, nodes) when [`DirStore::csum_seed`] is `Some`;
+//! without metadata_csum no tails and the larger dx limits. Index hashes stay
+//! non-decreasing and every leaf holds only names hashing into its index range (with
+//! the collision-bit rule of [`fdir::collision_continues`]). Every block read is
+//! verified first; bad blocks are [`Error::Corrupted`] naming the logical block.
+//!
+//! [`DirStore::is_indexed`] must mean the kernel's `is_dx` (INDEX flag *and* dir_index).
+//!
+//! Callers: the filesystem's create/link/unlink/rename/mkdir/rmdir paths, through a
+//! [`DirStore`] for the parent directory.
+
+use std::collections::BTreeSet;
+
+use rext4_format::dir::{self as fdir, DxEntry, DxNode, DxRoot, FileType};
+use rext4_format::hash::{dx_hash, HashVersion};
+use rext4_format::FormatError;
+
+use crate::error::{Error, Result};
+use crate::store::DirStore;
+
+/// Bound on restarts of one insertion (each restart splits an index node or adds a
+/// level; at most 3 levels exist).
+const MAX_RESTARTS: usize = 16;
+
+/// Per-directory constants read once from the store.
+struct Ctx {
+    bs: usize,
+    seed: Option<u32>,
+    hash_seed: [u32; 4],
+    s_flags: u32,
+    def_hash: u8,
+    largedir: bool,
+}
+
+impl Ctx {
+    fn new(dir: &impl DirStore) -> Ctx {
+        let (hash_seed, s_flags, def_hash) = dir.hash_params();
+        Ctx {
+            bs: dir.block_size(),
+            seed: dir.csum_seed(),
+            hash_seed,
+            s_flags,
+            def_hash,
+            largedir: dir.largedir(),
+        }
+    }
+    fn csum(&self) -> bool {
+        self.seed.is_some()
+    }
+    fn root_limit(&self) -> usize {
+        fdir::dx_root_limit(self.bs, self.csum())
+    }
+    fn node_limit(&self) -> usize {
+        fdir::dx_node_limit(self.bs, self.csum())
+    }
+    fn max_levels(&self) -> u8 {
+        if self.largedir {
+            fdir::DX_MAX_LEVELS_LARGEDIR
+        } else {
+            fdir::DX_MAX_LEVELS
+        }
+    }
+    fn version(&self, on_disk: u8) -> Result<HashVersion> {
+        HashVersion::effective(on_disk, self.s_flags).ok_or_else(|| {
+            Error::Unsupported(format!("directory hash version {on_disk}"))
+        })
+    }
+    fn hash(&self, name: &[u8], v: HashVersion) -> u32 {
+        dx_hash(name, v, &self.hash_seed).0
+    }
+}
+
+/// A format error found in logical block `lblk` of the directory.
+fn in_block(lblk: u64) -> impl Fn(FormatError) -> Error {
+    move |e| match Error::from(e) {
+        Error::Corrupted { what, block } => Error::Corrupted {
+            what: format!("{what} (directory block {lblk})"),
+            block,
+        },
+        other => other,
+    }
+}
+
+fn corrupt(what: String) -> Error {
+    Error::corrupted(what, None)
+}
+
+fn read_raw(dir: &impl DirStore, c: &Ctx, lblk: u64) -> Result<Vec<u8>> {
+    let b = dir.read_block(lblk)?;
+    if b.len() != c.bs {
+        return Err(corrupt(format!(
+            "directory block {lblk} read as {} bytes, block size {}",
+            b.len(),
+            c.bs
+        )));
+    }
+    Ok(b)
+}
+
+/// Read and verify a leaf (dirent block).
+fn read_leaf(dir: &impl DirStore, c: &Ctx, lblk: u64) -> Result<Vec<u8>> {
+    let b = read_raw(dir, c, lblk)?;
+    match c.seed {
+        Some(s) => fdir::verify_leaf(&b, s),
+        None => fdir::check_block(&b, false),
+    }
+    .map_err(in_block(lblk))?;
+    Ok(b)
+}
+
+/// Checksum and write a leaf.
+fn write_leaf(dir: &mut impl DirStore, c: &Ctx, lblk: u64, mut b: Vec<u8>) -> Result<()> {
+    if let Some(s) = c.seed {
+        fdir::set_leaf_csum(&mut b, s).map_err(in_block(lblk))?;
+    }
+    dir.write_block(lblk, &b)
+}
+
+/// Checksum and write an index block (root or node).
+fn write_index(dir: &mut impl DirStore, c: &Ctx, lblk: u64, mut b: Vec<u8>) -> Result<()> {
+    if let Some(s) = c.seed {
+        fdir::set_dx_csum(&mut b, s).map_err(in_block(lblk))?;
+    }
+    dir.write_block(lblk, &b)
+}
+
+fn read_root_raw(dir: &impl DirStore, c: &Ctx) -> Result<(DxRoot, Vec<u8>)> {
+    let b = read_raw(dir, c, 0)?;
+    if let Some(s) = c.seed {
+        fdir::verify_dx_csum(&b, s).map_err(in_block(0))?;
+    }
+    let root = DxRoot::decode(&b, c.csum(), c.largedir).map_err(in_block(0))?;
+    Ok((root, b))
+}
+
+fn read_node(dir: &impl DirStore, c: &Ctx, lblk: u64) -> Result<DxNode> {
+    let b = read_raw(dir, c, lblk)?;
+    if let Some(s) = c.seed {
+        fdir::verify_dx_csum(&b, s).map_err(in_block(lblk))?;
+    }
+    DxNode::decode(&b, c.csum()).map_err(in_block(lblk))
+}
+
+fn write_root(dir: &mut impl DirStore, c: &Ctx, root: &DxRoot) -> Result<()> {
+    let mut b = vec![0u8; c.bs];
+    root.encode(&mut b, c.csum()).map_err(in_block(0))?;
+    write_index(dir, c, 0, b)
+}
+
+fn write_node(dir: &mut impl DirStore, c: &Ctx, lblk: u64, entries: Vec<DxEntry>) -> Result<()> {
+    let mut b = vec![0u8; c.bs];
+    DxNode { entries }
+        .encode(&mut b, c.csum())
+        .map_err(in_block(lblk))?;
+    write_index(dir, c, lblk, b)
+}
+
+fn to_u32_block(lblk: u64) -> Result<u32> {
+    u32::try_from(lblk).map_err(|_| Error::NoSpace)
+}
+
+/// One level of a descent: the index block, its entries and the chosen one.
+struct Frame {
+    lblk: u64,
+    entries: Vec<DxEntry>,
+    at: usize,
+}
+
+impl Frame {
+    fn child(&self) -> Result<u64> {
+        self.entries
+            .get(self.at)
+            .map(|e| u64::from(e.block))
+            .ok_or_else(|| corrupt(format!("directory index block {} is empty", self.lblk)))
+    }
+}
+
+/// Check an index entry's target: a block of the directory other than the root and the
+/// index blocks above it.
+fn check_child(child: u64, n: u64, frames: &[Frame]) -> Result<()> {
+    if child == 0 || child >= n || frames.iter().any(|f| f.lblk == child) {
+        return Err(corrupt(format!(
+            "directory index points at block {child} of {n}"
+        )));
+    }
+    Ok(())
+}
+
+/// Descend from the root to the leaf for `hash` (the kernel's `dx_probe`). The last
+/// frame's chosen entry names the leaf, which is checked to be in range.
+fn probe(dir: &impl DirStore, c: &Ctx, root: &DxRoot, hash: u32) -> Result<Vec<Frame>> {
+    let n = dir.nblocks();
+    let mut frames: Vec<Frame> = Vec::new();
+    let mut lblk = 0;
+    let mut entries = root.entries.clone();
+    loop {
+        let at = fdir::lookup_index(&entries, hash);
+        frames.push(Frame { lblk, entries, at });
+        let last = &frames[frames.len() - 1];
+        let child = last.child()?;
+        check_child(child, n, &frames)?;
+        if frames.len() > usize::from(root.indirect_levels) {
+            return Ok(frames);
+        }
+        entries = read_node(dir, c, child)?.entries;
+        lblk = child;
+    }
+}
+
+/// After a miss in the leaf under `frames`, move to the next leaf if its index hash
+/// continues `hash` (collision bit); false when the search is over.
+fn next_leaf(
+    dir: &impl DirStore,
+    c: &Ctx,
+    levels: u8,
+    frames: &mut Vec<Frame>,
+    hash: u32,
+) -> Result<bool> {
+    let mut lvl = frames.len();
+    let next_hash = loop {
+        if lvl == 0 {
+            return Ok(false);
+        }
+        lvl -= 1;
+        let f = &mut frames[lvl];
+        if f.at + 1 < f.entries.len() {
+            f.at += 1;
+            break f.entries[f.at].hash;
+        }
+    };
+    if !fdir::collision_continues(next_hash, hash) {
+        return Ok(false);
+    }
+    frames.truncate(lvl + 1);
+    let n = dir.nblocks();
+    while frames.len() <= usize::from(levels) {
+        let child = frames[frames.len() - 1].child()?;
+        check_child(child, n, frames)?;
+        let node = read_node(dir, c, child)?;
+        frames.push(Frame {
+            lblk: child,
+            entries: node.entries,
+            at: 0,
+        });
+    }
+    let child = frames[frames.len() - 1].child()?;
+    check_child(child, n, frames)?;
+    Ok(true)
+}
+
+/// The leaf holding the live entry `name` (not "." or ".."), with its verified bytes.
+fn find(dir: &impl DirStore, c: &Ctx, name: &[u8]) -> Result<Option<(u64, Vec<u8>)>> {
+    let n = dir.nblocks();
+    if !dir.is_indexed() {
+        for lblk in 0..n {
+            let b = read_leaf(dir, c, lblk)?;
+            if fdir::lookup(&b, name, c.csum())
+                .map_err(in_block(lblk))?
+                .is_some()
+            {
+                return Ok(Some((lblk, b)));
+            }
+        }
+        return Ok(None);
+    }
+    let (root, _) = read_root_raw(dir, c)?;
+    let hash = c.hash(name, c.version(root.hash_version)?);
+    let mut frames = probe(dir, c, &root, hash)?;
+    // A collision chain visits each leaf at most once.
+    for _ in 0..n.max(1) {
+        let leaf = frames[frames.len() - 1].child()?;
+        let b = read_leaf(dir, c, leaf)?;
+        if fdir::lookup(&b, name, c.csum())
+            .map_err(in_block(leaf))?
+            .is_some()
+        {
+            return Ok(Some((leaf, b)));
+        }
+        if !next_leaf(dir, c, root.indirect_levels, &mut frames, hash)? {
+            return Ok(None);
+        }
+    }
+    Ok(None)
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > fdir::NAME_MAX {
+        return Err(Error::NameTooLong);
+    }
+    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
+        return Err(Error::InvalidInput("bad file name".into()));
+    }
+    Ok(())
+}
+
+fn check_entry_name(name: &[u8]) -> Result<()> {
+    check_name(name)?;
+    if name == b"." || name == b".." {
+        return Err(Error::InvalidInput(
+            "\".\" and \"..\" are not ordinary entries".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Look `name` up ("." and ".." included): `(inode, raw file-type byte)`.
+pub fn lookup(dir: &impl DirStore, name: &[u8]) -> Result<Option<(u32, u8)>> {
+    check_name(name)?;
+    let c = Ctx::new(dir);
+    if dir.is_indexed() && (name == b"." || name == b"..") {
+        let (root, _) = read_root_raw(dir, &c)?;
+        let ino = if name == b"." {
+            root.dot_inode
+        } else {
+            root.dotdot_inode
+        };
+        return Ok(Some((ino, FileType::Directory as u8)));
+    }
+    let Some((lblk, b)) = find(dir, &c, name)? else {
+        return Ok(None);
+    };
+    let e = fdir::lookup(&b, name, c.csum()).map_err(in_block(lblk))?;
+    Ok(e.map(|e| (e.inode, e.file_type)))
+}
+
+/// One live entry, owned.
+#[derive(Debug, Clone)]
+struct Ent {
+    name: Vec<u8>,
+    ino: u32,
+    ftype: u8,
+}
+
+/// Insert keeping the raw file-type byte (values above 7 survive a split unchanged).
+fn insert_raw(b: &mut [u8], e: &Ent, tail: bool) -> std::result::Result<bool, FormatError> {
+    let kind = FileType::from_u8(e.ftype).unwrap_or(FileType::Unknown);
+    match fdir::insert_entry(b, e.ino, &e.name, kind, tail)? {
+        Some(off) => {
+            if let Some(t) = b.get_mut(off + fdir::DIRENT_FILE_TYPE) {
+                *t = e.ftype;
+            }
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}
+
+/// A packed leaf holding `ents` in the given order.
+fn pack(c: &Ctx, ents: &[&Ent], lblk: u64) -> Result<Vec<u8>> {
+    let mut b = vec![0u8; c.bs];
+    fdir::init_empty_leaf(&mut b, c.csum());
+    for e in ents {
+        if !insert_raw(&mut b, e, c.csum()).map_err(in_block(lblk))? {
+            return Err(corrupt(format!(
+                "directory block {lblk}: entries do not fit when repacked"
+            )));
+        }
+    }
+    Ok(b)
+}
+
+/// Live entries of a leaf, "." and ".." excluded when `skip_dots`.
+fn live(b: &[u8], c: &Ctx, lblk: u64, skip_dots: bool) -> Result<Vec<Ent>> {
+    let mut out = Vec::new();
+    for e in fdir::live_entries(b, c.csum()) {
+        let e = e.map_err(in_block(lblk))?;
+        if skip_dots && (e.name == b"." || e.name == b"..") {
+            continue;
+        }
+        out.push(Ent {
+            name: e.name.to_vec(),
+            ino: e.inode,
+            ftype: e.file_type,
+        });
+    }
+    Ok(out)
+}
+
+/// Split the full leaf `lblk` holding `ents` (the kernel's `do_split`) and insert `new`
+/// in the half its hash belongs to. Appends the new leaf and writes both; returns the
+/// index entry the parent must get right after the old leaf's.
+fn split_leaf(
+    dir: &mut impl DirStore,
+    c: &Ctx,
+    v: HashVersion,
+    lblk: u64,
+    ents: &[Ent],
+    new: &Ent,
+) -> Result<DxEntry> {
+    let count = ents.len();
+    if count < 2 {
+        return Err(corrupt(format!(
+            "directory block {lblk} is full with {count} entries"
+        )));
+    }
+    // (hash, on-disk index), sorted by hash; ties keep on-disk order.
+    let mut map: Vec<(u32, usize)> = ents
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (c.hash(&e.name, v), i))
+        .collect();
+    map.sort_by_key(|&(h, _)| h);
+    // From the top, move entries while more than half of the next one would still lie
+    // in the upper half of the block.
+    let half = c.bs / 2;
+    let mut size = 0usize;
+    let mut moved = 0usize;
+    let mut broke_at = None;
+    for i in (0..count).rev() {
+        let sz = fdir::rec_len_for(ents[map[i].1].name.len());
+        if size + sz / 2 > half {
+            broke_at = Some(i);
+            break;
+        }
+        size += sz;
+        moved += 1;
+    }
+    let split = match broke_at {
+        Some(i) if i > 0 => count - moved,
+        _ => count / 2,
+    };
+    let hash2 = map[split].0;
+    let continued = hash2 == map[split - 1].0;
+
+    let mut kept_idx: Vec<usize> = map[..split].iter().map(|&(_, i)| i).collect();
+    kept_idx.sort_unstable();
+    let kept: Vec<&Ent> = kept_idx.iter().map(|&i| &ents[i]).collect();
+    let moved_ents: Vec<&Ent> = map[split..].iter().map(|&(_, i)| &ents[i]).collect();
+
+    let new_lblk = dir.append_block()?;
+    let new_block = to_u32_block(new_lblk)?;
+    let mut old_b = pack(c, &kept, lblk)?;
+    let mut new_b = pack(c, &moved_ents, new_lblk)?;
+    let (target, tl) = if c.hash(&new.name, v) >= hash2 {
+        (&mut new_b, new_lblk)
+    } else {
+        (&mut old_b, lblk)
+    };
+    if !insert_raw(target, new, c.csum()).map_err(in_block(tl))? {
+        return Err(corrupt(format!(
+            "directory block {tl}: no room for a new entry after a split"
+        )));
+    }
+    write_leaf(dir, c, new_lblk, new_b)?;
+    write_leaf(dir, c, lblk, old_b)?;
+    Ok(DxEntry {
+        hash: hash2 | u32::from(continued),
+        block: new_block,
+    })
+}
+
+/// Write the index block of `frames[k]` with its (edited) entries.
+fn write_frame(
+    dir: &mut impl DirStore,
+    c: &Ctx,
+    root: &DxRoot,
+    frames: &[Frame],
+    k: usize,
+) -> Result<()> {
+    let f = &frames[k];
+    if k == 0 {
+        let r = DxRoot {
+            entries: f.entries.clone(),
+            ..root.clone()
+        };
+        write_root(dir, c, &r)
+    } else {
+        write_node(dir, c, f.lblk, f.entries.clone())
+    }
+}
+
+/// Add `name` → `ino` to a directory. The caller guarantees the name is absent.
+/// `dir_index`: the filesystem has the dir_index feature (a full one-block directory
+/// then becomes an htree). Errors: bad names, [`Error::NoSpace`] when the htree is at
+/// its maximum depth and full (or the store cannot grow), corruption.
+pub fn add_entry(
+    dir: &mut impl DirStore,
+    name: &[u8],
+    ino: u32,
+    ftype: FileType,
+    dir_index: bool,
+) -> Result<()> {
+    check_entry_name(name)?;
+    if ino == 0 {
+        return Err(Error::InvalidInput("directory entry for inode 0".into()));
+    }
+    debug_assert!(
+        matches!(lookup(dir, name), Ok(None)),
+        "add_entry: name already present"
+    );
+    let c = Ctx::new(dir);
+    let new = Ent {
+        name: name.to_vec(),
+        ino,
+        ftype: ftype as u8,
+    };
+    if dir.is_indexed() {
+        return add_indexed(dir, &c, &new);
+    }
+    let n = dir.nblocks();
+    if n == 0 {
+        return Err(corrupt("directory has no blocks".into()));
+    }
+    for lblk in 0..n {
+        let mut b = read_leaf(dir, &c, lblk)?;
+        if insert_raw(&mut b, &new, c.csum()).map_err(in_block(lblk))? {
+            return write_leaf(dir, &c, lblk, b);
+        }
+        if n == 1 && dir_index {
+            return make_indexed(dir, &c, b, &new);
+        }
+    }
+    let lblk = dir.append_block()?;
+    let mut b = vec![0u8; c.bs];
+    fdir::init_empty_leaf(&mut b, c.csum());
+    if !insert_raw(&mut b, &new, c.csum()).map_err(in_block(lblk))? {
+        return Err(corrupt(format!("directory block {lblk}: new block full")));
+    }
+    write_leaf(dir, &c, lblk, b)
+}
+
+/// Convert the full one-block directory whose block 0 is `b0` to an htree and add `new`.
+fn make_indexed(dir: &mut impl DirStore, c: &Ctx, b0: Vec<u8>, new: &Ent) -> Result<()> {
+    let mut it = fdir::entries(&b0, c.csum());
+    let dot = it.next().transpose().map_err(in_block(0))?;
+    let dotdot = it.next().transpose().map_err(in_block(0))?;
+    let (dot_inode, dotdot_inode) = match (dot, dotdot) {
+        (Some(d), Some(dd)) if d.name == b"." && dd.name == b".." => (d.inode, dd.inode),
+        _ => {
+            return Err(corrupt(
+                "directory block 0 does not start with \".\" and \"..\"".into(),
+            ))
+        }
+    };
+    let ents = live(&b0, c, 0, true)?;
+    let v = c.version(c.def_hash)?;
+    let leaf = dir.append_block()?;
+    let mut root = DxRoot {
+        dot_inode,
+        dotdot_inode,
+        hash_version: c.def_hash,
+        indirect_levels: 0,
+        entries: vec![DxEntry {
+            hash: 0,
+            block: to_u32_block(leaf)?,
+        }],
+    };
+    if ents.len() >= 2 {
+        let e = split_leaf(dir, c, v, leaf, &ents, new)?;
+        root.entries.push(e);
+    } else {
+        // Cannot happen with real block sizes; keep everything in one leaf.
+        let mut all: Vec<&Ent> = ents.iter().collect();
+        all.push(new);
+        let b = pack(c, &all, leaf)?;
+        write_leaf(dir, c, leaf, b)?;
+    }
+    write_root(dir, c, &root)?;
+    dir.set_indexed(true)
+}
+
+fn add_indexed(dir: &mut impl DirStore, c: &Ctx, new: &Ent) -> Result<()> {
+    for _ in 0..MAX_RESTARTS {
+        let (root, _) = read_root_raw(dir, c)?;
+        let v = c.version(root.hash_version)?;
+        let hash = c.hash(&new.name, v);
+        let mut frames = probe(dir, c, &root, hash)?;
+        let last = frames.len() - 1;
+        let leaf = frames[last].child()?;
+        let mut b = read_leaf(dir, c, leaf)?;
+        if insert_raw(&mut b, new, c.csum()).map_err(in_block(leaf))? {
+            return write_leaf(dir, c, leaf, b);
+        }
+        let limit = |k: usize| {
+            if k == 0 {
+                c.root_limit()
+            } else {
+                c.node_limit()
+            }
+        };
+        if frames[last].entries.len() >= limit(last) {
+            grow_index(dir, c, &root, &frames, limit)?;
+            continue;
+        }
+        let ents = live(&b, c, leaf, false)?;
+        let e = split_leaf(dir, c, v, leaf, &ents, new)?;
+        let f = &mut frames[last];
+        f.entries.insert(f.at + 1, e);
+        return write_frame(dir, c, &root, &frames, last);
+    }
+    Err(corrupt(
+        "directory index keeps growing while adding one name".into(),
+    ))
+}
+
+/// Make room in the index above a full leaf whose parent is full (the kernel's
+/// index-split half of `ext4_dx_add_entry`); the caller then starts over.
+fn grow_index(
+    dir: &mut impl DirStore,
+    c: &Ctx,
+    root: &DxRoot,
+    frames: &[Frame],
+    limit: impl Fn(usize) -> usize,
+) -> Result<()> {
+    // The highest full index block below a parent with room, or the root.
+    let mut k = frames.len() - 1;
+    while k > 0 && frames[k - 1].entries.len() >= limit(k - 1) {
+        k -= 1;
+    }
+    if k == 0 {
+        if root.indirect_levels >= c.max_levels() {
+            return Err(Error::NoSpace);
+        }
+        let nb = dir.append_block()?;
+        write_node(dir, c, nb, root.entries.clone())?;
+        let r = DxRoot {
+            indirect_levels: root.indirect_levels + 1,
+            entries: vec![DxEntry {
+                hash: 0,
+                block: to_u32_block(nb)?,
+            }],
+            ..root.clone()
+        };
+        return write_root(dir, c, &r);
+    }
+    let f = &frames[k];
+    let icount1 = f.entries.len() / 2;
+    let right = f.entries[icount1..].to_vec();
+    let hash2 = right[0].hash;
+    let nb = dir.append_block()?;
+    let nb32 = to_u32_block(nb)?;
+    write_node(dir, c, nb, right)?;
+    write_node(dir, c, f.lblk, f.entries[..icount1].to_vec())?;
+    let parent = &frames[k - 1];
+    let mut pentries = parent.entries.clone();
+    pentries.insert(
+        parent.at + 1,
+        DxEntry {
+            hash: hash2,
+            block: nb32,
+        },
+    );
+    if k - 1 == 0 {
+        write_root(
+            dir,
+            c,
+            &DxRoot {
+                entries: pentries,
+                ..root.clone()
+            },
+        )
+    } else {
+        write_node(dir, c, parent.lblk, pentries)
+    }
+}
+
+/// Remove the entry `name`: `(inode, raw file type)` it named, `None` if absent.
+pub fn remove_entry(dir: &mut impl DirStore, name: &[u8]) -> Result<Option<(u32, u8)>> {
+    check_entry_name(name)?;
+    let c = Ctx::new(dir);
+    let Some((lblk, mut b)) = find(dir, &c, name)? else {
+        return Ok(None);
+    };
+    let ftype = fdir::lookup(&b, name, c.csum())
+        .map_err(in_block(lblk))?
+        .map_or(0, |e| e.file_type);
+    let Some(ino) = fdir::remove_entry(&mut b, name, c.csum()).map_err(in_block(lblk))? else {
+        return Ok(None);
+    };
+    write_leaf(dir, &c, lblk, b)?;
+    Ok(Some((ino, ftype)))
+}
+
+/// Point the existing entry `name` at `new_ino` (rename over an existing name); returns
+/// the inode it named before, `None` if absent.
+pub fn replace_entry(
+    dir: &mut impl DirStore,
+    name: &[u8],
+    new_ino: u32,
+    new_ftype: FileType,
+) -> Result<Option<u32>> {
+    check_entry_name(name)?;
+    if new_ino == 0 {
+        return Err(Error::InvalidInput("directory entry for inode 0".into()));
+    }
+    let c = Ctx::new(dir);
+    let Some((lblk, mut b)) = find(dir, &c, name)? else {
+        return Ok(None);
+    };
+    let Some(e) = fdir::lookup(&b, name, c.csum()).map_err(in_block(lblk))? else {
+        return Ok(None);
+    };
+    let (off, old) = (e.offset, e.inode);
+    rext4_format::bytes::set_le32(&mut b, off + fdir::DIRENT_INODE, new_ino);
+    rext4_format::bytes::set_u8(&mut b, off + fdir::DIRENT_FILE_TYPE, new_ftype as u8);
+    write_leaf(dir, &c, lblk, b)?;
+    Ok(Some(old))
+}
+
+/// Set ".." of the directory (block 0, linear or dx root) to `parent_ino`.
+pub fn set_dotdot(dir: &mut impl DirStore, parent_ino: u32) -> Result<()> {
+    let c = Ctx::new(dir);
+    if dir.is_indexed() {
+        let (_, mut b) = read_root_raw(dir, &c)?;
+        rext4_format::bytes::set_le32(&mut b, fdir::MIN_REC_LEN + fdir::DIRENT_INODE, parent_ino);
+        return write_index(dir, &c, 0, b);
+    }
+    let mut b = read_leaf(dir, &c, 0)?;
+    let off = {
+        let mut it = fdir::entries(&b, c.csum());
+        let _dot = it.next();
+        match it.next().transpose().map_err(in_block(0))? {
+            Some(e) if e.name == b".." => e.offset,
+            _ => return Err(corrupt("directory block 0 has no \"..\" entry".into())),
+        }
+    };
+    rext4_format::bytes::set_le32(&mut b, off + fdir::DIRENT_INODE, parent_ino);
+    write_leaf(dir, &c, 0, b)
+}
+
+/// Logical blocks of the htree index (root and nodes); empty for a linear directory.
+fn index_blocks(dir: &impl DirStore, c: &Ctx) -> Result<BTreeSet<u64>> {
+    let mut set = BTreeSet::new();
+    if !dir.is_indexed() {
+        return Ok(set);
+    }
+    let n = dir.nblocks();
+    let (root, _) = read_root_raw(dir, c)?;
+    set.insert(0);
+    let mut level: Vec<u64> = root.entries.iter().map(|e| u64::from(e.block)).collect();
+    for _ in 0..root.indirect_levels {
+        let mut next = Vec::new();
+        for b in level {
+            if b == 0 || b >= n || !set.insert(b) {
+                return Err(corrupt(format!(
+                    "directory index block {b} out of range or referenced twice"
+                )));
+            }
+            next.extend(read_node(dir, c, b)?.entries.iter().map(|e| u64::from(e.block)));
+        }
+        level = next;
+    }
+    Ok(set)
+}
+
+/// Whether the directory holds nothing but "." and "..".
+pub fn is_empty(dir: &impl DirStore) -> Result<bool> {
+    let c = Ctx::new(dir);
+    let skip = index_blocks(dir, &c)?;
+    for lblk in 0..dir.nblocks() {
+        if skip.contains(&lblk) {
+            continue;
+        }
+        let b = read_leaf(dir, &c, lblk)?;
+        if !live(&b, &c, lblk, true)?.is_empty() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Format block 0 of a new directory ("." → `self_ino`, ".." → `parent_ino`); the
+/// caller has appended it.
+pub fn init_dir(dir: &mut impl DirStore, self_ino: u32, parent_ino: u32) -> Result<()> {
+    let c = Ctx::new(dir);
+    if dir.nblocks() == 0 {
+        return Err(Error::InvalidInput("init_dir: no block 0".into()));
+    }
+    let mut b = vec![0u8; c.bs];
+    fdir::init_block(&mut b, self_ino, parent_ino, c.csum());
+    write_leaf(dir, &c, 0, b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use rext4_format::hash::{FLAG_SIGNED_HASH, FLAG_UNSIGNED_HASH};
+    use std::collections::{BTreeMap, HashMap, HashSet};
+    use std::sync::OnceLock;
+
+    // ------------------------------------------------------------ in-memory store
+
+    #[derive(Clone, Copy, Debug)]
+    struct Cfg {
+        bs: usize,
+        csum: bool,
+        flags: u32,
+        def_hash: u8,
+        largedir: bool,
+        dir_index: bool,
+    }
+
+    const SELF_INO: u32 = 100;
+    const PARENT_INO: u32 = 2;
+
+    struct MemDir {
+        cfg: Cfg,
+        blocks: Vec<Vec<u8>>,
+        indexed: bool,
+    }
+
+    impl MemDir {
+        fn new(cfg: Cfg) -> MemDir {
+            let mut d = MemDir {
+                cfg,
+                blocks: Vec::new(),
+                indexed: false,
+            };
+            d.append_block().expect("append");
+            init_dir(&mut d, SELF_INO, PARENT_INO).expect("init_dir");
+            d
+        }
+        fn seed(&self) -> Option<u32> {
+            self.cfg.csum.then_some(0x5EED_1234)
+        }
+    }
+
+    impl DirStore for MemDir {
+        fn block_size(&self) -> usize {
+            self.cfg.bs
+        }
+        fn nblocks(&self) -> u64 {
+            self.blocks.len() as u64
+        }
+        fn read_block(&self, lblk: u64) -> Result<Vec<u8>> {
+            self.blocks
+                .get(lblk as usize)
+                .cloned()
+                .ok_or_else(|| Error::InvalidInput(format!("read past end: {lblk}")))
+        }
+        fn write_block(&mut self, lblk: u64, data: &[u8]) -> Result<()> {
+            assert_eq!(data.len(), self.cfg.bs);
+            let b = self
+                .blocks
+                .get_mut(lblk as usize)
+                .expect("write past the end of the directory");
+            b.copy_from_slice(data);
+            Ok(())
+        }
+        fn append_block(&mut self) -> Result<u64> {
+            // Garbage, so nothing relies on a zeroed new block.
+            self.blocks.push(vec![0xA5; self.cfg.bs]);
+            Ok(self.blocks.len() as u64 - 1)
+        }
+        fn is_indexed(&self) -> bool {
+            self.indexed
+        }
+        fn set_indexed(&mut self, on: bool) -> Result<()> {
+            self.indexed = on;
+            Ok(())
+        }
+        fn csum_seed(&self) -> Option<u32> {
+            self.seed()
+        }
+        fn hash_params(&self) -> ([u32; 4], u32, u8) {
+            (
+                [0x1234_5678, 0x9abc_def0, 0x0fed_cba9, 0x8765_4321],
+                self.cfg.flags,
+                self.cfg.def_hash,
+            )
+        }
+        fn largedir(&self) -> bool {
+            self.cfg.largedir
+        }
+    }
+
+    fn cfg(bs: usize, csum: bool, flags: u32, def_hash: u8) -> Cfg {
+        Cfg {
+            bs,
+            csum,
+            flags,
+            def_hash,
+            largedir: false,
+            dir_index: true,
+        }
+    }
+
+    type Model = BTreeMap<Vec<u8>, (u32, u8)>;
+
+    // ------------------------------------------------------------ independent checker
+
+    #[derive(Debug, Default)]
+    struct Stats {
+        levels: u8,
+        leaves: usize,
+        /// Index entries carrying the collision bit.
+        continuations: usize,
+        /// Leaves holding a name whose hash equals the next index entry's (continued
+        /// collision groups split across leaves).
+        split_groups: usize,
+    }
+
+    fn verify_leaf_block(d: &MemDir, lblk: usize) -> Vec<(Vec<u8>, u32, u8)> {
+        let b = &d.blocks[lblk];
+        match d.seed() {
+            Some(s) => fdir::verify_leaf(b, s).expect("leaf verifies"),
+            None => {
+                fdir::check_block(b, false).expect("leaf parses");
+                assert!(!fdir::tail_present(b), "tail without metadata_csum");
+            }
+        }
+        fdir::live_entries(b, d.cfg.csum)
+            .map(|e| {
+                let e = e.expect("entry");
+                (e.name.to_vec(), e.inode, e.file_type)
+            })
+            .collect()
+    }
+
+    fn verify_index_block(d: &MemDir, lblk: usize) {
+        if let Some(s) = d.seed() {
+            fdir::verify_dx_csum(&d.blocks[lblk], s).expect("dx csum");
+        }
+    }
+
+    /// Flatten the index: `(effective index hash, leaf)` in order. A node's first entry
+    /// inherits its parent entry's hash.
+    fn walk(
+        d: &MemDir,
+        entries: &[DxEntry],
+        first_hash: u32,
+        depth: u8,
+        flat: &mut Vec<(u32, usize)>,
+        index: &mut HashSet<usize>,
+    ) {
+        for (i, e) in entries.iter().enumerate() {
+            let h = if i == 0 { first_hash } else { e.hash };
+            let b = e.block as usize;
+            assert!(b > 0 && b < d.blocks.len(), "index points at {b}");
+            if depth == 0 {
+                flat.push((h, b));
+            } else {
+                assert!(index.insert(b), "index node {b} twice");
+                verify_index_block(d, b);
+                let node = DxNode::decode(&d.blocks[b], d.cfg.csum).expect("dx node");
+                walk(d, &node.entries, h, depth - 1, flat, index);
+            }
+        }
+    }
+
+    /// Check every structural invariant and the contents against `model`.
+    fn check(d: &MemDir, model: &Model) -> Stats {
+        let v = |on_disk| HashVersion::effective(on_disk, d.cfg.flags).expect("version");
+        let (seed, _, _) = d.hash_params();
+        let mut stats = Stats::default();
+        let mut seen: Model = BTreeMap::new();
+        let mut add = |names: Vec<(Vec<u8>, u32, u8)>, seen: &mut Model| {
+            for (n, i, t) in names {
+                if n == b"." || n == b".." {
+                    continue;
+                }
+                assert!(seen.insert(n.clone(), (i, t)).is_none(), "{n:?} twice");
+            }
+        };
+        if d.indexed {
+            verify_index_block(d, 0);
+            let root = DxRoot::decode(&d.blocks[0], d.cfg.csum, d.cfg.largedir).expect("root");
+            assert_eq!((root.dot_inode, root.hash_version), (SELF_INO, d.cfg.def_hash));
+            stats.levels = root.indirect_levels;
+            let ver = v(root.hash_version);
+            let mut flat = Vec::new();
+            let mut index = HashSet::from([0usize]);
+            walk(
+                d,
+                &root.entries,
+                0,
+                root.indirect_levels,
+                &mut flat,
+                &mut index,
+            );
+            let leaves: HashSet<usize> = flat.iter().map(|&(_, b)| b).collect();
+            assert_eq!(leaves.len(), flat.len(), "a leaf referenced twice");
+            assert!(leaves.is_disjoint(&index));
+            assert_eq!(leaves.len() + index.len(), d.blocks.len(), "orphan blocks");
+            stats.leaves = flat.len();
+            for (i, &(h, leaf)) in flat.iter().enumerate() {
+                if h & 1 == 1 {
+                    stats.continuations += 1;
+                }
+                let next = flat.get(i + 1).map(|&(nh, _)| nh);
+                if let Some(nh) = next {
+                    assert!(nh >= h, "index hashes out of order");
+                }
+                let names = verify_leaf_block(d, leaf);
+                for (n, _, _) in &names {
+                    let nh = dx_hash(n, ver, &seed).0;
+                    assert!(nh >= h & !1, "{n:?} below its leaf's range");
+                    if let Some(next) = next {
+                        let ok = nh < next & !1 || (nh == next & !1 && next & 1 == 1);
+                        assert!(ok, "{n:?} above its leaf's range");
+                        if nh == next & !1 {
+                            stats.split_groups += 1;
+                        }
+                    }
+                }
+                add(names, &mut seen);
+            }
+        } else {
+            for lblk in 0..d.blocks.len() {
+                let names = verify_leaf_block(d, lblk);
+                if lblk == 0 {
+                    assert_eq!(names[0], (b".".to_vec(), SELF_INO, 2));
+                    assert_eq!(names[1].0, b"..".to_vec());
+                }
+                add(names, &mut seen);
+            }
+        }
+        assert_eq!(&seen, model, "readdir differs from the model");
+        for (n, &want) in model {
+            assert_eq!(lookup(d, n).expect("lookup"), Some(want), "lookup {n:?}");
+            let mut absent = n.clone();
+            if absent.len() < 255 {
+                absent.push(b'~');
+                if !model.contains_key(&absent) {
+                    assert_eq!(lookup(d, &absent).expect("lookup"), None);
+                }
+            }
+        }
+        assert_eq!(lookup(d, b".").expect("."), Some((SELF_INO, 2)));
+        stats
+    }
+
+    // ------------------------------------------------------------ names
+
+    fn xorshift(x: &mut u32) -> u32 {
+        *x ^= *x << 13;
+        *x ^= *x >> 17;
+        *x ^= *x << 5;
+        *x
+    }
+
+    /// A name of `len` bytes (all values except NUL, '/', '.'), unique per `idx` for
+    /// len ≥ 4.
+    fn name_of(idx: u32, len: usize) -> Vec<u8> {
+        let mut x = idx.wrapping_mul(0x9E37_79B9) | 1;
+        let mut v: Vec<u8> = idx.to_le_bytes().iter().map(|b| b | 0x80).collect();
+        v.truncate(len);
+        while v.len() < len {
+            let b = (xorshift(&mut x) >> 24) as u8;
+            v.push(match b {
+                0 => 1,
+                b'/' => b'_',
+                b'.' => b'-',
+                b => b,
+            });
+        }
+        v
+    }
+
+    /// Pool name `idx` for the property tests: mixed lengths, high bytes included.
+    fn pool_name(idx: u32) -> Vec<u8> {
+        if let Some(p) = idx.checked_sub(POOL) {
+            let pairs = legacy_pairs();
+            let (a, b) = &pairs[(p / 2) as usize % pairs.len()];
+            return if p % 2 == 0 { a.clone() } else { b.clone() };
+        }
+        let len = if idx % 4 == 0 {
+            1 + (idx / 4 % 12) as usize
+        } else {
+            12 + (idx.wrapping_mul(7919) % 244) as usize
+        };
+        name_of(idx, len)
+    }
+
+    const POOL: u32 = 300;
+    const COLLIDERS: u32 = 120;
+
+    /// ASCII names with equal legacy hashes (signed = unsigned for ASCII), found by a
+    /// birthday search.
+    fn legacy_pairs() -> &'static Vec<(Vec<u8>, Vec<u8>)> {
+        static PAIRS: OnceLock<Vec<(Vec<u8>, Vec<u8>)>> = OnceLock::new();
+        PAIRS.get_or_init(|| {
+            let cname = |i: u32| format!("c{i:07x}").into_bytes();
+            let mut seen: HashMap<u32, u32> = HashMap::with_capacity(1 << 20);
+            let mut out = Vec::new();
+            for i in 0..(1u32 << 20) {
+                let h = dx_hash(&cname(i), HashVersion::Legacy, &[0; 4]).0;
+                if let Some(j) = seen.insert(h, i) {
+                    out.push((cname(j), cname(i)));
+                }
+            }
+            assert!(out.len() >= 100, "only {} legacy collisions", out.len());
+            for (a, b) in &out {
+                let u = HashVersion::LegacyUnsigned;
+                assert_eq!(dx_hash(a, u, &[0; 4]).0, dx_hash(b, u, &[0; 4]).0);
+            }
+            out
+        })
+    }
+
+    // ------------------------------------------------------------ model runner
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Add(u32, u8, u32),
+        Remove(u32),
+        Replace(u32, u8, u32),
+    }
+
+    fn ftype(t: u8) -> FileType {
+        FileType::from_u8(t).expect("type 1..=7")
+    }
+
+    fn apply(d: &mut MemDir, model: &mut Model, op: &Op) {
+        match *op {
+            Op::Add(idx, t, ino) => {
+                let n = pool_name(idx);
+                if model.contains_key(&n) {
+                    return;
+                }
+                add_entry(d, &n, ino, ftype(t), d.cfg.dir_index).expect("add");
+                model.insert(n, (ino, t));
+            }
+            Op::Remove(idx) => {
+                let n = pool_name(idx);
+                let got = remove_entry(d, &n).expect("remove");
+                assert_eq!(got, model.remove(&n), "remove {n:?}");
+            }
+            Op::Replace(idx, t, ino) => {
+                let n = pool_name(idx);
+                let got = replace_entry(d, &n, ino, ftype(t)).expect("replace");
+                let old = model.get(&n).map(|&(i, _)| i);
+                assert_eq!(got, old, "replace {n:?}");
+                if old.is_some() {
+                    model.insert(n, (ino, t));
+                }
+            }
+        }
+    }
+
+    fn op_strategy(colliders: bool) -> impl Strategy<Value = Op> {
+        let hi = if colliders { POOL + COLLIDERS } else { POOL };
+        prop_oneof![
+            4 => (0..hi, 1u8..=7, 11u32..100_000).prop_map(|(i, t, n)| Op::Add(i, t, n)),
+            1 => (0..hi).prop_map(Op::Remove),
+            1 => (0..hi, 1u8..=7, 11u32..100_000).prop_map(|(i, t, n)| Op::Replace(i, t, n)),
+        ]
+    }
+
+    fn run_model(c: Cfg, ops: &[Op]) -> Stats {
+        let mut d = MemDir::new(c);
+        let mut model = Model::new();
+        for op in ops {
+            apply(&mut d, &mut model, op);
+        }
+        let s = check(&d, &model);
+        assert_eq!(is_empty(&d).expect("is_empty"), model.is_empty());
+        s
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+        #[test]
+        fn model_1k_csum_signed_half_md4(ops in prop::collection::vec(op_strategy(false), 1..400)) {
+            run_model(cfg(1024, true, FLAG_SIGNED_HASH, 1), &ops);
+        }
+
+        #[test]
+        fn model_1k_nocsum_unsigned_tea(ops in prop::collection::vec(op_strategy(false), 1..400)) {
+            run_model(cfg(1024, false, FLAG_UNSIGNED_HASH, 2), &ops);
+        }
+
+        #[test]
+        fn model_1k_csum_legacy_collisions(ops in prop::collection::vec(op_strategy(true), 1..400)) {
+            run_model(cfg(1024, true, FLAG_SIGNED_HASH, 0), &ops);
+        }
+
+        #[test]
+        fn model_4k_csum_unsigned_half_md4(ops in prop::collection::vec(op_strategy(true), 1..400)) {
+            run_model(cfg(4096, true, FLAG_UNSIGNED_HASH, 1), &ops);
+        }
+
+        #[test]
+        fn model_4k_nocsum_signed_legacy(ops in prop::collection::vec(op_strategy(true), 1..400)) {
+            run_model(cfg(4096, false, FLAG_SIGNED_HASH, 0), &ops);
+        }
+
+        #[test]
+        fn model_1k_linear_without_dir_index(ops in prop::collection::vec(op_strategy(false), 1..300)) {
+            let mut c = cfg(1024, true, FLAG_SIGNED_HASH, 1);
+            c.dir_index = false;
+            run_model(c, &ops);
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! Writing inodes and the filesystem-side implementations of the write seams
+//! ([`BlockStore`] for extent trees, [`DirStore`] for directories).
+//!
+//! Every inode change goes through [`Fs::write_inode`]: encode over the old record,
+//! refresh the checksum, hand the inode-table block to the buffer cache (the single
+//! place where metadata becomes dirty). New inodes get a zeroed record first, so stale
+//! bytes of a previously used slot never survive.
+
+use rext4_format::extent;
+use rext4_format::inode::{self as fi, flags, Inode, Timestamp};
+use rext4_format::superblock::feature;
+
+use crate::cache::Kind;
+use crate::error::{Error, Result};
+use crate::extent_write::ExtentTree;
+use crate::fs::{Fs, Ino};
+use crate::map::Mapping;
+use crate::store::{BlockStore, DirStore};
+
+/// The current time as an inode timestamp.
+pub fn now_ts() -> Timestamp {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Timestamp { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
+}
+
+impl Fs {
+    /// Store `inode` as inode `ino`. Caller holds the write lock.
+    pub(crate) fn write_inode(&self, ino: Ino, inode: &Inode) -> Result<()> {
+        self.write_inode_record(ino, inode, false)
+    }
+
+    /// Store a brand-new inode (the slot's old bytes are discarded).
+    pub(crate) fn write_new_inode(&self, ino: Ino, inode: &Inode) -> Result<()> {
+        self.write_inode_record(ino, inode, true)
+    }
+
+    /// Store `inode` over the record bytes `raw` (for changes of the in-inode xattr area,
+    /// which `Inode` does not model).
+    pub(crate) fn write_inode_raw(&self, ino: Ino, raw: &[u8], inode: &Inode) -> Result<()> {
+        self.write_inode_record_with(ino, inode, Some(raw))
+    }
+
+    fn write_inode_record(&self, ino: Ino, inode: &Inode, fresh: bool) -> Result<()> {
+        let zero;
+        let base = if fresh {
+            zero = vec![0u8; usize::from(self.inner.sb.inode_size)];
+            Some(&zero[..])
+        } else {
+            None
+        };
+        self.write_inode_record_with(ino, inode, base)
+    }
+
+    fn write_inode_record_with(&self, ino: Ino, inode: &Inode, base: Option<&[u8]>) -> Result<()> {
+        self.check_writable()?;
+        let (_, blk) = self.inode_bytes(ino)?;
+        let sb = &self.inner.sb;
+        let isz = usize::from(sb.inode_size);
+        let bs = u64::from(self.inner.block_size);
+        let idx = u64::from((ino.0 - 1) % sb.inodes_per_group);
+        let off = ((idx * isz as u64) % bs) as usize;
+        let mut data = self.cache().read(blk, Kind::InodeTable, |_| Ok(()))?.to_vec();
+        let rec = data
+            .get_mut(off..off + isz)
+            .ok_or_else(|| Error::corrupted("inode record outside its block", Some(blk)))?;
+        if let Some(b) = base {
+            if b.len() != rec.len() {
+                return Err(Error::InvalidInput("inode record of the wrong size".into()));
+            }
+            rec.copy_from_slice(b);
+        }
+        inode.encode_into(rec);
+        if self.inner.metadata_csum {
+            fi::set_csum(rec, ino.0, self.inner.csum_seed);
+        }
+        self.cache().write(blk, Kind::InodeTable, data, |_| Ok(()))
+    }
+
+    /// A fresh in-memory inode of `mode` (type and permissions).
+    pub(crate) fn new_inode(&self, mode: u16, uid: u32, gid: u32) -> Inode {
+        let t = now_ts();
+        let mut i = Inode::decode(&[0u8; 256]).unwrap_or_else(|_| unreachable_inode());
+        i.mode = mode;
+        i.uid = uid;
+        i.gid = gid;
+        i.atime = t;
+        i.mtime = t;
+        i.ctime = t;
+        i.crtime = Some(t);
+        i.links_count = 1;
+        i.extra_isize = self.inner.sb.inode_extra_size();
+        i.generation = self.next_generation();
+        i
+    }
+
+    fn next_generation(&self) -> u32 {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static GEN: AtomicU32 = AtomicU32::new(0);
+        let t = now_ts();
+        let mix = (t.nsec ^ (t.sec as u32).rotate_left(13)).wrapping_mul(0x9E37_79B9);
+        GEN.fetch_add(0x6F4F_2A35, Ordering::Relaxed).wrapping_add(mix)
+    }
+
+    /// Whether new regular files and directories use extents.
+    pub(crate) fn uses_extents(&self) -> bool {
+        self.inner.sb.has_incompat(feature::INCOMPAT_EXTENTS)
+    }
+
+    /// Checksum seed for blocks owned by `ino` (None without metadata_csum).
+    pub(crate) fn owned_seed(&self, ino: Ino, inode: &Inode) -> Option<u32> {
+        self.inner.metadata_csum.then(|| self.inode_seed(ino, inode))
+    }
+
+    /// Goal block for new data of `ino` at logical `lblk`: right after the previous
+    /// mapped block when there is one, else the start of the inode's group.
+    pub(crate) fn data_goal(&self, ino: Ino, inode: &Inode, lblk: u64) -> u64 {
+        if lblk > 0 {
+            if let Ok(Mapping::Mapped { physical, .. }) = self.map_block(ino, inode, lblk - 1) {
+                return physical + 1;
+            }
+        }
+        let sb = &self.inner.sb;
+        let g = u64::from((ino.0 - 1) / sb.inodes_per_group);
+        sb.group_first_block(g)
+    }
+}
+
+fn unreachable_inode() -> Inode {
+    // Inode::decode of 256 zero bytes cannot fail; keep a total fallback anyway.
+    Inode {
+        mode: 0,
+        uid: 0,
+        gid: 0,
+        size: 0,
+        atime: Timestamp::default(),
+        ctime: Timestamp::default(),
+        mtime: Timestamp::default(),
+        crtime: None,
+        dtime: 0,
+        links_count: 0,
+        blocks_raw: 0,
+        flags: 0,
+        version: 0,
+        block: [0; 60],
+        generation: 0,
+        file_acl: 0,
+        extra_isize: 0,
+        projid: 0,
+        checksum: 0,
+    }
+}
+
+/// [`BlockStore`] over the filesystem for one inode's extent tree.
+pub(crate) struct FsBlocks<'a> {
+    pub fs: &'a Fs,
+    pub seed: Option<u32>,
+}
+
+impl BlockStore for FsBlocks<'_> {
+    fn block_size(&self) -> usize {
+        self.fs.inner.block_size as usize
+    }
+    fn read_meta(&self, blk: u64) -> Result<Vec<u8>> {
+        let seed = self.seed;
+        let d = self.fs.cache().read(blk, Kind::ExtentNode, |b| {
+            if let Some(s) = seed {
+                extent::verify_csum(b, s)?;
+            }
+            extent::Node::decode(b, false)?;
+            Ok(())
+        })?;
+        Ok(d.to_vec())
+    }
+    fn write_meta(&mut self, blk: u64, data: &[u8]) -> Result<()> {
+        let seed = self.seed;
+        self.fs.cache().write(blk, Kind::ExtentNode, data.to_vec(), |b| {
+            if let Some(s) = seed {
+                extent::verify_csum(b, s)?;
+            }
+            extent::Node::decode(b, false)?;
+            Ok(())
+        })
+    }
+    fn alloc(&mut self, goal: u64, max_len: u32) -> Result<(u64, u32)> {
+        self.fs.alloc_blocks(goal, max_len)
+    }
+    fn free(&mut self, start: u64, len: u64) -> Result<()> {
+        self.fs.free_blocks(start, len)
+    }
+}
+
+/// Run `f` on the extent tree of `inode` (which must have EXTENTS_FL).
+pub(crate) fn with_tree<R>(
+    fs: &Fs,
+    ino: Ino,
+    inode: &mut Inode,
+    f: impl FnOnce(&mut ExtentTree<'_, FsBlocks<'_>>) -> Result<R>,
+) -> Result<R> {
+    if !inode.has_flag(flags::EXTENTS) {
+        return Err(Error::Unsupported(format!(
+            "inode {} uses block maps; rext4 writes only extent-mapped files",
+            ino.0
+        )));
+    }
+    let seed = fs.owned_seed(ino, inode);
+    let mut store = FsBlocks { fs, seed };
+    let mut blocks = inode.blocks_raw;
+    let mut root = inode.block;
+    let r = {
+        let mut tree = ExtentTree::new(&mut store, &mut root, seed, &mut blocks);
+        f(&mut tree)
+    };
+    inode.block = root;
+    inode.blocks_raw = blocks;
+    r
+}
+
+/// [`DirStore`] for one directory inode; the inode is written back by the caller
+/// (`dirty` says whether it changed).
+pub(crate) struct FsDir<'a> {
+    pub fs: &'a Fs,
+    pub ino: Ino,
+    pub inode: Inode,
+    pub dirty: bool,
+}
+
+impl FsDir<'_> {
+    fn phys(&self, lblk: u64) -> Result<u64> {
+        match self.fs.map_block(self.ino, &self.inode, lblk)? {
+            Mapping::Mapped { physical, unwritten: false, .. } => Ok(physical),
+            _ => Err(Error::corrupted(
+                format!("directory {} has a hole at block {lblk}", self.ino.0),
+                None,
+            )),
+        }
+    }
+}
+
+impl DirStore for FsDir<'_> {
+    fn block_size(&self) -> usize {
+        self.fs.inner.block_size as usize
+    }
+    fn nblocks(&self) -> u64 {
+        self.inode.size / u64::from(self.fs.inner.block_size)
+    }
+    fn read_block(&self, lblk: u64) -> Result<Vec<u8>> {
+        let p = self.phys(lblk)?;
+        Ok(self.fs.cache().read(p, Kind::Raw, |_| Ok(()))?.to_vec())
+    }
+    fn write_block(&mut self, lblk: u64, data: &[u8]) -> Result<()> {
+        let p = self.phys(lblk)?;
+        self.fs.cache().write(p, Kind::Raw, data.to_vec(), |_| Ok(()))
+    }
+    fn append_block(&mut self) -> Result<u64> {
+        let bs = u64::from(self.fs.inner.block_size);
+        let lblk = self.inode.size / bs;
+        if lblk >= u64::from(u32::MAX) {
+            return Err(Error::NoSpace);
+        }
+        let goal = self.fs.data_goal(self.ino, &self.inode, lblk);
+        let (p, _) = self.fs.alloc_blocks(goal, 1)?;
+        let ino = self.ino;
+        let fs = self.fs;
+        let r = with_tree(fs, ino, &mut self.inode, |t| {
+            t.insert(extent::Extent { logical: lblk as u32, len: 1, physical: p, unwritten: false })
+        });
+        if let Err(e) = r {
+            let _ = self.fs.free_blocks(p, 1);
+            return Err(e);
+        }
+        // Zero the new block so no stale bytes are ever visible as entries.
+        self.fs.cache().write(p, Kind::Raw, vec![0u8; bs as usize], |_| Ok(()))?;
+        self.inode.blocks_raw += bs / 512;
+        self.inode.size += bs;
+        self.dirty = true;
+        Ok(lblk)
+    }
+    fn is_indexed(&self) -> bool {
+        self.inode.has_flag(flags::INDEX)
+    }
+    fn set_indexed(&mut self, on: bool) -> Result<()> {
+        if on {
+            self.inode.flags |= flags::INDEX;
+        } else {
+            self.inode.flags &= !flags::INDEX;
+        }
+        self.dirty = true;
+        Ok(())
+    }
+    fn csum_seed(&self) -> Option<u32> {
+        self.fs.owned_seed(self.ino, &self.inode)
+    }
+    fn hash_params(&self) -> ([u32; 4], u32, u8) {
+        let sb = &self.fs.inner.sb;
+        (sb.hash_seed, sb.flags, sb.def_hash_version)
+    }
+    fn largedir(&self) -> bool {
+        self.fs.inner.sb.has_incompat(feature::INCOMPAT_LARGEDIR)
+    }
+}

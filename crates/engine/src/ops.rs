@@ -1,0 +1,799 @@
+//! Namespace, attribute and data operations of the embedding API, by inode number.
+//! The path-based, std::fs-like API (`path.rs`, `file.rs`) is built on these; FUSE
+//! will call them directly.
+//!
+//! Every operation takes `Fs::write_lock` for its whole duration (a coarse lock until
+//! the mount issue brings per-inode locks), checks POSIX preconditions first and only
+//! then changes anything, so a failed precondition leaves the image untouched. Inode
+//! link counts follow ext4: a directory has 2 + subdirectories (dir_nlink: 1 once that
+//! would pass 64999); an inode whose last link goes is truncated and freed at once
+//! (open handles are not tracked until the mount issue; the journal issue adds orphans).
+
+use rext4_format::dir::{FileType as DirFt, NAME_MAX};
+use rext4_format::extent::Extent;
+use rext4_format::inode::{flags, mode as m, Inode, Timestamp};
+use rext4_format::superblock::feature;
+
+use crate::cache::Kind;
+use crate::dir_write;
+use crate::error::{Error, Result};
+use crate::fs::{Fs, Ino};
+use crate::inode_write::{now_ts, with_tree, FsDir};
+use crate::map::{Mapping, MAX_LOGICAL};
+
+/// ext4's limit on i_links_count for non-directories (EXT4_LINK_MAX).
+pub const LINK_MAX: u16 = 65000;
+
+/// Flags for [`Fs::rename_ino`] (renameat2).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RenameFlags {
+    pub noreplace: bool,
+    pub exchange: bool,
+}
+
+/// Attribute changes for [`Fs::setattr_ino`]; `None` leaves a field alone.
+#[derive(Debug, Clone, Default)]
+pub struct SetAttr {
+    /// Permission bits (the file type is kept).
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<Timestamp>,
+    pub mtime: Option<Timestamp>,
+    pub ctime: Option<Timestamp>,
+}
+
+/// fallocate(2) modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallocMode {
+    /// Allocate (as unwritten) and extend the size.
+    Allocate,
+    /// Allocate without changing the size (FALLOC_FL_KEEP_SIZE).
+    KeepSize,
+    /// Deallocate the range; size unchanged (PUNCH_HOLE | KEEP_SIZE).
+    PunchHole,
+    /// Make the range read as zeros, allocated; `keep_size` as KEEP_SIZE.
+    ZeroRange { keep_size: bool },
+}
+
+/// statfs(2) figures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatFs {
+    pub block_size: u32,
+    pub blocks: u64,
+    pub blocks_free: u64,
+    /// Free blocks available to unprivileged users (minus the reserve).
+    pub blocks_available: u64,
+    pub inodes: u64,
+    pub inodes_free: u64,
+    pub name_max: u32,
+}
+
+fn dirent_type(mode: u16) -> DirFt {
+    DirFt::from_mode(mode)
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > NAME_MAX {
+        return Err(Error::NameTooLong);
+    }
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
+    {
+        return Err(Error::InvalidInput(format!("invalid file name {:?}", String::from_utf8_lossy(name))));
+    }
+    Ok(())
+}
+
+impl Fs {
+    fn dir_handle(&self, dir: Ino) -> Result<FsDir<'_>> {
+        let inode = self.read_live_inode(dir)?;
+        if !inode.is_dir() {
+            return Err(Error::NotADirectory);
+        }
+        Ok(FsDir { fs: self, ino: dir, inode, dirty: false })
+    }
+
+    fn dir_index(&self) -> bool {
+        self.inner.sb.has_compat(feature::COMPAT_DIR_INDEX)
+    }
+
+    /// Add `name -> ino` to directory `dir`, updating its times.
+    fn link_into(&self, d: &mut FsDir<'_>, name: &[u8], ino: Ino, mode: u16) -> Result<()> {
+        dir_write::add_entry(d, name, ino.0, dirent_type(mode), self.dir_index())?;
+        let t = now_ts();
+        d.inode.mtime = t;
+        d.inode.ctime = t;
+        d.dirty = true;
+        Ok(())
+    }
+
+    fn finish_dir(&self, d: FsDir<'_>) -> Result<()> {
+        if d.dirty {
+            self.write_inode(d.ino, &d.inode)?;
+        }
+        Ok(())
+    }
+
+    fn inc_dir_links(inode: &mut Inode) {
+        // dir_nlink: past the limit the count sticks at 1 ("many").
+        if inode.links_count >= LINK_MAX - 1 || inode.links_count == 1 {
+            inode.links_count = 1;
+        } else {
+            inode.links_count += 1;
+        }
+    }
+
+    fn dec_dir_links(inode: &mut Inode) {
+        if inode.links_count > 2 {
+            inode.links_count -= 1;
+        }
+    }
+
+    /// Create a non-directory inode (regular file, fifo, socket, device) named `name`
+    /// in `parent`. `mode` holds the type and permission bits.
+    pub fn mknod_ino(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        rdev: (u32, u32),
+    ) -> Result<Ino> {
+        check_name(name)?;
+        let mode = mode as u16;
+        let ft = mode & m::S_IFMT;
+        if ![m::S_IFREG, m::S_IFIFO, m::S_IFSOCK, m::S_IFCHR, m::S_IFBLK].contains(&ft) {
+            return Err(Error::InvalidInput("mknod of an unsupported file type".into()));
+        }
+        let _w = self.write_lock();
+        self.check_writable()?;
+        let mut d = self.dir_handle(parent)?;
+        if self.lookup(parent, name)?.is_some() {
+            return Err(Error::Exists);
+        }
+        let ino = self.alloc_inode(parent, false)?;
+        let mut inode = self.new_inode(mode, uid, gid);
+        if ft == m::S_IFREG && self.uses_extents() {
+            inode.flags |= flags::EXTENTS;
+            crate::extent_write::init_empty(&mut inode.block);
+        }
+        if ft == m::S_IFCHR || ft == m::S_IFBLK {
+            inode.set_device(rdev.0, rdev.1);
+        }
+        self.write_new_inode(ino, &inode)?;
+        self.link_into(&mut d, name, ino, mode)?;
+        self.finish_dir(d)?;
+        Ok(ino)
+    }
+
+    /// Create a directory.
+    pub fn mkdir_ino(&self, parent: Ino, name: &[u8], perm: u32, uid: u32, gid: u32) -> Result<Ino> {
+        check_name(name)?;
+        let _w = self.write_lock();
+        self.check_writable()?;
+        let mut pd = self.dir_handle(parent)?;
+        if self.lookup(parent, name)?.is_some() {
+            return Err(Error::Exists);
+        }
+        if pd.inode.links_count >= LINK_MAX && !self.inner.sb.has_ro_compat(feature::RO_COMPAT_DIR_NLINK) {
+            return Err(Error::TooManyLinks);
+        }
+        let ino = self.alloc_inode(parent, true)?;
+        let mode = m::S_IFDIR | (perm as u16 & 0o7777);
+        let mut inode = self.new_inode(mode, uid, gid);
+        inode.links_count = 2;
+        if self.uses_extents() {
+            inode.flags |= flags::EXTENTS;
+            crate::extent_write::init_empty(&mut inode.block);
+        }
+        self.write_new_inode(ino, &inode)?;
+        let mut nd = FsDir { fs: self, ino, inode, dirty: true };
+        nd.append_block_checked()?;
+        dir_write::init_dir(&mut nd, ino.0, parent.0)?;
+        self.finish_dir(nd)?;
+        self.link_into(&mut pd, name, ino, mode)?;
+        Self::inc_dir_links(&mut pd.inode);
+        self.finish_dir(pd)?;
+        Ok(ino)
+    }
+
+    /// Create a symbolic link `name -> target` in `parent`.
+    pub fn symlink_ino(&self, parent: Ino, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Ino> {
+        check_name(name)?;
+        let bs = self.inner.block_size as usize;
+        if target.is_empty() || target.contains(&0) {
+            return Err(Error::InvalidInput("bad symlink target".into()));
+        }
+        if target.len() >= bs.min(4096) {
+            return Err(Error::NameTooLong);
+        }
+        let _w = self.write_lock();
+        self.check_writable()?;
+        let mut d = self.dir_handle(parent)?;
+        if self.lookup(parent, name)?.is_some() {
+            return Err(Error::Exists);
+        }
+        let ino = self.alloc_inode(parent, false)?;
+        let mut inode = self.new_inode(m::S_IFLNK | 0o777, uid, gid);
+        inode.size = target.len() as u64;
+        if target.len() < 60 {
+            inode.block[..target.len()].copy_from_slice(target);
+            self.write_new_inode(ino, &inode)?;
+        } else {
+            inode.flags |= flags::EXTENTS;
+            crate::extent_write::init_empty(&mut inode.block);
+            let goal = self.data_goal(ino, &inode, 0);
+            let (p, _) = self.alloc_blocks(goal, 1)?;
+            with_tree(self, ino, &mut inode, |t| {
+                t.insert(Extent { logical: 0, len: 1, physical: p, unwritten: false })
+            })?;
+            inode.blocks_raw += (bs / 512) as u64;
+            let mut data = vec![0u8; bs];
+            data[..target.len()].copy_from_slice(target);
+            self.cache().device().write_at(&data, p * bs as u64)?;
+            self.write_new_inode(ino, &inode)?;
+        }
+        self.link_into(&mut d, name, ino, m::S_IFLNK)?;
+        self.finish_dir(d)?;
+        Ok(ino)
+    }
+
+    /// Add a hard link `new_parent/new_name` to `ino` (not a directory).
+    pub fn link_ino(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<()> {
+        check_name(new_name)?;
+        let _w = self.write_lock();
+        self.check_writable()?;
+        let mut inode = self.read_live_inode(ino)?;
+        if inode.is_dir() {
+            return Err(Error::InvalidInput("hard links to directories are not allowed".into()));
+        }
+        if inode.links_count >= LINK_MAX {
+            return Err(Error::TooManyLinks);
+        }
+        let mut d = self.dir_handle(new_parent)?;
+        if self.lookup(new_parent, new_name)?.is_some() {
+            return Err(Error::Exists);
+        }
+        self.link_into(&mut d, new_name, ino, inode.mode)?;
+        inode.links_count += 1;
+        inode.ctime = now_ts();
+        self.write_inode(ino, &inode)?;
+        self.finish_dir(d)
+    }
+
+    /// Remove the non-directory `name` from `parent`.
+    pub fn unlink_ino(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        check_name(name)?;
+        let _w = self.write_lock();
+        self.check_writable()?;
+        let mut d = self.dir_handle(parent)?;
+        let e = self.lookup(parent, name)?.ok_or(Error::NotFound)?;
+        let inode = self.read_live_inode(e.ino)?;
+        if inode.is_dir() {
+            return Err(Error::IsADirectory);
+        }
+        dir_write::remove_entry(&mut d, name)?;
+        let t = now_ts();
+        d.inode.mtime = t;
+        d.inode.ctime = t;
+        d.dirty = true;
+        self.finish_dir(d)?;
+        self.drop_link(e.ino, inode)
+    }
+
+    /// One link of `ino` went away: update it, or free it with the last link.
+    fn drop_link(&self, ino: Ino, mut inode: Inode) -> Result<()> {
+        inode.links_count = inode.links_count.saturating_sub(1);
+        inode.ctime = now_ts();
+        if inode.links_count > 0 {
+            return self.write_inode(ino, &inode);
+        }
+        self.free_inode_and_blocks(ino, inode)
+    }
+
+    fn free_inode_and_blocks(&self, ino: Ino, mut inode: Inode) -> Result<()> {
+        let is_dir = inode.is_dir();
+        if inode.has_flag(flags::EXTENTS) {
+            with_tree(self, ino, &mut inode, |t| t.remove(0, MAX_LOGICAL).map(|_| ()))?;
+        }
+        self.release_xattr_block(&mut inode)?;
+        inode.links_count = 0;
+        inode.size = 0;
+        inode.dtime = now_ts().sec as u32;
+        self.write_inode(ino, &inode)?;
+        self.free_inode(ino, is_dir)
+    }
+
+    /// Remove the empty directory `name` from `parent`.
+    pub fn rmdir_ino(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        check_name(name)?;
+        let _w = self.write_lock();
+        self.check_writable()?;
+        let mut d = self.dir_handle(parent)?;
+        let e = self.lookup(parent, name)?.ok_or(Error::NotFound)?;
+        let child = self.dir_handle(e.ino)?;
+        if !dir_write::is_empty(&child)? {
+            return Err(Error::NotEmpty);
+        }
+        let inode = child.inode;
+        dir_write::remove_entry(&mut d, name)?;
+        Self::dec_dir_links(&mut d.inode);
+        let t = now_ts();
+        d.inode.mtime = t;
+        d.inode.ctime = t;
+        d.dirty = true;
+        self.finish_dir(d)?;
+        self.free_inode_and_blocks(e.ino, inode)
+    }
+
+    /// Is `anc` an ancestor of (or equal to) directory `dir`? Walks ".." to the root.
+    fn is_ancestor(&self, anc: Ino, mut dir: Ino) -> Result<bool> {
+        for _ in 0..self.inner.sb.inodes_count {
+            if dir == anc {
+                return Ok(true);
+            }
+            if dir == Ino::ROOT {
+                return Ok(false);
+            }
+            let up = self.lookup(dir, b"..")?.ok_or_else(|| {
+                Error::corrupted(format!("directory {} has no \"..\"", dir.0), None)
+            })?;
+            dir = up.ino;
+        }
+        Err(Error::corrupted("\"..\" chain does not reach the root", None))
+    }
+
+    /// rename(2) / renameat2(2).
+    pub fn rename_ino(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        fl: RenameFlags,
+    ) -> Result<()> {
+        check_name(name)?;
+        check_name(new_name)?;
+        if fl.exchange && fl.noreplace {
+            return Err(Error::InvalidInput("RENAME_EXCHANGE with RENAME_NOREPLACE".into()));
+        }
+        let _w = self.write_lock();
+        self.check_writable()?;
+        self.dir_handle(parent)?;
+        self.dir_handle(new_parent)?;
+        let src = self.lookup(parent, name)?.ok_or(Error::NotFound)?;
+        let dst = self.lookup(new_parent, new_name)?;
+        let src_inode = self.read_live_inode(src.ino)?;
+        let src_dir = src_inode.is_dir();
+        if fl.exchange {
+            let dst = dst.ok_or(Error::NotFound)?;
+            return self.exchange(parent, name, src.ino, new_parent, new_name, dst.ino);
+        }
+        if let Some(dst) = &dst {
+            if fl.noreplace {
+                return Err(Error::Exists);
+            }
+            if dst.ino == src.ino {
+                return Ok(()); // same inode: POSIX says do nothing
+            }
+            let dst_inode = self.read_live_inode(dst.ino)?;
+            match (src_dir, dst_inode.is_dir()) {
+                (true, false) => return Err(Error::NotADirectory),
+                (false, true) => return Err(Error::IsADirectory),
+                (true, true) => {
+                    let dd = FsDir { fs: self, ino: dst.ino, inode: dst_inode.clone(), dirty: false };
+                    if !dir_write::is_empty(&dd)? {
+                        return Err(Error::NotEmpty);
+                    }
+                }
+                (false, false) => {}
+            }
+        }
+        if src_dir && parent != new_parent && self.is_ancestor(src.ino, new_parent)? {
+            return Err(Error::InvalidInput("cannot move a directory into itself".into()));
+        }
+        // Preconditions hold: change things.
+        let t = now_ts();
+        let mut victim = None;
+        {
+            let mut nd = self.dir_handle(new_parent)?;
+            match &dst {
+                Some(dst) => {
+                    dir_write::replace_entry(&mut nd, new_name, src.ino.0, dirent_type(src_inode.mode))?;
+                    victim = Some(dst.ino);
+                }
+                None => {
+                    dir_write::add_entry(&mut nd, new_name, src.ino.0, dirent_type(src_inode.mode), self.dir_index())?;
+                    if src_dir && parent != new_parent {
+                        Self::inc_dir_links(&mut nd.inode);
+                    }
+                }
+            }
+            nd.inode.mtime = t;
+            nd.inode.ctime = t;
+            nd.dirty = true;
+            self.finish_dir(nd)?;
+        }
+        {
+            let mut od = self.dir_handle(parent)?;
+            dir_write::remove_entry(&mut od, name)?;
+            if src_dir && (parent != new_parent || victim.is_some()) {
+                Self::dec_dir_links(&mut od.inode);
+            }
+            od.inode.mtime = t;
+            od.inode.ctime = t;
+            od.dirty = true;
+            self.finish_dir(od)?;
+        }
+        if src_dir && parent != new_parent {
+            let mut sd = self.dir_handle(src.ino)?;
+            dir_write::set_dotdot(&mut sd, new_parent.0)?;
+            sd.inode.ctime = t;
+            sd.dirty = true;
+            self.finish_dir(sd)?;
+        } else {
+            let mut si = self.read_live_inode(src.ino)?;
+            si.ctime = t;
+            self.write_inode(src.ino, &si)?;
+        }
+        if let Some(v) = victim {
+            let vi = self.read_live_inode(v)?;
+            if vi.is_dir() {
+                // The moved directory's link replaces the victim's in new_parent.
+                self.free_inode_and_blocks(v, vi)?;
+            } else {
+                self.drop_link(v, vi)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn exchange(&self, p1: Ino, n1: &[u8], i1: Ino, p2: Ino, n2: &[u8], i2: Ino) -> Result<()> {
+        if i1 == i2 {
+            return Ok(());
+        }
+        let a = self.read_live_inode(i1)?;
+        let b = self.read_live_inode(i2)?;
+        if p1 != p2 {
+            if a.is_dir() && self.is_ancestor(i1, p2)? {
+                return Err(Error::InvalidInput("cannot move a directory into itself".into()));
+            }
+            if b.is_dir() && self.is_ancestor(i2, p1)? {
+                return Err(Error::InvalidInput("cannot move a directory into itself".into()));
+            }
+        }
+        let t = now_ts();
+        let mut d1 = self.dir_handle(p1)?;
+        dir_write::replace_entry(&mut d1, n1, i2.0, dirent_type(b.mode))?;
+        d1.inode.mtime = t;
+        d1.inode.ctime = t;
+        d1.dirty = true;
+        if p1 != p2 {
+            if a.is_dir() && !b.is_dir() {
+                Self::dec_dir_links(&mut d1.inode);
+            } else if b.is_dir() && !a.is_dir() {
+                Self::inc_dir_links(&mut d1.inode);
+            }
+        }
+        self.finish_dir(d1)?;
+        let mut d2 = self.dir_handle(p2)?;
+        dir_write::replace_entry(&mut d2, n2, i1.0, dirent_type(a.mode))?;
+        d2.inode.mtime = t;
+        d2.inode.ctime = t;
+        d2.dirty = true;
+        if p1 != p2 {
+            if b.is_dir() && !a.is_dir() {
+                Self::dec_dir_links(&mut d2.inode);
+            } else if a.is_dir() && !b.is_dir() {
+                Self::inc_dir_links(&mut d2.inode);
+            }
+        }
+        self.finish_dir(d2)?;
+        for (ino, newp) in [(i1, p2), (i2, p1)] {
+            let inode = self.read_live_inode(ino)?;
+            if inode.is_dir() && p1 != p2 {
+                let mut sd = self.dir_handle(ino)?;
+                dir_write::set_dotdot(&mut sd, newp.0)?;
+                sd.inode.ctime = t;
+                sd.dirty = true;
+                self.finish_dir(sd)?;
+            } else {
+                let mut i = inode;
+                i.ctime = t;
+                self.write_inode(ino, &i)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// chmod/chown/utimens/truncate in one call (like FUSE setattr).
+    pub fn setattr_ino(&self, ino: Ino, a: &SetAttr) -> Result<crate::Metadata> {
+        let _w = self.write_lock();
+        self.check_writable()?;
+        if let Some(size) = a.size {
+            self.truncate_locked(ino, size)?;
+        }
+        let mut inode = self.read_live_inode(ino)?;
+        if let Some(mode) = a.mode {
+            inode.mode = (inode.mode & m::S_IFMT) | (mode as u16 & 0o7777);
+        }
+        if let Some(uid) = a.uid {
+            inode.uid = uid;
+        }
+        if let Some(gid) = a.gid {
+            inode.gid = gid;
+        }
+        if let Some(t) = a.atime {
+            inode.atime = t;
+        }
+        if let Some(t) = a.mtime {
+            inode.mtime = t;
+        }
+        inode.ctime = a.ctime.unwrap_or_else(now_ts);
+        self.write_inode(ino, &inode)?;
+        Ok(self.metadata_of(ino, &inode))
+    }
+
+    /// Change the size of a regular file (ftruncate).
+    pub fn truncate_ino(&self, ino: Ino, size: u64) -> Result<()> {
+        let _w = self.write_lock();
+        self.check_writable()?;
+        self.truncate_locked(ino, size)
+    }
+
+    fn max_file_size(&self) -> u64 {
+        MAX_LOGICAL * u64::from(self.inner.block_size) - 1
+    }
+
+    fn truncate_locked(&self, ino: Ino, size: u64) -> Result<()> {
+        let mut inode = self.read_live_inode(ino)?;
+        if inode.is_dir() {
+            return Err(Error::IsADirectory);
+        }
+        if !inode.is_reg() {
+            return Err(Error::InvalidInput("truncate of a non-regular file".into()));
+        }
+        if size > self.max_file_size() {
+            return Err(Error::FileTooLarge);
+        }
+        let bs = u64::from(self.inner.block_size);
+        if size < inode.size {
+            let first_gone = size.div_ceil(bs);
+            with_tree(self, ino, &mut inode, |t| t.remove(first_gone as u32, MAX_LOGICAL).map(|_| ()))?;
+            // Zero the tail of the last partial block so a later extension reads zeros.
+            if size % bs != 0 {
+                self.zero_on_disk(ino, &inode, size, bs - size % bs)?;
+            }
+        }
+        inode.size = size;
+        let t = now_ts();
+        inode.mtime = t;
+        inode.ctime = t;
+        self.write_inode(ino, &inode)
+    }
+
+    /// Write zeros over `[off, off+len)` where it is mapped to written blocks.
+    fn zero_on_disk(&self, ino: Ino, inode: &Inode, off: u64, len: u64) -> Result<()> {
+        let bs = u64::from(self.inner.block_size);
+        let mut pos = off;
+        let end = off + len;
+        while pos < end {
+            let lblk = pos / bs;
+            let in_blk = pos % bs;
+            let n = (bs - in_blk).min(end - pos);
+            if let Mapping::Mapped { physical, unwritten: false, .. } = self.map_block(ino, inode, lblk)? {
+                self.cache().device().write_at(&vec![0u8; n as usize], physical * bs + in_blk)?;
+            }
+            pos += n;
+        }
+        Ok(())
+    }
+
+    /// Positional write; extends the file as needed. Returns the bytes written.
+    pub fn write_ino_at(&self, ino: Ino, buf: &[u8], offset: u64) -> Result<usize> {
+        let _w = self.write_lock();
+        self.check_writable()?;
+        self.write_locked(ino, buf, offset)
+    }
+
+    pub(crate) fn write_locked(&self, ino: Ino, buf: &[u8], offset: u64) -> Result<usize> {
+        let mut inode = self.read_live_inode(ino)?;
+        if inode.is_dir() {
+            return Err(Error::IsADirectory);
+        }
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let end = offset.checked_add(buf.len() as u64).ok_or(Error::FileTooLarge)?;
+        if end > self.max_file_size() {
+            return Err(Error::FileTooLarge);
+        }
+        let bs = u64::from(self.inner.block_size);
+        let dev = self.cache().device().clone();
+        let mut pos = offset;
+        while pos < end {
+            let lblk = pos / bs;
+            let mapping = self.map_block(ino, &inode, lblk)?;
+            match mapping {
+                Mapping::Mapped { physical, len, unwritten: false } => {
+                    // Overwrite in place, up to the end of this extent.
+                    let run_end = ((lblk + len) * bs).min(end);
+                    let n = (run_end - pos) as usize;
+                    let src = &buf[(pos - offset) as usize..][..n];
+                    dev.write_at(src, physical * bs + pos % bs)?;
+                    pos = run_end;
+                }
+                Mapping::Mapped { physical, len, unwritten: true } => {
+                    // Write whole blocks (zeros around the data), then mark them written.
+                    let run_end_blk = (lblk + len).min(end.div_ceil(bs));
+                    let nblk = run_end_blk - lblk;
+                    let mut data = vec![0u8; (nblk * bs) as usize];
+                    let run_end = (run_end_blk * bs).min(end);
+                    let start_in = (pos - lblk * bs) as usize;
+                    let n = (run_end - pos) as usize;
+                    data[start_in..start_in + n].copy_from_slice(&buf[(pos - offset) as usize..][..n]);
+                    dev.write_at(&data, physical * bs)?;
+                    with_tree(self, ino, &mut inode, |t| t.mark_written(lblk as u32, nblk as u32))?;
+                    pos = run_end;
+                }
+                Mapping::Hole { len } => {
+                    let want_blk = len.min(end.div_ceil(bs) - lblk).min(32768);
+                    let goal = self.data_goal(ino, &inode, lblk);
+                    let (p, got) = self.alloc_blocks(goal, want_blk as u32)?;
+                    let got = u64::from(got);
+                    let run_end = ((lblk + got) * bs).min(end);
+                    let mut data = vec![0u8; (got * bs) as usize];
+                    let start_in = (pos - lblk * bs) as usize;
+                    let n = (run_end - pos) as usize;
+                    data[start_in..start_in + n].copy_from_slice(&buf[(pos - offset) as usize..][..n]);
+                    dev.write_at(&data, p * bs)?;
+                    let ext = Extent { logical: lblk as u32, len: got as u16, physical: p, unwritten: false };
+                    if let Err(e) = with_tree(self, ino, &mut inode, |t| t.insert(ext)) {
+                        let _ = self.free_blocks(p, got);
+                        return Err(e);
+                    }
+                    inode.blocks_raw += got * bs / 512;
+                    pos = run_end;
+                }
+            }
+        }
+        if end > inode.size {
+            inode.size = end;
+        }
+        let t = now_ts();
+        inode.mtime = t;
+        inode.ctime = t;
+        self.write_inode(ino, &inode)?;
+        Ok(buf.len())
+    }
+
+    /// fallocate(2).
+    pub fn fallocate_ino(&self, ino: Ino, mode: FallocMode, offset: u64, len: u64) -> Result<()> {
+        let _w = self.write_lock();
+        self.check_writable()?;
+        if len == 0 {
+            return Err(Error::InvalidInput("fallocate of length 0".into()));
+        }
+        let end = offset.checked_add(len).ok_or(Error::FileTooLarge)?;
+        if end > self.max_file_size() {
+            return Err(Error::FileTooLarge);
+        }
+        let mut inode = self.read_live_inode(ino)?;
+        if !inode.is_reg() {
+            return Err(if inode.is_dir() { Error::IsADirectory } else { Error::InvalidInput("fallocate of a non-regular file".into()) });
+        }
+        let bs = u64::from(self.inner.block_size);
+        match mode {
+            FallocMode::Allocate | FallocMode::KeepSize => {
+                self.alloc_unwritten(ino, &mut inode, offset / bs, end.div_ceil(bs))?;
+                if mode == FallocMode::Allocate && end > inode.size {
+                    inode.size = end;
+                }
+            }
+            FallocMode::PunchHole => {
+                self.punch(ino, &mut inode, offset, end)?;
+            }
+            FallocMode::ZeroRange { keep_size } => {
+                self.punch(ino, &mut inode, offset, end)?;
+                self.alloc_unwritten(ino, &mut inode, offset / bs, end.div_ceil(bs))?;
+                if !keep_size && end > inode.size {
+                    inode.size = end;
+                }
+            }
+        }
+        inode.ctime = now_ts();
+        if matches!(mode, FallocMode::PunchHole | FallocMode::ZeroRange { .. }) {
+            inode.mtime = inode.ctime;
+        }
+        self.write_inode(ino, &inode)
+    }
+
+    /// Unwritten extents over every hole in logical blocks [first, end).
+    fn alloc_unwritten(&self, ino: Ino, inode: &mut Inode, first: u64, end: u64) -> Result<()> {
+        let mut l = first;
+        while l < end {
+            match self.map_block(ino, inode, l)? {
+                Mapping::Mapped { len, .. } => l += len,
+                Mapping::Hole { len } => {
+                    let want = len.min(end - l).min(32767);
+                    let goal = self.data_goal(ino, inode, l);
+                    let (p, got) = self.alloc_blocks(goal, want as u32)?;
+                    let ext = Extent { logical: l as u32, len: got as u16, physical: p, unwritten: true };
+                    if let Err(e) = with_tree(self, ino, inode, |t| t.insert(ext)) {
+                        let _ = self.free_blocks(p, u64::from(got));
+                        return Err(e);
+                    }
+                    inode.blocks_raw += u64::from(got) * u64::from(self.inner.block_size) / 512;
+                    l += u64::from(got);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Deallocate whole blocks inside [start, end) and zero the partial edges.
+    fn punch(&self, ino: Ino, inode: &mut Inode, start: u64, end: u64) -> Result<()> {
+        let bs = u64::from(self.inner.block_size);
+        let first_full = start.div_ceil(bs);
+        let end_full = end / bs;
+        if first_full < end_full {
+            with_tree(self, ino, inode, |t| t.remove(first_full as u32, end_full).map(|_| ()))?;
+        }
+        let head_end = (first_full * bs).min(end);
+        if start < head_end {
+            self.zero_on_disk(ino, inode, start, head_end - start)?;
+        }
+        let tail_start = (end_full * bs).max(start);
+        if tail_start < end && end_full >= first_full {
+            self.zero_on_disk(ino, inode, tail_start, end - tail_start)?;
+        }
+        Ok(())
+    }
+
+    /// statfs(2).
+    pub fn statfs(&self) -> StatFs {
+        let sb = self.superblock();
+        let overhead = u64::from(sb.overhead_clusters);
+        StatFs {
+            block_size: self.inner.block_size,
+            blocks: sb.blocks_count.saturating_sub(overhead),
+            blocks_free: sb.free_blocks_count,
+            blocks_available: sb.free_blocks_count.saturating_sub(sb.r_blocks_count),
+            inodes: u64::from(sb.inodes_count),
+            inodes_free: u64::from(sb.free_inodes_count),
+            name_max: NAME_MAX as u32,
+        }
+    }
+
+    /// Drop this inode's reference to its xattr block (freeing it with the last one).
+    pub(crate) fn release_xattr_block(&self, inode: &mut Inode) -> Result<()> {
+        let blk = inode.file_acl;
+        if blk == 0 {
+            return Ok(());
+        }
+        let data = self.cache().read(blk, Kind::Xattr, |_| Ok(()))?.to_vec();
+        let refs = u32::from_le_bytes([data[4], data[5], data[6], data[7]]);
+        if refs <= 1 {
+            self.free_blocks(blk, 1)?;
+        } else {
+            let mut d = data;
+            d[4..8].copy_from_slice(&(refs - 1).to_le_bytes());
+            if self.inner.metadata_csum {
+                rext4_format::xattr::set_block_csum(&mut d, self.inner.csum_seed, blk);
+            }
+            self.cache().write(blk, Kind::Xattr, d, |_| Ok(()))?;
+        }
+        inode.file_acl = 0;
+        inode.blocks_raw = inode.blocks_raw.saturating_sub(u64::from(self.inner.block_size) / 512);
+        Ok(())
+    }
+}
+
+impl FsDir<'_> {
+    /// Append a block, for a directory being created.
+    fn append_block_checked(&mut self) -> Result<u64> {
+        crate::store::DirStore::append_block(self)
+    }
+}
