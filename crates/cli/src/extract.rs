@@ -141,7 +141,6 @@ impl Copier<'_> {
                 fs::hard_link(first, dst)?;
                 return Ok(());
             }
-            self.links.insert(ino, dst.to_path_buf());
         }
         match m.file_type {
             FileType::Dir => return self.copy_dir(ino, &m, dst),
@@ -175,6 +174,11 @@ impl Copier<'_> {
             }
         }
         self.finish(ino, &m, dst);
+        if m.nlink > 1 {
+            // Recorded only once this name exists as the file we created, so later
+            // names can never be linked to something else that holds the path.
+            self.links.insert(ino, dst.to_path_buf());
+        }
         self.report.files += 1;
         Ok(())
     }

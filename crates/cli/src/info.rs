@@ -60,7 +60,7 @@ fn time_or_na(t: i64) -> String {
 }
 
 pub fn render(fs: &Fs) -> String {
-    let sb = fs.superblock();
+    let sb = &fs.superblock();
     let mut o = String::new();
     let mut line = |k: &str, v: String| {
         let _ = writeln!(o, "{:<26}{v}", format!("{k}:"));

@@ -1,8 +1,8 @@
 //! The `rext4` command: inspect ext4 images and copy files out of them, without
 //! mounting and without root.
 //!
-//! Exit codes follow e2fsprogs' tools: 0 success, 1 an operational error (missing file,
-//! corrupt image), 2 bad usage (clap's default), 8 unsupported image.
+//! Exit codes: 0 success, 1 an operational error (missing file, corrupt or unsupported
+//! image), 2 bad usage (clap's default).
 
 mod extract;
 mod info;

@@ -156,7 +156,8 @@ fn debugfs_ls(img: &Path, dir: &str) -> Vec<DebugfsEntry> {
         let size = std::str::from_utf8(&rest[cut + 1..])
             .ok()
             .and_then(|s| s.parse().ok());
-        if name == b"." || name == b".." {
+        // debugfs also prints empty slots (inode 0, no name) of htree leaf blocks.
+        if name.is_empty() || ino == 0 || name == b"." || name == b".." {
             continue;
         }
         v.push(DebugfsEntry {

@@ -463,3 +463,50 @@ fn stale_dirent_checksums_are_reported_and_nothing_escapes() {
         );
     }
 }
+
+/// Sources that are symlinks are copied as symlinks (never followed), and a destination
+/// that is a symlink (here to the canary) is refused rather than written through.
+#[test]
+fn symlink_sources_and_destinations() {
+    let world = World::new();
+    let img = build_image(&world, &MkfsOptions::new(4096, 16 << 20), true);
+    let outside = bytes(&world.outside()).to_vec();
+
+    // `cp IMG:/abs NEW`: NEW becomes the symlink itself.
+    let (d, _) = cp(&world, &img, "/abs", "s1", true, 0);
+    assert_symlink(world.path(), "s1", &outside);
+    assert_eq!(d, world.dir.join("s1"));
+    // `cp -r IMG:/dup/link DIR`: DIR/link is the symlink; nothing is copied through it.
+    fs::create_dir(world.dir.join("s2")).expect("mkdir");
+    cp(&world, &img, "/dup/link", "s2", false, 0);
+    assert_symlink(&world.dir.join("s2"), "link", &outside);
+    // `cp -r IMG:/rel DIR` with a relative target that would leave DIR.
+    fs::create_dir(world.dir.join("s3")).expect("mkdir");
+    cp(&world, &img, "/rel", "s3", false, 0);
+    assert_symlink(&world.dir.join("s3"), "rel", b"../outside");
+    // A plain file into an existing directory.
+    fs::create_dir(world.dir.join("s4")).expect("mkdir");
+    cp(&world, &img, "/ok/file", "s4", false, 0);
+    assert_eq!(
+        fs::read(world.dir.join("s4/file")).expect("s4/file"),
+        b"fine\n"
+    );
+
+    // DEST is a symlink to the canary directory: refused, nothing written through it.
+    std::os::unix::fs::symlink(world.outside(), world.dir.join("s5")).expect("symlink");
+    let (_, stderr) = cp(&world, &img, "/ok", "s5", false, 1);
+    assert!(stderr.contains("not a directory"), "{stderr}");
+    assert_symlink(world.path(), "s5", &outside);
+    // DEST is a symlink to the victim file: refused for a file source too.
+    std::os::unix::fs::symlink(world.victim(), world.dir.join("s6")).expect("symlink");
+    let before = outside_state(&world);
+    let r = rext4(&[
+        OsStr::new("cp"),
+        &spec(img.path(), "/ok/file"),
+        world.dir.join("s6").as_os_str(),
+    ]);
+    assert_outside_unchanged(&world, &before, &["s6"], false);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("File exists"), "{}", r.stderr);
+    assert_symlink(world.path(), "s6", bytes(&world.victim()));
+}

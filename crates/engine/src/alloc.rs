@@ -27,7 +27,8 @@ use crate::fs::{Fs, Group, Ino};
 impl Fs {
     fn group_of_block(&self, blk: u64) -> usize {
         let sb = &self.inner.sb;
-        (blk.saturating_sub(u64::from(sb.first_data_block)) / u64::from(sb.blocks_per_group)) as usize
+        (blk.saturating_sub(u64::from(sb.first_data_block)) / u64::from(sb.blocks_per_group))
+            as usize
     }
 
     /// The block bitmap of group `g` (materialized if uninitialized). Caller holds the
@@ -62,8 +63,8 @@ impl Fs {
             let base = 1 + sb.desc_blocks() + u64::from(sb.reserved_gdt_blocks);
             mark(first, base);
         }
-        let itable_blocks = (u64::from(sb.inodes_per_group) * u64::from(sb.inode_size))
-            .div_ceil(bs as u64);
+        let itable_blocks =
+            (u64::from(sb.inodes_per_group) * u64::from(sb.inode_size)).div_ceil(bs as u64);
         for (i, m) in self.inner.groups.iter().enumerate() {
             let d = if i == g {
                 grp.desc.clone()
@@ -87,7 +88,8 @@ impl Fs {
             grp.desc.block_bitmap_csum = if sb.desc_size() >= 64 { c } else { c & 0xFFFF };
         }
         grp.dirty = true;
-        self.cache().write(grp.desc.block_bitmap, Kind::Bitmap, b, |_| Ok(()))
+        self.cache()
+            .write(grp.desc.block_bitmap, Kind::Bitmap, b, |_| Ok(()))
     }
 
     fn store_inode_bitmap(&self, grp: &mut Group, b: Vec<u8>) -> Result<()> {
@@ -97,7 +99,8 @@ impl Fs {
             grp.desc.inode_bitmap_csum = if sb.desc_size() >= 64 { c } else { c & 0xFFFF };
         }
         grp.dirty = true;
-        self.cache().write(grp.desc.inode_bitmap, Kind::Bitmap, b, |_| Ok(()))
+        self.cache()
+            .write(grp.desc.inode_bitmap, Kind::Bitmap, b, |_| Ok(()))
     }
 
     /// Allocate up to `max_len` (≥ 1) contiguous blocks, as near `goal` as possible.
@@ -120,13 +123,16 @@ impl Fs {
             let mut b = self.load_block_bitmap(g, &mut grp)?;
             let start = if i == 0 { goal - first } else { 0 };
             // First free bit at or after start, then (wrapping) from the group start.
-            let found = (start..n).find(|&x| !bitmap::test(&b, x)).or_else(|| {
-                (0..start.min(n)).find(|&x| !bitmap::test(&b, x))
-            });
+            let found = (start..n)
+                .find(|&x| !bitmap::test(&b, x))
+                .or_else(|| (0..start.min(n)).find(|&x| !bitmap::test(&b, x)));
             let Some(x) = found else {
                 // Counter said free but the bitmap is full: trust the bitmap.
                 return Err(Error::corrupted(
-                    format!("group {g} free count {} but bitmap full", grp.desc.free_blocks_count),
+                    format!(
+                        "group {g} free count {} but bitmap full",
+                        grp.desc.free_blocks_count
+                    ),
                     Some(grp.desc.block_bitmap),
                 ));
             };
@@ -153,8 +159,12 @@ impl Fs {
         let mut blk = start;
         let end = start.saturating_add(len);
         if start < u64::from(sb.first_data_block) || end > sb.blocks_count {
-            return Err(Error::corrupted(format!("freeing blocks {start}+{len} outside the fs"), None));
+            return Err(Error::corrupted(
+                format!("freeing blocks {start}+{len} outside the fs"),
+                None,
+            ));
         }
+        self.cache().forget(start, len);
         while blk < end {
             let g = self.group_of_block(blk);
             let first = sb.group_first_block(g as u64);
@@ -164,7 +174,10 @@ impl Fs {
             let mut freed = 0u32;
             for x in blk..gend {
                 if !bitmap::test(&b, x - first) {
-                    return Err(Error::corrupted(format!("freeing free block {x}"), Some(grp.desc.block_bitmap)));
+                    return Err(Error::corrupted(
+                        format!("freeing free block {x}"),
+                        Some(grp.desc.block_bitmap),
+                    ));
                 }
                 bitmap::set(&mut b, x - first, false);
                 freed += 1;
@@ -221,7 +234,9 @@ impl Fs {
                 grp.desc.flags &= !FLAG_INODE_UNINIT;
                 b
             } else {
-                self.cache().read(grp.desc.inode_bitmap, Kind::Bitmap, |_| Ok(()))?.to_vec()
+                self.cache()
+                    .read(grp.desc.inode_bitmap, Kind::Bitmap, |_| Ok(()))?
+                    .to_vec()
             };
             // Allocating an inode in a group also initializes its block bitmap.
             if grp.desc.has_flag(FLAG_BLOCK_UNINIT) {
@@ -258,9 +273,15 @@ impl Fs {
         let g = ((ino.0 - 1) / ipg) as usize;
         let x = u64::from((ino.0 - 1) % ipg);
         let mut grp = self.group(g)?;
-        let mut b = self.cache().read(grp.desc.inode_bitmap, Kind::Bitmap, |_| Ok(()))?.to_vec();
+        let mut b = self
+            .cache()
+            .read(grp.desc.inode_bitmap, Kind::Bitmap, |_| Ok(()))?
+            .to_vec();
         if !bitmap::test(&b, x) {
-            return Err(Error::corrupted(format!("freeing free inode {}", ino.0), None));
+            return Err(Error::corrupted(
+                format!("freeing free inode {}", ino.0),
+                None,
+            ));
         }
         bitmap::set(&mut b, x, false);
         grp.desc.free_inodes_count += 1;

@@ -112,7 +112,11 @@ impl BufferCache {
         })?;
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         Self::make_room(&mut map, self.cap);
-        let e = map.entry(blk).or_insert(Entry { data: data.clone(), verified: 0, dirty: false });
+        let e = map.entry(blk).or_insert(Entry {
+            data: data.clone(),
+            verified: 0,
+            dirty: false,
+        });
         e.verified |= bit;
         Ok(e.data.clone())
     }
@@ -122,8 +126,12 @@ impl BufferCache {
         if map.len() < cap {
             return;
         }
-        let victims: Vec<u64> =
-            map.iter().filter(|(_, e)| !e.dirty).map(|(k, _)| *k).take(cap / 4).collect();
+        let victims: Vec<u64> = map
+            .iter()
+            .filter(|(_, e)| !e.dirty)
+            .map(|(k, _)| *k)
+            .take(cap / 4)
+            .collect();
         for v in victims {
             map.remove(&v);
         }
@@ -155,7 +163,14 @@ impl BufferCache {
         })?;
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         Self::make_room(&mut map, self.cap);
-        map.insert(blk, Entry { data: Arc::from(data), verified: 1 << (kind as u32), dirty: true });
+        map.insert(
+            blk,
+            Entry {
+                data: Arc::from(data),
+                verified: 1 << (kind as u32),
+                dirty: true,
+            },
+        );
         Ok(())
     }
 
@@ -163,8 +178,11 @@ impl BufferCache {
     pub fn flush(&self) -> Result<usize> {
         let dirty: Vec<(u64, Arc<[u8]>)> = {
             let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-            let mut v: Vec<_> =
-                map.iter().filter(|(_, e)| e.dirty).map(|(k, e)| (*k, e.data.clone())).collect();
+            let mut v: Vec<_> = map
+                .iter()
+                .filter(|(_, e)| e.dirty)
+                .map(|(k, e)| (*k, e.data.clone()))
+                .collect();
             v.sort_by_key(|(k, _)| *k);
             v
         };
@@ -183,9 +201,28 @@ impl BufferCache {
         Ok(dirty.len())
     }
 
+    /// Drop blocks `start..start+len` from the cache, dirty or not: they were freed, so
+    /// no older contents may later be written over whatever they are reused for.
+    pub fn forget(&self, start: u64, len: u64) {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if len <= 64 {
+            for b in start..start.saturating_add(len) {
+                map.remove(&b);
+            }
+        } else {
+            let end = start.saturating_add(len);
+            map.retain(|&b, _| b < start || b >= end);
+        }
+    }
+
     /// Number of dirty blocks.
     pub fn dirty_count(&self) -> usize {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).values().filter(|e| e.dirty).count()
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|e| e.dirty)
+            .count()
     }
 
     /// Read without a verifier (data blocks of symlinks, raw dumps).
@@ -195,7 +232,10 @@ impl BufferCache {
 
     /// Forget every clean block (after the device changed underneath).
     pub fn invalidate(&self) {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).retain(|_, e| e.dirty);
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|_, e| e.dirty);
     }
 }
 

@@ -167,18 +167,32 @@ impl Fs {
             HashSet::new()
         };
         let csum = self.inner.metadata_csum;
+        let indexed = !skip.is_empty();
         let mut out = Vec::new();
         for lblk in 0..n {
             if skip.contains(&lblk) {
                 continue;
             }
             let b = self.read_leaf(ino, &inode, lblk)?;
-            for e in fdir::live_entries(&b, csum) {
+            for (i, e) in fdir::live_entries(&b, csum).enumerate() {
                 let e = e.map_err(|x| {
                     Error::from(x.at_block(self.dir_block_phys(ino, &inode, lblk).unwrap_or(0)))
                 })?;
                 if e.name == b"." || e.name == b".." {
-                    continue;
+                    // Only the first two entries of a linear directory's block 0 may be
+                    // "." and ".." (an htree keeps them in the dx root, skipped above).
+                    let expected = !indexed && lblk == 0 && i < 2;
+                    if expected {
+                        continue;
+                    }
+                    return Err(Error::corrupted(
+                        format!(
+                            "directory {} has a stray {:?} entry",
+                            ino.0,
+                            String::from_utf8_lossy(e.name)
+                        ),
+                        self.dir_block_phys(ino, &inode, lblk).ok(),
+                    ));
                 }
                 if bad_name(e.name) {
                     return Err(Error::corrupted(

@@ -90,9 +90,8 @@ impl Ctx {
         }
     }
     fn version(&self, on_disk: u8) -> Result<HashVersion> {
-        HashVersion::effective(on_disk, self.s_flags).ok_or_else(|| {
-            Error::Unsupported(format!("directory hash version {on_disk}"))
-        })
+        HashVersion::effective(on_disk, self.s_flags)
+            .ok_or_else(|| Error::Unsupported(format!("directory hash version {on_disk}")))
     }
     fn hash(&self, name: &[u8], v: HashVersion) -> u32 {
         dx_hash(name, v, &self.hash_seed).0
@@ -514,7 +513,7 @@ pub fn add_entry(
         return Err(Error::InvalidInput("directory entry for inode 0".into()));
     }
     debug_assert!(
-        matches!(lookup(dir, name), Ok(None)),
+        !matches!(lookup(dir, name), Ok(Some(_))),
         "add_entry: name already present"
     );
     let c = Ctx::new(dir);
@@ -765,7 +764,12 @@ fn index_blocks(dir: &impl DirStore, c: &Ctx) -> Result<BTreeSet<u64>> {
                     "directory index block {b} out of range or referenced twice"
                 )));
             }
-            next.extend(read_node(dir, c, b)?.entries.iter().map(|e| u64::from(e.block)));
+            next.extend(
+                read_node(dir, c, b)?
+                    .entries
+                    .iter()
+                    .map(|e| u64::from(e.block)),
+            );
         }
         level = next;
     }
@@ -827,21 +831,32 @@ mod tests {
         cfg: Cfg,
         blocks: Vec<Vec<u8>>,
         indexed: bool,
+        self_ino: u32,
+        /// Inode checksum seed used when `cfg.csum`.
+        inode_seed: u32,
+        hash_seed: [u32; 4],
     }
 
     impl MemDir {
         fn new(cfg: Cfg) -> MemDir {
+            let seeds = [0x1234_5678, 0x9abc_def0, 0x0fed_cba9, 0x8765_4321];
+            MemDir::with(cfg, SELF_INO, 0x5EED_1234, seeds)
+        }
+        fn with(cfg: Cfg, self_ino: u32, inode_seed: u32, hash_seed: [u32; 4]) -> MemDir {
             let mut d = MemDir {
                 cfg,
                 blocks: Vec::new(),
                 indexed: false,
+                self_ino,
+                inode_seed,
+                hash_seed,
             };
             d.append_block().expect("append");
-            init_dir(&mut d, SELF_INO, PARENT_INO).expect("init_dir");
+            init_dir(&mut d, self_ino, PARENT_INO).expect("init_dir");
             d
         }
         fn seed(&self) -> Option<u32> {
-            self.cfg.csum.then_some(0x5EED_1234)
+            self.cfg.csum.then_some(self.inode_seed)
         }
     }
 
@@ -883,11 +898,7 @@ mod tests {
             self.seed()
         }
         fn hash_params(&self) -> ([u32; 4], u32, u8) {
-            (
-                [0x1234_5678, 0x9abc_def0, 0x0fed_cba9, 0x8765_4321],
-                self.cfg.flags,
-                self.cfg.def_hash,
-            )
+            (self.hash_seed, self.cfg.flags, self.cfg.def_hash)
         }
         fn largedir(&self) -> bool {
             self.cfg.largedir
@@ -974,7 +985,7 @@ mod tests {
         let (seed, _, _) = d.hash_params();
         let mut stats = Stats::default();
         let mut seen: Model = BTreeMap::new();
-        let mut add = |names: Vec<(Vec<u8>, u32, u8)>, seen: &mut Model| {
+        let add = |names: Vec<(Vec<u8>, u32, u8)>, seen: &mut Model| {
             for (n, i, t) in names {
                 if n == b"." || n == b".." {
                     continue;
@@ -985,7 +996,10 @@ mod tests {
         if d.indexed {
             verify_index_block(d, 0);
             let root = DxRoot::decode(&d.blocks[0], d.cfg.csum, d.cfg.largedir).expect("root");
-            assert_eq!((root.dot_inode, root.hash_version), (SELF_INO, d.cfg.def_hash));
+            assert_eq!(
+                (root.dot_inode, root.hash_version),
+                (d.self_ino, d.cfg.def_hash)
+            );
             stats.levels = root.indirect_levels;
             let ver = v(root.hash_version);
             let mut flat = Vec::new();
@@ -1029,7 +1043,7 @@ mod tests {
             for lblk in 0..d.blocks.len() {
                 let names = verify_leaf_block(d, lblk);
                 if lblk == 0 {
-                    assert_eq!(names[0], (b".".to_vec(), SELF_INO, 2));
+                    assert_eq!(names[0], (b".".to_vec(), d.self_ino, 2));
                     assert_eq!(names[1].0, b"..".to_vec());
                 }
                 add(names, &mut seen);
@@ -1046,7 +1060,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(lookup(d, b".").expect("."), Some((SELF_INO, 2)));
+        assert_eq!(lookup(d, b".").expect("."), Some((d.self_ino, 2)));
         stats
     }
 
@@ -1084,7 +1098,7 @@ mod tests {
             let (a, b) = &pairs[(p / 2) as usize % pairs.len()];
             return if p % 2 == 0 { a.clone() } else { b.clone() };
         }
-        let len = if idx % 4 == 0 {
+        let len = if idx.is_multiple_of(4) {
             1 + (idx / 4 % 12) as usize
         } else {
             12 + (idx.wrapping_mul(7919) % 244) as usize
@@ -1179,7 +1193,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
         #[test]
         fn model_1k_csum_signed_half_md4(ops in prop::collection::vec(op_strategy(false), 1..400)) {
@@ -1212,5 +1226,481 @@ mod tests {
             c.dir_index = false;
             run_model(c, &ops);
         }
+    }
+
+    #[test]
+    fn all_pool_names_split_and_collide() {
+        for c in [
+            cfg(1024, true, FLAG_SIGNED_HASH, 0),
+            cfg(1024, false, FLAG_UNSIGNED_HASH, 0),
+            cfg(4096, true, FLAG_SIGNED_HASH, 0),
+        ] {
+            let ops: Vec<Op> = (0..POOL + COLLIDERS)
+                .map(|i| Op::Add(i, 1 + (i % 7) as u8, 11 + i))
+                .collect();
+            let s = run_model(c, &ops);
+            eprintln!("{c:?}: {s:?}");
+        }
+    }
+
+    /// Only colliding names, short ones so a leaf holds many: splits land inside
+    /// collision groups and lookups must follow the collision bit to the next leaf.
+    #[test]
+    fn collision_groups_split_across_leaves() {
+        let pairs = legacy_pairs();
+        for c in [
+            cfg(1024, true, FLAG_SIGNED_HASH, 0),
+            cfg(1024, false, FLAG_UNSIGNED_HASH, 0),
+        ] {
+            let mut d = MemDir::new(c);
+            let mut model = Model::new();
+            // A filler between the two names of a pair, so that a pair's names do not
+            // always sit at an even position in hash order (the split point is then
+            // odd, between pairs, for equal-size names).
+            for (i, (a, b)) in pairs.iter().enumerate() {
+                let filler = format!("f{i:07x}").into_bytes();
+                for n in [a, &filler, b] {
+                    add_entry(&mut d, n, 11 + i as u32, FileType::Regular, true).expect("add");
+                    model.insert(n.clone(), (11 + i as u32, 1));
+                }
+            }
+            let s = check(&d, &model);
+            assert!(s.continuations >= 3 && s.split_groups >= 3, "{s:?}");
+            // Remove the first name of every pair, then the rest.
+            for (a, _) in pairs {
+                assert!(remove_entry(&mut d, a).expect("remove").is_some());
+                model.remove(a);
+            }
+            check(&d, &model);
+            for (_, b) in pairs {
+                assert_eq!(lookup(&d, b).expect("lookup").map(|(_, t)| t), Some(1));
+                assert!(remove_entry(&mut d, b).expect("remove").is_some());
+                assert_eq!(remove_entry(&mut d, b).expect("remove again"), None);
+            }
+            model.retain(|n, _| n[0] == b'f');
+            check(&d, &model);
+            assert!(!is_empty(&d).expect("is_empty"));
+        }
+    }
+
+    /// Add `count` names of `len` bytes (and, if asked, every legacy collision pair
+    /// spread among them) until done or `NoSpace`.
+    fn fill(c: Cfg, count: u32, len: usize, colliders: bool) -> (MemDir, Model, bool) {
+        let mut d = MemDir::new(c);
+        let mut model = Model::new();
+        let pairs = if colliders {
+            legacy_pairs().as_slice()
+        } else {
+            &[]
+        };
+        let every = (count as usize / pairs.len().max(1)).max(1);
+        let mut next_pair = 0;
+        for i in 0..count {
+            let mut names = vec![name_of(i, len)];
+            if (i as usize).is_multiple_of(every) {
+                if let Some((a, b)) = pairs.get(next_pair) {
+                    names.push(a.clone());
+                    names.push(b.clone());
+                    next_pair += 1;
+                }
+            }
+            for n in names {
+                let ino = 11 + i;
+                match add_entry(&mut d, &n, ino, FileType::Regular, true) {
+                    Ok(()) => {
+                        model.insert(n, (ino, 1));
+                    }
+                    Err(Error::NoSpace) => return (d, model, true),
+                    Err(e) => panic!("add {i}: {e}"),
+                }
+            }
+        }
+        (d, model, false)
+    }
+
+    #[test]
+    fn hundred_thousand_names_1k_csum_legacy() {
+        let c = cfg(1024, true, FLAG_SIGNED_HASH, 0);
+        let (mut d, mut model, full) = fill(c, 100_000, 40, true);
+        assert!(!full);
+        let s = check(&d, &model);
+        eprintln!("{s:?} blocks {}", d.blocks.len());
+        assert_eq!(s.levels, 1);
+        assert!(s.continuations >= 1 && s.split_groups >= 1, "{s:?}");
+        // Remove every other name; the directory keeps its size.
+        let n = d.blocks.len();
+        let names: Vec<Vec<u8>> = model.keys().step_by(2).cloned().collect();
+        for name in names {
+            let want = model.remove(&name);
+            assert_eq!(remove_entry(&mut d, &name).expect("remove"), want);
+        }
+        assert_eq!(d.blocks.len(), n);
+        check(&d, &model);
+    }
+
+    #[test]
+    fn hundred_thousand_names_4k_nocsum_unsigned() {
+        let c = cfg(4096, false, FLAG_UNSIGNED_HASH, 1);
+        let (d, model, full) = fill(c, 100_000, 40, false);
+        assert!(!full);
+        let s = check(&d, &model);
+        eprintln!("{s:?} blocks {}", d.blocks.len());
+        assert_eq!(s.levels, 1);
+    }
+
+    /// Long names on 1 KiB blocks overflow two levels: `NoSpace` without large_dir (the
+    /// directory intact), a third level with it.
+    #[test]
+    fn third_level_only_with_largedir() {
+        let c = cfg(1024, true, FLAG_SIGNED_HASH, 1);
+        let (d, model, full) = fill(c, 60_000, 250, false);
+        assert!(full, "expected the index to fill up");
+        let s = check(&d, &model);
+        eprintln!("{s:?} names {}", model.len());
+        assert_eq!(s.levels, 1);
+
+        let c = Cfg {
+            largedir: true,
+            ..c
+        };
+        let (d, model, full) = fill(c, 60_000, 250, false);
+        assert!(!full);
+        let s = check(&d, &model);
+        eprintln!("{s:?} names {}", model.len());
+        assert_eq!(s.levels, 2);
+    }
+
+    /// Fill a fresh directory with `len`-byte names until it has `blocks` blocks.
+    fn grow_to(d: &mut MemDir, model: &mut Model, len: usize, blocks: usize) {
+        let mut i = model.len() as u32;
+        while d.blocks.len() < blocks {
+            let n = name_of(i, len);
+            add_entry(d, &n, 11 + i, FileType::Regular, d.cfg.dir_index).expect("add");
+            model.insert(n, (11 + i, 1));
+            i += 1;
+        }
+    }
+
+    #[test]
+    fn full_one_block_dir_becomes_htree_of_three_blocks() {
+        for c in [
+            cfg(1024, true, FLAG_SIGNED_HASH, 1),
+            cfg(4096, false, FLAG_UNSIGNED_HASH, 2),
+        ] {
+            let mut d = MemDir::new(c);
+            let mut model = Model::new();
+            grow_to(&mut d, &mut model, 30, 2);
+            assert!(d.indexed);
+            assert_eq!(
+                d.blocks.len(),
+                3,
+                "block 0 → root, entries split into 1 and 2"
+            );
+            let root = DxRoot::decode(&d.blocks[0], c.csum, false).expect("root");
+            assert_eq!(root.indirect_levels, 0);
+            assert_eq!(root.hash_version, c.def_hash);
+            assert_eq!((root.dot_inode, root.dotdot_inode), (SELF_INO, PARENT_INO));
+            let blocks: Vec<u32> = root.entries.iter().map(|e| e.block).collect();
+            assert_eq!(blocks, [1, 2]);
+            check(&d, &model);
+            // ".." is still found through the root.
+            assert_eq!(lookup(&d, b"..").expect(".."), Some((PARENT_INO, 2)));
+        }
+    }
+
+    #[test]
+    fn without_dir_index_a_full_dir_grows_linearly() {
+        let mut c = cfg(1024, true, FLAG_SIGNED_HASH, 1);
+        c.dir_index = false;
+        let mut d = MemDir::new(c);
+        let mut model = Model::new();
+        grow_to(&mut d, &mut model, 100, 5);
+        assert!(!d.indexed);
+        check(&d, &model);
+        // Space freed in block 0 is reused before any new block.
+        let first = fdir::live_entries(&d.blocks[0], true)
+            .map(|e| e.expect("entry").name.to_vec())
+            .nth(3)
+            .expect("third name");
+        remove_entry(&mut d, &first).expect("remove");
+        model.remove(&first);
+        add_entry(&mut d, b"short", 77, FileType::Symlink, false).expect("add");
+        model.insert(b"short".to_vec(), (77, 7));
+        assert!(fdir::lookup(&d.blocks[0], b"short", true)
+            .expect("block 0")
+            .is_some());
+        assert_eq!(d.blocks.len(), 5);
+        check(&d, &model);
+    }
+
+    #[test]
+    fn dotdot_replace_and_emptiness() {
+        for blocks in [1, 4] {
+            let mut d = MemDir::new(cfg(1024, true, FLAG_SIGNED_HASH, 1));
+            let mut model = Model::new();
+            assert!(is_empty(&d).expect("empty"));
+            for i in 0..5 {
+                add_entry(&mut d, &name_of(5000 + i, 9), 50 + i, FileType::Fifo, true)
+                    .expect("add");
+                model.insert(name_of(5000 + i, 9), (50 + i, 5));
+            }
+            grow_to(&mut d, &mut model, 60, blocks);
+            assert_eq!(d.indexed, blocks > 1);
+            set_dotdot(&mut d, 4242).expect("set_dotdot");
+            assert_eq!(lookup(&d, b"..").expect(".."), Some((4242, 2)));
+            let name = model.keys().nth(model.len() / 2).expect("a name").clone();
+            assert_eq!(
+                replace_entry(&mut d, &name, 999, FileType::Directory).expect("replace"),
+                Some(model[&name].0)
+            );
+            model.insert(name.clone(), (999, 2));
+            assert_eq!(
+                replace_entry(&mut d, b"absent", 5, FileType::Regular).expect("replace"),
+                None
+            );
+            check(&d, &model);
+            assert!(!is_empty(&d).expect("not empty"));
+            for n in model.keys() {
+                assert!(remove_entry(&mut d, n).expect("remove").is_some());
+            }
+            assert!(is_empty(&d).expect("empty again"));
+            check(&d, &Model::new());
+            assert_eq!(lookup(&d, b"..").expect(".."), Some((4242, 2)));
+        }
+    }
+
+    #[test]
+    fn bad_names_are_refused() {
+        let mut d = MemDir::new(cfg(1024, true, FLAG_SIGNED_HASH, 1));
+        for n in [&b""[..], b".", b"..", b"a/b", b"a\0b"] {
+            assert!(matches!(
+                add_entry(&mut d, n, 12, FileType::Regular, true),
+                Err(Error::InvalidInput(_))
+            ));
+            assert!(remove_entry(&mut d, n).is_err());
+        }
+        assert!(matches!(
+            add_entry(&mut d, &[b'x'; 256], 12, FileType::Regular, true),
+            Err(Error::NameTooLong)
+        ));
+        assert!(matches!(
+            add_entry(&mut d, b"x", 0, FileType::Regular, true),
+            Err(Error::InvalidInput(_))
+        ));
+        // A 255-byte name is fine.
+        add_entry(&mut d, &[b'y'; 255], 12, FileType::Regular, true).expect("255 bytes");
+    }
+
+    #[test]
+    fn corrupted_blocks_are_reported() {
+        // A flipped byte in a leaf of a checksummed directory.
+        let mut d = MemDir::new(cfg(1024, true, FLAG_SIGNED_HASH, 1));
+        let mut model = Model::new();
+        grow_to(&mut d, &mut model, 60, 4);
+        let name = model.keys().next().expect("a name").clone();
+        for b in 1..d.blocks.len() {
+            d.blocks[b][20] ^= 0x40;
+        }
+        assert!(matches!(lookup(&d, &name), Err(Error::Corrupted { .. })));
+        assert!(matches!(
+            add_entry(&mut d, b"new", 12, FileType::Regular, true),
+            Err(Error::Corrupted { .. })
+        ));
+        // An index pointing outside the directory.
+        let mut d = MemDir::new(cfg(1024, false, FLAG_SIGNED_HASH, 1));
+        grow_to(&mut d, &mut Model::new(), 60, 4);
+        let mut root = DxRoot::decode(&d.blocks[0], false, false).expect("root");
+        for e in &mut root.entries {
+            e.block = 4000;
+        }
+        root.encode(&mut d.blocks[0], false).expect("encode");
+        let e = add_entry(&mut d, b"new", 12, FileType::Regular, true);
+        let Err(Error::Corrupted { what, .. }) = e else {
+            panic!("expected corruption, got {e:?}");
+        };
+        assert!(what.contains("4000"), "{what}");
+    }
+
+    // ------------------------------------------------------------ real tools
+
+    /// Build a directory with this module into an image made by mkfs.ext4 (debugfs
+    /// provides the inode and its blocks), then ask e2fsck and, where possible, the
+    /// kernel. 1 KiB: legacy hash with collisions, two levels; 4 KiB: half_md4 with
+    /// high-byte names (signed hash), one level.
+    #[test]
+    fn e2fsck_and_kernel_accept_built_directories() {
+        use rext4_format::superblock::Superblock;
+        use rext4_testkit::mount::{skip, LoopMount};
+        use rext4_testkit::tools::{debugfs_r, debugfs_w_checked, e2fsck_fn, htree_levels};
+        use rext4_testkit::tools::{mkfs, MkfsOptions};
+        use std::io::{Seek, SeekFrom, Write};
+        use std::os::unix::ffi::OsStrExt;
+
+        for (bs, legacy, count, len, want_levels) in [
+            (1024u32, true, 3000u32, 40usize, 1u8),
+            (4096, false, 600, 60, 0),
+        ] {
+            let img = mkfs(&MkfsOptions::new(bs, 32 << 20)).expect("mkfs");
+            let p = img.path();
+            let mut script = String::from("write /dev/null f\nmkdir d\n");
+            if legacy {
+                script.push_str("ssv def_hash_version legacy\n");
+            }
+            debugfs_w_checked(p, &script).expect("debugfs setup");
+            let raw = std::fs::read(p).expect("read image");
+            let sb = Superblock::decode(&raw[1024..2048]).expect("superblock");
+            assert_eq!(sb.def_hash_version, if legacy { 0 } else { 1 });
+            let stat = debugfs_r(p, "stat d").expect("stat d");
+            let field = |key: &str| -> u32 {
+                let at = stat.find(key).expect(key) + key.len();
+                stat[at..]
+                    .split_whitespace()
+                    .next()
+                    .and_then(|w| w.parse().ok())
+                    .expect(key)
+            };
+            let (ino, generation) = (field("Inode:"), field("Generation:"));
+            let seed = rext4_format::csum::inode_seed(sb.csum_seed(), ino, generation);
+            let c = Cfg {
+                bs: bs as usize,
+                csum: sb.metadata_csum(),
+                flags: sb.flags,
+                def_hash: sb.def_hash_version,
+                largedir: false,
+                dir_index: true,
+            };
+            assert!(c.csum);
+            let mut d = MemDir::with(c, ino, seed, sb.hash_seed);
+            let mut model = Model::new();
+            let mut add = |d: &mut MemDir, n: Vec<u8>| {
+                add_entry(d, &n, 12, FileType::Regular, true).expect("add");
+                model.insert(n, (12, 1));
+            };
+            for i in 0..count {
+                add(&mut d, name_of(i, len));
+                if legacy && (i as usize) < legacy_pairs().len() && i % 2 == 0 {
+                    let (a, b) = &legacy_pairs()[i as usize];
+                    add(&mut d, a.clone());
+                    add(&mut d, b.clone());
+                }
+            }
+            // Holes: every third name removed, and a few replaced in place.
+            let gone: Vec<Vec<u8>> = model.keys().step_by(3).cloned().collect();
+            for n in &gone {
+                assert_eq!(remove_entry(&mut d, n).expect("remove"), Some((12, 1)));
+                model.remove(n);
+            }
+            for n in model.keys().step_by(5) {
+                assert_eq!(
+                    replace_entry(&mut d, n, 12, FileType::Regular).expect("replace"),
+                    Some(12)
+                );
+            }
+            let s = check(&d, &model);
+            assert_eq!(s.levels, want_levels, "{s:?}");
+            if legacy {
+                assert!(s.continuations >= 1, "{s:?}");
+            }
+
+            // Give the inode exactly as many blocks, then write ours over them.
+            let k = d.blocks.len();
+            debugfs_w_checked(p, "expand_dir d\n".repeat(k - 1)).expect("expand_dir");
+            let phys: Vec<u64> = debugfs_r(p, "blocks d")
+                .expect("blocks")
+                .split_whitespace()
+                .map(|w| w.parse().expect("block number"))
+                .collect();
+            assert_eq!(phys.len(), k);
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(p)
+                .expect("open image");
+            for (b, &pb) in d.blocks.iter().zip(&phys) {
+                f.seek(SeekFrom::Start(pb * u64::from(bs))).expect("seek");
+                f.write_all(b).expect("write");
+            }
+            drop(f);
+            let flags = 0x80000 | if d.indexed { 0x1000 } else { 0 };
+            debugfs_w_checked(
+                p,
+                format!(
+                    "sif d flags {flags:#x}\nsif f links_count {}\n",
+                    model.len() + 1
+                ),
+            )
+            .expect("set inode fields");
+            let r = e2fsck_fn(p);
+            assert!(r.clean, "e2fsck -fn:\n{}", r.output);
+            assert_eq!(
+                htree_levels(p, "/d").expect("htree_dump"),
+                Some(u32::from(want_levels))
+            );
+
+            match LoopMount::new(p, true, "") {
+                Err(why) => skip(&why),
+                Ok(m) => {
+                    let dir = m.path().join("d");
+                    let listed = std::fs::read_dir(&dir).expect("readdir").count();
+                    assert_eq!(listed, model.len());
+                    eprintln!("kernel lists {listed} entries in a {bs}-byte-block htree");
+                    for n in model.keys() {
+                        let path = dir.join(std::ffi::OsStr::from_bytes(n));
+                        let md = std::fs::symlink_metadata(&path).expect("kernel lookup");
+                        assert!(md.is_file());
+                    }
+                    for n in &gone {
+                        let path = dir.join(std::ffi::OsStr::from_bytes(n));
+                        assert!(std::fs::symlink_metadata(&path).is_err());
+                    }
+                    m.unmount().expect("unmount");
+                    kernel_extends(p, &d, &mut model, len);
+                }
+            }
+        }
+    }
+
+    /// The kernel adds names to the tree built here; e2fsck stays clean and this
+    /// module's lookup finds every name in the kernel's blocks.
+    fn kernel_extends(p: &std::path::Path, d: &MemDir, model: &mut Model, len: usize) {
+        use rext4_testkit::tools::{debugfs_r, e2fsck_fn};
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::MetadataExt;
+
+        let m = rext4_testkit::mount::LoopMount::new(p, false, "").expect("rw mount");
+        let dir = m.path().join("d");
+        for i in 0..1500 {
+            let n = name_of(200_000 + i, len);
+            let path = dir.join(std::ffi::OsStr::from_bytes(&n));
+            std::fs::File::create(&path).expect("kernel create");
+            let ino = std::fs::metadata(&path).expect("stat").ino();
+            model.insert(n, (ino as u32, 1));
+        }
+        m.unmount().expect("unmount");
+        let r = e2fsck_fn(p);
+        assert!(r.clean, "e2fsck -fn after kernel inserts:\n{}", r.output);
+        let bs = d.cfg.bs as u64;
+        let raw = std::fs::read(p).expect("read image");
+        let blocks: Vec<Vec<u8>> = debugfs_r(p, "blocks d")
+            .expect("blocks")
+            .split_whitespace()
+            .map(|w| {
+                let pb: u64 = w.parse().expect("block number");
+                raw[(pb * bs) as usize..((pb + 1) * bs) as usize].to_vec()
+            })
+            .collect();
+        assert!(
+            blocks.len() > d.blocks.len(),
+            "the kernel grew the directory"
+        );
+        let k = MemDir {
+            cfg: d.cfg,
+            blocks,
+            indexed: true,
+            self_ino: d.self_ino,
+            inode_seed: d.inode_seed,
+            hash_seed: d.hash_seed,
+        };
+        let s = check(&k, model);
+        eprintln!("after kernel inserts: {s:?}");
     }
 }

@@ -37,6 +37,8 @@ pub enum Error {
     TooManyLinks,
     /// The file would exceed ext4's maximum size (EFBIG).
     FileTooLarge,
+    /// The operation is not permitted on this object (EPERM).
+    NotPermitted(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -67,6 +69,7 @@ impl Error {
             Error::NoSpace => 28,
             Error::TooManyLinks => 31,
             Error::FileTooLarge => 27,
+            Error::NotPermitted(_) => 1,
         }
     }
 }
@@ -96,6 +99,7 @@ impl fmt::Display for Error {
             Error::NoSpace => write!(f, "no space left on device"),
             Error::TooManyLinks => write!(f, "too many links"),
             Error::FileTooLarge => write!(f, "file too large"),
+            Error::NotPermitted(s) => write!(f, "operation not permitted: {s}"),
         }
     }
 }

@@ -212,7 +212,13 @@ impl Fs {
     /// Open inode `ino` as a read-only [`File`].
     pub fn open_ino(&self, ino: Ino) -> Result<File> {
         self.read_live_inode(ino)?;
-        Ok(File { fs: self.clone(), ino, read: true, write: false, append: false })
+        Ok(File {
+            fs: self.clone(),
+            ino,
+            read: true,
+            write: false,
+            append: false,
+        })
     }
 }
 
@@ -270,7 +276,11 @@ impl File {
         }
         let _w = self.fs.write_lock();
         self.fs.check_writable()?;
-        let off = if self.append { self.inode()?.size } else { offset };
+        let off = if self.append {
+            self.inode()?.size
+        } else {
+            offset
+        };
         self.fs.write_locked(self.ino, buf, off)
     }
     /// Write all of `buf` at `offset`.

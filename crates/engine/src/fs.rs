@@ -167,7 +167,10 @@ impl Fs {
                     closed: read_only,
                 }),
                 sb,
-                groups: groups.into_iter().map(|desc| Mutex::new(Group { desc, dirty: false })).collect(),
+                groups: groups
+                    .into_iter()
+                    .map(|desc| Mutex::new(Group { desc, dirty: false }))
+                    .collect(),
                 write_lock: Mutex::new(()),
                 block_size: bs,
                 csum_seed,
@@ -204,7 +207,10 @@ impl Fs {
     }
 
     pub(crate) fn write_lock(&self) -> MutexGuard<'_, ()> {
-        self.inner.write_lock.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner
+            .write_lock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Fail with `ReadOnly` unless the filesystem is writable.

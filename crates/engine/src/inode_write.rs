@@ -22,7 +22,10 @@ pub fn now_ts() -> Timestamp {
     let d = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
-    Timestamp { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
+    Timestamp {
+        sec: d.as_secs() as i64,
+        nsec: d.subsec_nanos(),
+    }
 }
 
 impl Fs {
@@ -61,7 +64,10 @@ impl Fs {
         let bs = u64::from(self.inner.block_size);
         let idx = u64::from((ino.0 - 1) % sb.inodes_per_group);
         let off = ((idx * isz as u64) % bs) as usize;
-        let mut data = self.cache().read(blk, Kind::InodeTable, |_| Ok(()))?.to_vec();
+        let mut data = self
+            .cache()
+            .read(blk, Kind::InodeTable, |_| Ok(()))?
+            .to_vec();
         let rec = data
             .get_mut(off..off + isz)
             .ok_or_else(|| Error::corrupted("inode record outside its block", Some(blk)))?;
@@ -100,7 +106,8 @@ impl Fs {
         static GEN: AtomicU32 = AtomicU32::new(0);
         let t = now_ts();
         let mix = (t.nsec ^ (t.sec as u32).rotate_left(13)).wrapping_mul(0x9E37_79B9);
-        GEN.fetch_add(0x6F4F_2A35, Ordering::Relaxed).wrapping_add(mix)
+        GEN.fetch_add(0x6F4F_2A35, Ordering::Relaxed)
+            .wrapping_add(mix)
     }
 
     /// Whether new regular files and directories use extents.
@@ -110,7 +117,9 @@ impl Fs {
 
     /// Checksum seed for blocks owned by `ino` (None without metadata_csum).
     pub(crate) fn owned_seed(&self, ino: Ino, inode: &Inode) -> Option<u32> {
-        self.inner.metadata_csum.then(|| self.inode_seed(ino, inode))
+        self.inner
+            .metadata_csum
+            .then(|| self.inode_seed(ino, inode))
     }
 
     /// Goal block for new data of `ino` at logical `lblk`: right after the previous
@@ -175,13 +184,15 @@ impl BlockStore for FsBlocks<'_> {
     }
     fn write_meta(&mut self, blk: u64, data: &[u8]) -> Result<()> {
         let seed = self.seed;
-        self.fs.cache().write(blk, Kind::ExtentNode, data.to_vec(), |b| {
-            if let Some(s) = seed {
-                extent::verify_csum(b, s)?;
-            }
-            extent::Node::decode(b, false)?;
-            Ok(())
-        })
+        self.fs
+            .cache()
+            .write(blk, Kind::ExtentNode, data.to_vec(), |b| {
+                if let Some(s) = seed {
+                    extent::verify_csum(b, s)?;
+                }
+                extent::Node::decode(b, false)?;
+                Ok(())
+            })
     }
     fn alloc(&mut self, goal: u64, max_len: u32) -> Result<(u64, u32)> {
         self.fs.alloc_blocks(goal, max_len)
@@ -229,7 +240,11 @@ pub(crate) struct FsDir<'a> {
 impl FsDir<'_> {
     fn phys(&self, lblk: u64) -> Result<u64> {
         match self.fs.map_block(self.ino, &self.inode, lblk)? {
-            Mapping::Mapped { physical, unwritten: false, .. } => Ok(physical),
+            Mapping::Mapped {
+                physical,
+                unwritten: false,
+                ..
+            } => Ok(physical),
             _ => Err(Error::corrupted(
                 format!("directory {} has a hole at block {lblk}", self.ino.0),
                 None,
@@ -251,7 +266,9 @@ impl DirStore for FsDir<'_> {
     }
     fn write_block(&mut self, lblk: u64, data: &[u8]) -> Result<()> {
         let p = self.phys(lblk)?;
-        self.fs.cache().write(p, Kind::Raw, data.to_vec(), |_| Ok(()))
+        self.fs
+            .cache()
+            .write(p, Kind::Raw, data.to_vec(), |_| Ok(()))
     }
     fn append_block(&mut self) -> Result<u64> {
         let bs = u64::from(self.fs.inner.block_size);
@@ -264,14 +281,21 @@ impl DirStore for FsDir<'_> {
         let ino = self.ino;
         let fs = self.fs;
         let r = with_tree(fs, ino, &mut self.inode, |t| {
-            t.insert(extent::Extent { logical: lblk as u32, len: 1, physical: p, unwritten: false })
+            t.insert(extent::Extent {
+                logical: lblk as u32,
+                len: 1,
+                physical: p,
+                unwritten: false,
+            })
         });
         if let Err(e) = r {
             let _ = self.fs.free_blocks(p, 1);
             return Err(e);
         }
         // Zero the new block so no stale bytes are ever visible as entries.
-        self.fs.cache().write(p, Kind::Raw, vec![0u8; bs as usize], |_| Ok(()))?;
+        self.fs
+            .cache()
+            .write(p, Kind::Raw, vec![0u8; bs as usize], |_| Ok(()))?;
         self.inode.blocks_raw += bs / 512;
         self.inode.size += bs;
         self.dirty = true;

@@ -43,6 +43,6 @@ pub use fs::{Fs, FsOptions, Ino};
 pub use map::Mapping;
 pub use ops::{FallocMode, RenameFlags, SetAttr, StatFs};
 pub use path::OpenOptions;
-pub use xattr::XattrFlags;
 pub use rext4_format as format;
 pub use rext4_format::inode::Timestamp;
+pub use xattr::XattrFlags;

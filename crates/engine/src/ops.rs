@@ -80,7 +80,10 @@ fn check_name(name: &[u8]) -> Result<()> {
     }
     if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
     {
-        return Err(Error::InvalidInput(format!("invalid file name {:?}", String::from_utf8_lossy(name))));
+        return Err(Error::InvalidInput(format!(
+            "invalid file name {:?}",
+            String::from_utf8_lossy(name)
+        )));
     }
     Ok(())
 }
@@ -91,7 +94,12 @@ impl Fs {
         if !inode.is_dir() {
             return Err(Error::NotADirectory);
         }
-        Ok(FsDir { fs: self, ino: dir, inode, dirty: false })
+        Ok(FsDir {
+            fs: self,
+            ino: dir,
+            inode,
+            dirty: false,
+        })
     }
 
     fn dir_index(&self) -> bool {
@@ -145,7 +153,9 @@ impl Fs {
         let mode = mode as u16;
         let ft = mode & m::S_IFMT;
         if ![m::S_IFREG, m::S_IFIFO, m::S_IFSOCK, m::S_IFCHR, m::S_IFBLK].contains(&ft) {
-            return Err(Error::InvalidInput("mknod of an unsupported file type".into()));
+            return Err(Error::InvalidInput(
+                "mknod of an unsupported file type".into(),
+            ));
         }
         let _w = self.write_lock();
         self.check_writable()?;
@@ -169,7 +179,14 @@ impl Fs {
     }
 
     /// Create a directory.
-    pub fn mkdir_ino(&self, parent: Ino, name: &[u8], perm: u32, uid: u32, gid: u32) -> Result<Ino> {
+    pub fn mkdir_ino(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        perm: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Ino> {
         check_name(name)?;
         let _w = self.write_lock();
         self.check_writable()?;
@@ -177,7 +194,9 @@ impl Fs {
         if self.lookup(parent, name)?.is_some() {
             return Err(Error::Exists);
         }
-        if pd.inode.links_count >= LINK_MAX && !self.inner.sb.has_ro_compat(feature::RO_COMPAT_DIR_NLINK) {
+        if pd.inode.links_count >= LINK_MAX
+            && !self.inner.sb.has_ro_compat(feature::RO_COMPAT_DIR_NLINK)
+        {
             return Err(Error::TooManyLinks);
         }
         let ino = self.alloc_inode(parent, true)?;
@@ -189,7 +208,12 @@ impl Fs {
             crate::extent_write::init_empty(&mut inode.block);
         }
         self.write_new_inode(ino, &inode)?;
-        let mut nd = FsDir { fs: self, ino, inode, dirty: true };
+        let mut nd = FsDir {
+            fs: self,
+            ino,
+            inode,
+            dirty: true,
+        };
         nd.append_block_checked()?;
         dir_write::init_dir(&mut nd, ino.0, parent.0)?;
         self.finish_dir(nd)?;
@@ -200,7 +224,14 @@ impl Fs {
     }
 
     /// Create a symbolic link `name -> target` in `parent`.
-    pub fn symlink_ino(&self, parent: Ino, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Ino> {
+    pub fn symlink_ino(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        target: &[u8],
+        uid: u32,
+        gid: u32,
+    ) -> Result<Ino> {
         check_name(name)?;
         let bs = self.inner.block_size as usize;
         if target.is_empty() || target.contains(&0) {
@@ -227,7 +258,12 @@ impl Fs {
             let goal = self.data_goal(ino, &inode, 0);
             let (p, _) = self.alloc_blocks(goal, 1)?;
             with_tree(self, ino, &mut inode, |t| {
-                t.insert(Extent { logical: 0, len: 1, physical: p, unwritten: false })
+                t.insert(Extent {
+                    logical: 0,
+                    len: 1,
+                    physical: p,
+                    unwritten: false,
+                })
             })?;
             inode.blocks_raw += (bs / 512) as u64;
             let mut data = vec![0u8; bs];
@@ -247,7 +283,9 @@ impl Fs {
         self.check_writable()?;
         let mut inode = self.read_live_inode(ino)?;
         if inode.is_dir() {
-            return Err(Error::InvalidInput("hard links to directories are not allowed".into()));
+            return Err(Error::InvalidInput(
+                "hard links to directories are not allowed".into(),
+            ));
         }
         if inode.links_count >= LINK_MAX {
             return Err(Error::TooManyLinks);
@@ -296,7 +334,9 @@ impl Fs {
     fn free_inode_and_blocks(&self, ino: Ino, mut inode: Inode) -> Result<()> {
         let is_dir = inode.is_dir();
         if inode.has_flag(flags::EXTENTS) {
-            with_tree(self, ino, &mut inode, |t| t.remove(0, MAX_LOGICAL).map(|_| ()))?;
+            with_tree(self, ino, &mut inode, |t| {
+                t.remove(0, MAX_LOGICAL).map(|_| ())
+            })?;
         }
         self.release_xattr_block(&mut inode)?;
         inode.links_count = 0;
@@ -342,7 +382,10 @@ impl Fs {
             })?;
             dir = up.ino;
         }
-        Err(Error::corrupted("\"..\" chain does not reach the root", None))
+        Err(Error::corrupted(
+            "\"..\" chain does not reach the root",
+            None,
+        ))
     }
 
     /// rename(2) / renameat2(2).
@@ -357,7 +400,9 @@ impl Fs {
         check_name(name)?;
         check_name(new_name)?;
         if fl.exchange && fl.noreplace {
-            return Err(Error::InvalidInput("RENAME_EXCHANGE with RENAME_NOREPLACE".into()));
+            return Err(Error::InvalidInput(
+                "RENAME_EXCHANGE with RENAME_NOREPLACE".into(),
+            ));
         }
         let _w = self.write_lock();
         self.check_writable()?;
@@ -367,32 +412,47 @@ impl Fs {
         let dst = self.lookup(new_parent, new_name)?;
         let src_inode = self.read_live_inode(src.ino)?;
         let src_dir = src_inode.is_dir();
-        if fl.exchange {
-            let dst = dst.ok_or(Error::NotFound)?;
-            return self.exchange(parent, name, src.ino, new_parent, new_name, dst.ino);
+        // Checks in the order Linux makes them (do_renameat2, vfs_rename).
+        if fl.exchange && dst.is_none() {
+            return Err(Error::NotFound);
+        }
+        if fl.noreplace && dst.is_some() {
+            return Err(Error::Exists);
+        }
+        if src_dir && self.is_ancestor(src.ino, new_parent)? {
+            return Err(Error::InvalidInput(
+                "cannot move a directory into itself".into(),
+            ));
         }
         if let Some(dst) = &dst {
-            if fl.noreplace {
-                return Err(Error::Exists);
-            }
             if dst.ino == src.ino {
-                return Ok(()); // same inode: POSIX says do nothing
+                return Ok(()); // the same inode: POSIX says do nothing
             }
             let dst_inode = self.read_live_inode(dst.ino)?;
+            if fl.exchange {
+                if dst_inode.is_dir() && self.is_ancestor(dst.ino, parent)? {
+                    return Err(Error::InvalidInput(
+                        "cannot move a directory into itself".into(),
+                    ));
+                }
+                return self.exchange(parent, name, src.ino, new_parent, new_name, dst.ino);
+            }
             match (src_dir, dst_inode.is_dir()) {
                 (true, false) => return Err(Error::NotADirectory),
                 (false, true) => return Err(Error::IsADirectory),
                 (true, true) => {
-                    let dd = FsDir { fs: self, ino: dst.ino, inode: dst_inode.clone(), dirty: false };
+                    let dd = FsDir {
+                        fs: self,
+                        ino: dst.ino,
+                        inode: dst_inode.clone(),
+                        dirty: false,
+                    };
                     if !dir_write::is_empty(&dd)? {
                         return Err(Error::NotEmpty);
                     }
                 }
                 (false, false) => {}
             }
-        }
-        if src_dir && parent != new_parent && self.is_ancestor(src.ino, new_parent)? {
-            return Err(Error::InvalidInput("cannot move a directory into itself".into()));
         }
         // Preconditions hold: change things.
         let t = now_ts();
@@ -401,11 +461,22 @@ impl Fs {
             let mut nd = self.dir_handle(new_parent)?;
             match &dst {
                 Some(dst) => {
-                    dir_write::replace_entry(&mut nd, new_name, src.ino.0, dirent_type(src_inode.mode))?;
+                    dir_write::replace_entry(
+                        &mut nd,
+                        new_name,
+                        src.ino.0,
+                        dirent_type(src_inode.mode),
+                    )?;
                     victim = Some(dst.ino);
                 }
                 None => {
-                    dir_write::add_entry(&mut nd, new_name, src.ino.0, dirent_type(src_inode.mode), self.dir_index())?;
+                    dir_write::add_entry(
+                        &mut nd,
+                        new_name,
+                        src.ino.0,
+                        dirent_type(src_inode.mode),
+                        self.dir_index(),
+                    )?;
                     if src_dir && parent != new_parent {
                         Self::inc_dir_links(&mut nd.inode);
                     }
@@ -451,19 +522,8 @@ impl Fs {
     }
 
     fn exchange(&self, p1: Ino, n1: &[u8], i1: Ino, p2: Ino, n2: &[u8], i2: Ino) -> Result<()> {
-        if i1 == i2 {
-            return Ok(());
-        }
         let a = self.read_live_inode(i1)?;
         let b = self.read_live_inode(i2)?;
-        if p1 != p2 {
-            if a.is_dir() && self.is_ancestor(i1, p2)? {
-                return Err(Error::InvalidInput("cannot move a directory into itself".into()));
-            }
-            if b.is_dir() && self.is_ancestor(i2, p1)? {
-                return Err(Error::InvalidInput("cannot move a directory into itself".into()));
-            }
-        }
         let t = now_ts();
         let mut d1 = self.dir_handle(p1)?;
         dir_write::replace_entry(&mut d1, n1, i2.0, dirent_type(b.mode))?;
@@ -561,9 +621,11 @@ impl Fs {
         let bs = u64::from(self.inner.block_size);
         if size < inode.size {
             let first_gone = size.div_ceil(bs);
-            with_tree(self, ino, &mut inode, |t| t.remove(first_gone as u32, MAX_LOGICAL).map(|_| ()))?;
+            with_tree(self, ino, &mut inode, |t| {
+                t.remove(first_gone as u32, MAX_LOGICAL).map(|_| ())
+            })?;
             // Zero the tail of the last partial block so a later extension reads zeros.
-            if size % bs != 0 {
+            if !size.is_multiple_of(bs) {
                 self.zero_on_disk(ino, &inode, size, bs - size % bs)?;
             }
         }
@@ -583,8 +645,15 @@ impl Fs {
             let lblk = pos / bs;
             let in_blk = pos % bs;
             let n = (bs - in_blk).min(end - pos);
-            if let Mapping::Mapped { physical, unwritten: false, .. } = self.map_block(ino, inode, lblk)? {
-                self.cache().device().write_at(&vec![0u8; n as usize], physical * bs + in_blk)?;
+            if let Mapping::Mapped {
+                physical,
+                unwritten: false,
+                ..
+            } = self.map_block(ino, inode, lblk)?
+            {
+                self.cache()
+                    .device()
+                    .write_at(&vec![0u8; n as usize], physical * bs + in_blk)?;
             }
             pos += n;
         }
@@ -606,7 +675,9 @@ impl Fs {
         if buf.is_empty() {
             return Ok(0);
         }
-        let end = offset.checked_add(buf.len() as u64).ok_or(Error::FileTooLarge)?;
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .ok_or(Error::FileTooLarge)?;
         if end > self.max_file_size() {
             return Err(Error::FileTooLarge);
         }
@@ -617,7 +688,11 @@ impl Fs {
             let lblk = pos / bs;
             let mapping = self.map_block(ino, &inode, lblk)?;
             match mapping {
-                Mapping::Mapped { physical, len, unwritten: false } => {
+                Mapping::Mapped {
+                    physical,
+                    len,
+                    unwritten: false,
+                } => {
                     // Overwrite in place, up to the end of this extent.
                     let run_end = ((lblk + len) * bs).min(end);
                     let n = (run_end - pos) as usize;
@@ -625,7 +700,11 @@ impl Fs {
                     dev.write_at(src, physical * bs + pos % bs)?;
                     pos = run_end;
                 }
-                Mapping::Mapped { physical, len, unwritten: true } => {
+                Mapping::Mapped {
+                    physical,
+                    len,
+                    unwritten: true,
+                } => {
                     // Write whole blocks (zeros around the data), then mark them written.
                     let run_end_blk = (lblk + len).min(end.div_ceil(bs));
                     let nblk = run_end_blk - lblk;
@@ -633,9 +712,12 @@ impl Fs {
                     let run_end = (run_end_blk * bs).min(end);
                     let start_in = (pos - lblk * bs) as usize;
                     let n = (run_end - pos) as usize;
-                    data[start_in..start_in + n].copy_from_slice(&buf[(pos - offset) as usize..][..n]);
+                    data[start_in..start_in + n]
+                        .copy_from_slice(&buf[(pos - offset) as usize..][..n]);
                     dev.write_at(&data, physical * bs)?;
-                    with_tree(self, ino, &mut inode, |t| t.mark_written(lblk as u32, nblk as u32))?;
+                    with_tree(self, ino, &mut inode, |t| {
+                        t.mark_written(lblk as u32, nblk as u32)
+                    })?;
                     pos = run_end;
                 }
                 Mapping::Hole { len } => {
@@ -647,9 +729,15 @@ impl Fs {
                     let mut data = vec![0u8; (got * bs) as usize];
                     let start_in = (pos - lblk * bs) as usize;
                     let n = (run_end - pos) as usize;
-                    data[start_in..start_in + n].copy_from_slice(&buf[(pos - offset) as usize..][..n]);
+                    data[start_in..start_in + n]
+                        .copy_from_slice(&buf[(pos - offset) as usize..][..n]);
                     dev.write_at(&data, p * bs)?;
-                    let ext = Extent { logical: lblk as u32, len: got as u16, physical: p, unwritten: false };
+                    let ext = Extent {
+                        logical: lblk as u32,
+                        len: got as u16,
+                        physical: p,
+                        unwritten: false,
+                    };
                     if let Err(e) = with_tree(self, ino, &mut inode, |t| t.insert(ext)) {
                         let _ = self.free_blocks(p, got);
                         return Err(e);
@@ -682,7 +770,11 @@ impl Fs {
         }
         let mut inode = self.read_live_inode(ino)?;
         if !inode.is_reg() {
-            return Err(if inode.is_dir() { Error::IsADirectory } else { Error::InvalidInput("fallocate of a non-regular file".into()) });
+            return Err(if inode.is_dir() {
+                Error::IsADirectory
+            } else {
+                Error::InvalidInput("fallocate of a non-regular file".into())
+            });
         }
         let bs = u64::from(self.inner.block_size);
         match mode {
@@ -720,7 +812,12 @@ impl Fs {
                     let want = len.min(end - l).min(32767);
                     let goal = self.data_goal(ino, inode, l);
                     let (p, got) = self.alloc_blocks(goal, want as u32)?;
-                    let ext = Extent { logical: l as u32, len: got as u16, physical: p, unwritten: true };
+                    let ext = Extent {
+                        logical: l as u32,
+                        len: got as u16,
+                        physical: p,
+                        unwritten: true,
+                    };
                     if let Err(e) = with_tree(self, ino, inode, |t| t.insert(ext)) {
                         let _ = self.free_blocks(p, u64::from(got));
                         return Err(e);
@@ -739,7 +836,9 @@ impl Fs {
         let first_full = start.div_ceil(bs);
         let end_full = end / bs;
         if first_full < end_full {
-            with_tree(self, ino, inode, |t| t.remove(first_full as u32, end_full).map(|_| ()))?;
+            with_tree(self, ino, inode, |t| {
+                t.remove(first_full as u32, end_full).map(|_| ())
+            })?;
         }
         let head_end = (first_full * bs).min(end);
         if start < head_end {
@@ -786,7 +885,9 @@ impl Fs {
             self.cache().write(blk, Kind::Xattr, d, |_| Ok(()))?;
         }
         inode.file_acl = 0;
-        inode.blocks_raw = inode.blocks_raw.saturating_sub(u64::from(self.inner.block_size) / 512);
+        inode.blocks_raw = inode
+            .blocks_raw
+            .saturating_sub(u64::from(self.inner.block_size) / 512);
         Ok(())
     }
 }

@@ -234,7 +234,9 @@ impl OpenOptions {
         let p = path_bytes(path.as_ref());
         let writing = self.write || self.append;
         if (self.truncate || self.create || self.create_new) && !writing {
-            return Err(Error::InvalidInput("create or truncate needs write access".into()));
+            return Err(Error::InvalidInput(
+                "create or truncate needs write access".into(),
+            ));
         }
         let ino = match fs.resolve(p, true) {
             Ok(ino) => {
@@ -262,7 +264,12 @@ impl OpenOptions {
         if self.truncate && meta.is_file() && meta.size > 0 {
             fs.truncate_ino(ino, 0)?;
         }
-        Ok(File { read: self.read, write: writing, append: self.append, ..f })
+        Ok(File {
+            read: self.read,
+            write: writing,
+            append: self.append,
+            ..f
+        })
     }
 }
 
@@ -290,7 +297,11 @@ impl Fs {
 
     /// Create (or truncate) a file for writing (`std::fs::File::create`).
     pub fn create(&self, path: impl AsRef<Path>) -> Result<File> {
-        OpenOptions::new().write(true).create(true).truncate(true).open(self, path)
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(self, path)
     }
 
     /// Write a whole file (`std::fs::write`).
@@ -369,7 +380,12 @@ impl Fs {
     }
 
     /// renameat2 with RENAME_NOREPLACE / RENAME_EXCHANGE.
-    pub fn rename_with(&self, from: impl AsRef<Path>, to: impl AsRef<Path>, fl: RenameFlags) -> Result<()> {
+    pub fn rename_with(
+        &self,
+        from: impl AsRef<Path>,
+        to: impl AsRef<Path>,
+        fl: RenameFlags,
+    ) -> Result<()> {
         let (p1, n1) = self.parent_and_name(path_bytes(from.as_ref()))?;
         let (p2, n2) = self.parent_and_name(path_bytes(to.as_ref()))?;
         self.rename_ino(p1, n1, p2, n2, fl)
@@ -385,7 +401,8 @@ impl Fs {
     /// `std::os::unix::fs::symlink(target, link)`.
     pub fn symlink(&self, target: impl AsRef<Path>, link: impl AsRef<Path>) -> Result<()> {
         let (p, n) = self.parent_and_name(path_bytes(link.as_ref()))?;
-        self.symlink_ino(p, n, path_bytes(target.as_ref()), 0, 0).map(|_| ())
+        self.symlink_ino(p, n, path_bytes(target.as_ref()), 0, 0)
+            .map(|_| ())
     }
 
     /// mknod(2): `mode` holds the file type and permission bits.
@@ -397,13 +414,28 @@ impl Fs {
     /// chmod (follows symlinks, like `std::fs::set_permissions`).
     pub fn set_permissions(&self, path: impl AsRef<Path>, mode: u32) -> Result<()> {
         let ino = self.resolve(path_bytes(path.as_ref()), true)?;
-        self.setattr_ino(ino, &SetAttr { mode: Some(mode), ..SetAttr::default() }).map(|_| ())
+        self.setattr_ino(
+            ino,
+            &SetAttr {
+                mode: Some(mode),
+                ..SetAttr::default()
+            },
+        )
+        .map(|_| ())
     }
 
     /// lchown (does not follow a final symlink).
     pub fn lchown(&self, path: impl AsRef<Path>, uid: Option<u32>, gid: Option<u32>) -> Result<()> {
         let ino = self.resolve(path_bytes(path.as_ref()), false)?;
-        self.setattr_ino(ino, &SetAttr { uid, gid, ..SetAttr::default() }).map(|_| ())
+        self.setattr_ino(
+            ino,
+            &SetAttr {
+                uid,
+                gid,
+                ..SetAttr::default()
+            },
+        )
+        .map(|_| ())
     }
 
     /// utimensat with AT_SYMLINK_NOFOLLOW.
@@ -414,7 +446,15 @@ impl Fs {
         mtime: Option<Timestamp>,
     ) -> Result<()> {
         let ino = self.resolve(path_bytes(path.as_ref()), false)?;
-        self.setattr_ino(ino, &SetAttr { atime, mtime, ..SetAttr::default() }).map(|_| ())
+        self.setattr_ino(
+            ino,
+            &SetAttr {
+                atime,
+                mtime,
+                ..SetAttr::default()
+            },
+        )
+        .map(|_| ())
     }
 
     /// Truncate or extend a file by path (truncate(2)).

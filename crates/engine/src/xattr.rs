@@ -100,13 +100,19 @@ impl Fs {
 
     /// setxattr(2). ACL values are given in the VFS format and stored in ext4's.
     pub fn set_xattr_ino(&self, ino: Ino, name: &[u8], value: &[u8], fl: XattrFlags) -> Result<()> {
-        let (index, suffix) = fx::split_name(name)
-            .ok_or_else(|| Error::Unsupported(format!("xattr namespace of {:?}", String::from_utf8_lossy(name))))?;
+        let (index, suffix) = fx::split_name(name).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "xattr namespace of {:?}",
+                String::from_utf8_lossy(name)
+            ))
+        })?;
         if suffix.len() > fx::NAME_MAX {
             return Err(Error::NameTooLong);
         }
-        let stored = if index == fx::INDEX_POSIX_ACL_ACCESS || index == fx::INDEX_POSIX_ACL_DEFAULT {
-            fx::acl_vfs_to_disk(value).map_err(|e| Error::InvalidInput(format!("ACL value: {e}")))?
+        let stored = if index == fx::INDEX_POSIX_ACL_ACCESS || index == fx::INDEX_POSIX_ACL_DEFAULT
+        {
+            fx::acl_vfs_to_disk(value)
+                .map_err(|e| Error::InvalidInput(format!("ACL value: {e}")))?
         } else {
             value.to_vec()
         };
@@ -115,8 +121,19 @@ impl Fs {
         }
         let _w = self.write_lock();
         self.check_writable()?;
+        if index == fx::INDEX_USER {
+            // As in Linux: user.* attributes only on regular files and directories.
+            let i = self.read_live_inode(ino)?;
+            if !i.is_reg() && !i.is_dir() {
+                return Err(Error::NotPermitted(
+                    "user.* xattrs on this file type".into(),
+                ));
+            }
+        }
         self.update_xattrs(ino, |all| {
-            let pos = all.iter().position(|a| a.index == index && a.name == suffix);
+            let pos = all
+                .iter()
+                .position(|a| a.index == index && a.name == suffix);
             match (pos, fl.create, fl.replace) {
                 (Some(_), true, _) => return Err(Error::Exists),
                 (None, _, true) => return Err(Error::NotFound),
@@ -132,8 +149,18 @@ impl Fs {
         let (index, suffix) = fx::split_name(name).ok_or(Error::NotFound)?;
         let _w = self.write_lock();
         self.check_writable()?;
+        if index == fx::INDEX_USER {
+            let i = self.read_live_inode(ino)?;
+            if !i.is_reg() && !i.is_dir() {
+                return Err(Error::NotPermitted(
+                    "user.* xattrs on this file type".into(),
+                ));
+            }
+        }
         self.update_xattrs(ino, |all| {
-            let pos = all.iter().position(|a| a.index == index && a.name == suffix);
+            let pos = all
+                .iter()
+                .position(|a| a.index == index && a.name == suffix);
             let i = pos.ok_or(Error::NotFound)?;
             all.remove(i);
             Ok(())
@@ -142,7 +169,11 @@ impl Fs {
 
     /// Change the attribute list and lay it out again: as many as fit in the inode
     /// (smallest first), the rest in an xattr block (copy-on-write when shared).
-    fn update_xattrs(&self, ino: Ino, f: impl FnOnce(&mut Vec<fx::Xattr>) -> Result<()>) -> Result<()> {
+    fn update_xattrs(
+        &self,
+        ino: Ino,
+        f: impl FnOnce(&mut Vec<fx::Xattr>) -> Result<()>,
+    ) -> Result<()> {
         let mut inode = self.read_live_inode(ino)?;
         let (ibody, block) = self.stored_xattrs(ino, &inode)?;
         let mut all: Vec<fx::Xattr> = ibody.into_iter().chain(block).collect();

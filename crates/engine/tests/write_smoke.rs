@@ -7,7 +7,14 @@ use rext4::{Fs, FsOptions, OpenOptions};
 use rext4_testkit::{e2fsck_fn, mkfs, skip, snapshot_dir, LoopMount, MkfsOptions};
 
 fn rw(path: &std::path::Path) -> Fs {
-    Fs::open_with(path, FsOptions { read_only: false, ..FsOptions::default() }).expect("open rw")
+    Fs::open_with(
+        path,
+        FsOptions {
+            read_only: false,
+            ..FsOptions::default()
+        },
+    )
+    .expect("open rw")
 }
 
 #[test]
@@ -17,17 +24,25 @@ fn create_write_read_back_and_fsck() {
         let fs = rw(img.path());
         fs.create_dir("/d").expect("mkdir");
         fs.write("/d/hello", b"hello world").expect("write");
-        let big: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 + i / 4096) as u8).collect();
+        let big: Vec<u8> = (0..3_000_000u32)
+            .map(|i| (i * 7 + i / 4096) as u8)
+            .collect();
         fs.write("/big", &big).expect("write big");
         fs.symlink("/d/hello", "/ln").expect("symlink");
         fs.symlink("x".repeat(200), "/slow").expect("slow symlink");
         fs.hard_link("/d/hello", "/d/hl").expect("link");
         for i in 0..300 {
-            fs.write(format!("/d/f{i:04}-with-a-longer-name"), format!("{i}")).expect("many");
+            fs.write(format!("/d/f{i:04}-with-a-longer-name"), format!("{i}"))
+                .expect("many");
         }
-        fs.rename("/d/f0001-with-a-longer-name", "/moved").expect("rename");
-        fs.remove_file("/d/f0002-with-a-longer-name").expect("unlink");
-        let f = OpenOptions::new().write(true).open(&fs, "/big").expect("open");
+        fs.rename("/d/f0001-with-a-longer-name", "/moved")
+            .expect("rename");
+        fs.remove_file("/d/f0002-with-a-longer-name")
+            .expect("unlink");
+        let f = OpenOptions::new()
+            .write(true)
+            .open(&fs, "/big")
+            .expect("open");
         f.set_len(1_000_000).expect("truncate");
         fs.close().expect("close");
         let r = e2fsck_fn(img.path());
@@ -35,7 +50,10 @@ fn create_write_read_back_and_fsck() {
         let fs = Fs::open(img.path()).expect("reopen");
         assert_eq!(fs.read("/d/hello").expect("read"), b"hello world");
         assert_eq!(fs.read("/big").expect("read"), &big[..1_000_000]);
-        assert_eq!(fs.read_link("/slow").expect("readlink"), "x".repeat(200).as_bytes());
+        assert_eq!(
+            fs.read_link("/slow").expect("readlink"),
+            "x".repeat(200).as_bytes()
+        );
         assert_eq!(fs.metadata("/d/hl").expect("stat").nlink, 2);
         let ours = common::snapshot(&fs).expect("walk");
         let m = match LoopMount::new(img.path(), true, "noatime") {
@@ -56,10 +74,16 @@ fn open_rw_marks_not_clean_until_close() {
     fs.write("/a", b"x").expect("write");
     fs.sync().expect("sync");
     let state = rext4_testkit::dumpe2fs_h(img.path()).expect("dumpe2fs");
-    assert_eq!(state.get("Filesystem state").map(String::as_str), Some("not clean"));
+    assert_eq!(
+        state.get("Filesystem state").map(String::as_str),
+        Some("not clean")
+    );
     fs.close().expect("close");
     let state = rext4_testkit::dumpe2fs_h(img.path()).expect("dumpe2fs");
-    assert_eq!(state.get("Filesystem state").map(String::as_str), Some("clean"));
+    assert_eq!(
+        state.get("Filesystem state").map(String::as_str),
+        Some("clean")
+    );
     assert!(matches!(fs.write("/b", b"y"), Err(rext4::Error::ReadOnly)));
     let r = e2fsck_fn(img.path());
     assert!(r.clean, "{}", r.output);
