@@ -1,15 +1,19 @@
-//! The `rext4` command: inspect ext4 images and copy files out of them, without
-//! mounting and without root.
+//! The `rext4` command: inspect ext4 images, copy files out of and into them, and
+//! change them (mkdir, rm, mv, ln, chmod, chown, truncate, an xfs_io-like `io` shell),
+//! without mounting and without root.
 //!
 //! Exit codes: 0 success, 1 an operational error (missing file, corrupt or unsupported
 //! image), 2 bad usage (clap's default).
 
 mod extract;
 mod info;
+mod io_cmd;
 mod show;
 mod spec;
 mod timefmt;
+mod write_cmds;
 
+use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -21,7 +25,7 @@ use rext4::Fs;
 #[command(
     name = "rext4",
     version,
-    about = "A userspace ext4 engine: inspect and copy files from ext4 images"
+    about = "A userspace ext4 engine: inspect, copy into and out of, and change ext4 images"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -42,16 +46,86 @@ enum Cmd {
     Cat { spec: String },
     /// Show an inode's metadata.
     Stat { spec: String },
-    /// Copy out of an image: `rext4 cp -r IMAGE:/dir DEST`.
+    /// Copy out of an image (`rext4 cp -r IMAGE:/dir DEST`) or into one
+    /// (`rext4 cp -r SRC... IMAGE:/dir`), keeping modes, owners (as root), times,
+    /// links, special files, xattrs and holes.
     Cp {
         #[arg(short = 'r', short_alias = 'R', long = "recursive")]
         recursive: bool,
         /// Do not show a progress bar.
         #[arg(short = 'q', long)]
         quiet: bool,
-        src: String,
-        dest: PathBuf,
+        /// SRC... DEST; exactly one side names IMAGE:/path.
+        #[arg(num_args = 2.., required = true)]
+        paths: Vec<PathBuf>,
     },
+    /// Create directories: `rext4 mkdir [-p] [-m MODE] IMAGE:/path...`.
+    Mkdir {
+        /// Make parents as needed; no error if the directory exists.
+        #[arg(short = 'p', long)]
+        parents: bool,
+        /// Permission bits (octal), default 755.
+        #[arg(short = 'm', long)]
+        mode: Option<String>,
+        #[arg(required = true)]
+        specs: Vec<String>,
+    },
+    /// Remove files or directories: `rext4 rm [-r] [-f] [-d] IMAGE:/path...`.
+    Rm {
+        /// Remove directories and their contents.
+        #[arg(short = 'r', short_alias = 'R', long)]
+        recursive: bool,
+        /// Ignore missing files.
+        #[arg(short = 'f', long)]
+        force: bool,
+        /// Remove empty directories.
+        #[arg(short = 'd', long = "dir")]
+        dirs: bool,
+        #[arg(required = true)]
+        specs: Vec<String>,
+    },
+    /// Rename or move within one image: `rext4 mv IMAGE:/src... IMAGE:/dest`.
+    Mv {
+        #[arg(num_args = 2.., required = true)]
+        specs: Vec<String>,
+    },
+    /// Make links: `rext4 ln IMAGE:/target IMAGE:/link` or `rext4 ln -s TEXT IMAGE:/link`.
+    Ln {
+        /// Make a symbolic link holding TARGET's text.
+        #[arg(short = 's', long)]
+        symbolic: bool,
+        #[arg(allow_hyphen_values = true)]
+        target: OsString,
+        link: String,
+    },
+    /// Change permission bits: `rext4 chmod MODE IMAGE:/path...` (octal).
+    Chmod {
+        mode: String,
+        #[arg(required = true)]
+        specs: Vec<String>,
+    },
+    /// Change owner: `rext4 chown UID[:GID] IMAGE:/path...` (numeric).
+    Chown {
+        /// Change a symlink itself, not its target.
+        #[arg(short = 'H', long = "no-dereference", short_alias = 'h')]
+        no_deref: bool,
+        owner: String,
+        #[arg(required = true)]
+        specs: Vec<String>,
+    },
+    /// Set a file's size: `rext4 truncate -s SIZE IMAGE:/path...`.
+    Truncate {
+        /// SIZE, or +SIZE / -SIZE relative (K, M, G... suffixes: powers of 1024).
+        #[arg(short = 's', long, allow_hyphen_values = true)]
+        size: String,
+        /// Do not create missing files.
+        #[arg(short = 'c', long = "no-create")]
+        no_create: bool,
+        #[arg(required = true)]
+        specs: Vec<String>,
+    },
+    /// An xfs_io-like shell over one file: `rext4 io [-f] [-r] -c CMD... IMAGE:/path`.
+    Io(io_cmd::IoArgs),
 }
 
 fn open(image: &std::path::Path) -> Result<Fs, String> {
@@ -94,30 +168,94 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
         Cmd::Cp {
             recursive,
             quiet,
-            src,
-            dest,
-        } => {
-            let s =
-                split(&src).map_err(|e| (2, format!("{e} (copying into images comes later)")))?;
-            let fs = open(&s.image).map_err(e1)?;
-            let meta = fs.resolve(&s.path, false).and_then(|ino| fs.stat_ino(ino));
-            if let Ok(m) = &meta {
-                if m.is_dir() && !recursive {
-                    return Err((1, format!("{src}: is a directory (use -r)")));
-                }
-            }
-            // SAFETY: geteuid has no preconditions.
-            let root = unsafe { libc::geteuid() } == 0;
-            let opts = extract::Options {
-                preserve_owner: root,
-                progress: !quiet && std::io::stderr().is_terminal(),
-            };
-            let report = extract::copy_out(&fs, &s.path, &dest, opts)
-                .map_err(|e| e1(format!("{src}: {e}")))?;
-            if !report.errors.is_empty() {
-                return Err((1, format!("{} error(s) while copying", report.errors.len())));
-            }
+            paths,
+        } => cp(recursive, quiet, &paths)?,
+        Cmd::Mkdir {
+            parents,
+            mode,
+            specs,
+        } => write_cmds::mkdir(parents, mode.as_deref(), &specs)?,
+        Cmd::Rm {
+            recursive,
+            force,
+            dirs,
+            specs,
+        } => write_cmds::rm(recursive, force, dirs, &specs)?,
+        Cmd::Mv { specs } => write_cmds::mv(&specs)?,
+        Cmd::Ln {
+            symbolic,
+            target,
+            link,
+        } => write_cmds::ln(symbolic, &target, &link)?,
+        Cmd::Chmod { mode, specs } => write_cmds::chmod(&mode, &specs)?,
+        Cmd::Chown {
+            no_deref,
+            owner,
+            specs,
+        } => write_cmds::chown(&owner, no_deref, &specs)?,
+        Cmd::Truncate {
+            size,
+            no_create,
+            specs,
+        } => write_cmds::truncate(&size, no_create, &specs)?,
+        Cmd::Io(args) => io_cmd::run(args)?,
+    }
+    Ok(())
+}
+
+/// An IMAGE:/path operand naming an existing image file (or device).
+fn image_spec(p: &std::path::Path) -> Option<spec::ImagePath> {
+    let s = spec::parse(p.to_str()?)?;
+    std::fs::metadata(&s.image)
+        .is_ok_and(|m| !m.is_dir())
+        .then_some(s)
+}
+
+/// `rext4 cp`: into an image when the last operand is IMAGE:/path, else out of one.
+fn cp(recursive: bool, quiet: bool, paths: &[PathBuf]) -> Result<(), (u8, String)> {
+    let e1 = |s: String| (1u8, s);
+    let progress = !quiet && std::io::stderr().is_terminal();
+    let Some((dest, srcs)) = paths.split_last() else {
+        return Err((2, "missing operand".into()));
+    };
+    if let Some(d) = image_spec(dest) {
+        if let Some(s) = srcs.iter().find(|s| image_spec(s).is_some()) {
+            return Err((
+                2,
+                format!("{}: copying between images is not supported", s.display()),
+            ));
         }
+        let opts = write_cmds::CpInOptions {
+            recursive,
+            progress,
+        };
+        return write_cmds::cp_in(srcs, &d, &dest.to_string_lossy(), opts);
+    }
+    let [src] = srcs else {
+        return Err((
+            2,
+            "expected SRC... IMAGE:/dir (into an image) or IMAGE:/path DEST (out of one)".into(),
+        ));
+    };
+    let src = src.to_string_lossy().into_owned();
+    let s = split(&src).map_err(|e| (2, e))?;
+    let fs = open(&s.image).map_err(e1)?;
+    let meta = fs.resolve(&s.path, false).and_then(|ino| fs.stat_ino(ino));
+    if let Ok(m) = &meta {
+        if m.is_dir() && !recursive {
+            return Err((1, format!("{src}: is a directory (use -r)")));
+        }
+    }
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let opts = extract::Options {
+        preserve_owner: root,
+        progress,
+    };
+    let report =
+        extract::copy_out(&fs, &s.path, dest, opts).map_err(|e| e1(format!("{src}: {e}")))?;
+    if !report.errors.is_empty() {
+        return Err((1, format!("{} error(s) while copying", report.errors.len())));
     }
     Ok(())
 }
@@ -127,7 +265,9 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err((code, msg)) => {
-            eprintln!("rext4: {msg}");
+            if !msg.is_empty() {
+                eprintln!("rext4: {msg}");
+            }
             ExitCode::from(code)
         }
     }

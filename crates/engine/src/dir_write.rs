@@ -1229,7 +1229,7 @@ mod tests {
     }
 
     #[test]
-    fn all_pool_names_split_and_collide() {
+    fn all_pool_names_in_one_directory() {
         for c in [
             cfg(1024, true, FLAG_SIGNED_HASH, 0),
             cfg(1024, false, FLAG_UNSIGNED_HASH, 0),
@@ -1239,7 +1239,7 @@ mod tests {
                 .map(|i| Op::Add(i, 1 + (i % 7) as u8, 11 + i))
                 .collect();
             let s = run_model(c, &ops);
-            eprintln!("{c:?}: {s:?}");
+            assert!(s.leaves > 10, "{c:?}: {s:?}");
         }
     }
 

@@ -37,8 +37,8 @@
 //! Nothing here takes a lock.
 
 use rext4_format::extent::{
-    self, block_capacity, Extent, Header, Index, Node, MAX_DEPTH, MAX_INIT_LEN, MAX_UNWRITTEN_LEN,
-    ROOT_CAPACITY,
+    self, block_capacity, Extent, Header, Index, Node, ENTRY_SIZE, HEADER_SIZE, MAX_DEPTH,
+    MAX_INIT_LEN, MAX_UNWRITTEN_LEN, ROOT_CAPACITY,
 };
 
 use crate::error::{AtBlock, Error, Result};
@@ -84,6 +84,33 @@ pub struct TreeReport {
     pub data_blocks: u64,
     /// Every tree block below the root, in walk order.
     pub tree_blocks: Vec<u64>,
+    /// Per level from the root (index 0) down: nodes, entries and the sum of eh_max.
+    pub levels: Vec<LevelStats>,
+}
+
+/// Occupancy of one tree level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LevelStats {
+    pub nodes: u64,
+    pub entries: u64,
+    pub max_entries: u64,
+}
+
+impl TreeReport {
+    /// Whether e2fsck (1.47, `e2fsck_should_rebuild_extents`) leaves the tree alone.
+    /// It offers to rebuild ("could be narrower") when a level's free slots
+    /// (sum of eh_max - sum of entries) exceed one block's worth, (bs - 12) / 12, and
+    /// ("could be shorter") when a level holds fewer entries than a level above it has
+    /// slots. `e2fsck -fn` prints both, though neither counts as an error.
+    pub fn is_compact(&self, block_size: usize) -> bool {
+        let per_block = (block_size.saturating_sub(HEADER_SIZE) / ENTRY_SIZE) as u64;
+        self.levels.iter().enumerate().all(|(i, l)| {
+            l.max_entries.saturating_sub(l.entries) <= per_block
+                && self.levels[..i]
+                    .iter()
+                    .all(|up| l.entries >= up.max_entries)
+        })
+    }
 }
 
 /// One node on a root→leaf path, as edited in memory.
@@ -94,8 +121,8 @@ struct Level {
     /// For index nodes: the entry whose child is the next level.
     idx: usize,
     dirty: bool,
-    /// The last change appended an entry at the end (split keeps a full left part).
-    appended: bool,
+    /// Where the one entry added by the last change went (steers the split).
+    inserted_at: Option<usize>,
     /// Unlinked from its parent; freed on commit.
     deleted: bool,
 }
@@ -107,7 +134,7 @@ impl Level {
             node,
             idx: 0,
             dirty: false,
-            appended: false,
+            inserted_at: None,
             deleted: false,
         }
     }
@@ -136,11 +163,11 @@ impl Path {
         }
     }
 
-    /// Mark the leaf changed.
-    fn touch_leaf(&mut self, appended: bool) {
+    /// Mark the leaf changed; `inserted_at` is the new entry's index if one was added.
+    fn touch_leaf(&mut self, inserted_at: Option<usize>) {
         if let Some(l) = self.levels.last_mut() {
             l.dirty = true;
-            l.appended = appended;
+            l.inserted_at = inserted_at;
         }
     }
 
@@ -185,21 +212,20 @@ fn split_off(n: &mut Node, at: usize, max: u16) -> Node {
 }
 
 /// Sizes of the pieces an overfull node of `len` entries is cut into.
-fn split_sizes(len: usize, max: usize, appended: bool) -> Vec<usize> {
+///
+/// One entry too many, added at `inserted_at`: split right after it, as the kernel's
+/// `ext4_ext_split` does (entries after the insertion point move to the new node), so
+/// appending — at the end, or just before a far extent — leaves full nodes behind.
+/// An entry appended at the very end starts the new node alone. Anything else: even
+/// pieces.
+fn split_sizes(len: usize, max: usize, inserted_at: Option<usize>) -> Vec<usize> {
     let max = max.max(1);
-    if appended {
-        // Sequential growth: keep full nodes on the left.
-        let mut v = Vec::new();
-        let mut left = len;
-        while left > 0 {
-            let s = left.min(max);
-            v.push(s);
-            left -= s;
+    match inserted_at {
+        Some(pos) if len == max + 1 => vec![pos + 1, len - pos - 1],
+        _ => {
+            let k = len.div_ceil(max);
+            (0..k).map(|i| len * (i + 1) / k - len * i / k).collect()
         }
-        v
-    } else {
-        let k = len.div_ceil(max);
-        (0..k).map(|i| len * (i + 1) / k - len * i / k).collect()
     }
 }
 
@@ -475,7 +501,7 @@ impl<'a, S: BlockStore> ExtentTree<'a, S> {
             _ => {}
         }
         let v = path.leaf_mut()?;
-        let mut appended = false;
+        let mut inserted_at = None;
         let merged_left = pos > 0 && can_merge(&v[pos - 1], &ext);
         if merged_left {
             v[pos - 1].len += ext.len;
@@ -491,10 +517,10 @@ impl<'a, S: BlockStore> ExtentTree<'a, S> {
                 ..ext
             };
         } else {
-            appended = pos == v.len();
+            inserted_at = Some(pos);
             v.insert(pos, ext);
         }
-        path.touch_leaf(appended);
+        path.touch_leaf(inserted_at);
         self.commit(path, ext.physical.saturating_sub(1))
     }
 
@@ -534,7 +560,7 @@ impl<'a, S: BlockStore> ExtentTree<'a, S> {
                     .leaf_blk()
                     .or_else(|| frees.first().map(|f| f.0))
                     .unwrap_or(0);
-                path.touch_leaf(false);
+                path.touch_leaf(None);
                 self.commit(path, goal)?;
                 for (p, n) in frees {
                     self.free_data(p, n)?;
@@ -581,7 +607,7 @@ impl<'a, S: BlockStore> ExtentTree<'a, S> {
                 merge_all(&mut out);
                 *v = out;
                 let goal = path.leaf_blk().unwrap_or(0);
-                path.touch_leaf(false);
+                path.touch_leaf(None);
                 self.commit(path, goal)?;
             }
             cur = upper;
@@ -604,7 +630,7 @@ impl<'a, S: BlockStore> ExtentTree<'a, S> {
         v[i] = sub_extent(&e, u64::from(e.logical), lblk, e.unwritten);
         v.insert(i + 1, sub_extent(&e, lblk, e.end(), e.unwritten));
         let goal = path.leaf_blk().unwrap_or(e.physical);
-        path.touch_leaf(false);
+        path.touch_leaf(None);
         self.commit(path, goal)
     }
 
@@ -622,7 +648,7 @@ impl<'a, S: BlockStore> ExtentTree<'a, S> {
         v[i - 1].len += v[i].len;
         v.remove(i);
         let goal = path.leaf_blk().unwrap_or(0);
-        path.touch_leaf(false);
+        path.touch_leaf(None);
         self.commit(path, goal)
     }
 
@@ -723,6 +749,77 @@ impl<'a, S: BlockStore> ExtentTree<'a, S> {
         Ok(changed)
     }
 
+    /// Repack the tree when e2fsck would offer to ([`TreeReport::is_compact`]): full
+    /// nodes left to right at every level and the least depth, as e2fsck's pass 1E
+    /// builds it. Tree blocks are reused in place and the surplus freed. Returns whether
+    /// it rebuilt. Not crash-atomic: run it inside a journal transaction.
+    pub fn optimize(&mut self) -> Result<bool> {
+        let rep = self.check()?;
+        if rep.is_compact(self.bs) {
+            return Ok(false);
+        }
+        self.rebuild(rep.tree_blocks)?;
+        Ok(true)
+    }
+
+    fn rebuild(&mut self, old_blocks: Vec<u64>) -> Result<()> {
+        let exts = self.extents()?;
+        let generation = self.decode_root()?.header().generation;
+        let cap = usize::from(block_capacity(self.bs)).max(1);
+        let root_cap = usize::from(ROOT_CAPACITY);
+        let goal = exts.first().map_or(0, |e| e.physical);
+        let mut spare = old_blocks.into_iter();
+        let header = |entries: usize, max: usize, depth: u16, generation: u32| Header {
+            entries: entries as u16,
+            max: max as u16,
+            depth,
+            generation,
+        };
+        let new_root = if exts.len() <= root_cap {
+            Node::Leaf(header(exts.len(), root_cap, 0, generation), exts)
+        } else {
+            // Leaves, then index levels, each packed full from the left; `level` holds
+            // the (first block, node) entries of the level just written.
+            let mut level: Vec<Index> = Vec::new();
+            for chunk in exts.chunks(cap) {
+                let b = match spare.next() {
+                    Some(b) => b,
+                    None => self.alloc_tree_block(goal)?,
+                };
+                let n = Node::Leaf(header(chunk.len(), cap, 0, 0), chunk.to_vec());
+                self.write_node(Some(b), &n)?;
+                level.push(Index {
+                    logical: chunk[0].logical,
+                    child: b,
+                });
+            }
+            let mut depth = 1u16;
+            while level.len() > root_cap {
+                let mut up = Vec::with_capacity(level.len().div_ceil(cap));
+                for chunk in level.chunks(cap) {
+                    let b = match spare.next() {
+                        Some(b) => b,
+                        None => self.alloc_tree_block(goal)?,
+                    };
+                    let n = Node::Index(header(chunk.len(), cap, depth, 0), chunk.to_vec());
+                    self.write_node(Some(b), &n)?;
+                    up.push(Index {
+                        logical: chunk[0].logical,
+                        child: b,
+                    });
+                }
+                level = up;
+                depth += 1;
+            }
+            Node::Index(header(level.len(), root_cap, depth, generation), level)
+        };
+        self.write_node(None, &new_root)?;
+        for b in spare {
+            self.free_tree_block(b)?;
+        }
+        Ok(())
+    }
+
     /// Settle an edited path (splits, growth, unlinking, key fixes), write it, free
     /// what was unlinked, then pull a lone child up into the root while it fits.
     fn commit(&mut self, mut path: Path, goal: u64) -> Result<()> {
@@ -776,7 +873,7 @@ impl<'a, S: BlockStore> ExtentTree<'a, S> {
                             }
                         }
                         p.dirty = true;
-                        p.appended = false;
+                        p.inserted_at = None;
                         cur.deleted = true;
                         if let Some(b) = cur.blk {
                             unlinked.push(b);
@@ -819,7 +916,7 @@ impl<'a, S: BlockStore> ExtentTree<'a, S> {
                         );
                     }
                     Some(p) => {
-                        let sizes = split_sizes(n, max, cur.appended);
+                        let sizes = split_sizes(n, max, cur.inserted_at);
                         // Cut from the right so earlier cut points stay valid.
                         let mut pieces = Vec::new();
                         let mut at = n;
@@ -831,7 +928,8 @@ impl<'a, S: BlockStore> ExtentTree<'a, S> {
                         let Node::Index(_, pv) = &mut p.node else {
                             return Err(Error::corrupted("extent parent is a leaf", p.blk));
                         };
-                        p.appended = p.idx + 1 == pv.len();
+                        let _ = pv;
+                        p.inserted_at = (sizes.len() == 2).then_some(p.idx + 1);
                         let pgoal = cur.blk.unwrap_or(goal);
                         for (k, piece) in pieces.into_iter().enumerate() {
                             let b = self.alloc_tree_block(pgoal)?;
@@ -915,6 +1013,7 @@ impl<'a, S: BlockStore> ExtentTree<'a, S> {
             extents: 0,
             data_blocks: 0,
             tree_blocks: Vec::new(),
+            levels: vec![LevelStats::default(); usize::from(h.depth) + 1],
         };
         let mut last_end = 0u64;
         self.check_node(&root, None, 0, MAX_LOGICAL, &mut last_end, &mut rep)?;
@@ -941,6 +1040,12 @@ impl<'a, S: BlockStore> ExtentTree<'a, S> {
         }
         if blk.is_some() && entry_count(n) == 0 {
             return bad("empty extent block".into());
+        }
+        let level = usize::from(rep.depth.saturating_sub(n.header().depth));
+        if let Some(l) = rep.levels.get_mut(level) {
+            l.nodes += 1;
+            l.entries += entry_count(n) as u64;
+            l.max_entries += u64::from(n.header().max);
         }
         match n {
             Node::Leaf(_, v) => {
@@ -1501,6 +1606,7 @@ mod tests {
         assert_eq!(rep.extents, 100_000);
         // 295 full leaves (340 entries) + 1 index block: sequential appends fill leaves.
         assert_eq!(rep.tree_blocks.len(), 100_000usize.div_ceil(340) + 1);
+        assert!(rep.is_compact(4096));
         let freed = h.tree().remove(0, MAX_LOGICAL).expect("truncate");
         assert_eq!(freed, 100_000);
         h.model.clear();
@@ -1561,6 +1667,7 @@ mod tests {
         bs: usize,
         pool: Vec<u64>,
         reserve: Vec<u64>,
+        freed: Vec<u64>,
     }
 
     impl BlockStore for ImageStore {
@@ -1583,8 +1690,9 @@ mod tests {
             b.map(|b| (b, 1))
                 .ok_or_else(|| Error::Io(std::io::Error::other("pool exhausted")))
         }
-        fn free(&mut self, start: u64, _len: u64) -> Result<()> {
-            Err(Error::corrupted("no frees expected", Some(start)))
+        fn free(&mut self, start: u64, len: u64) -> Result<()> {
+            self.freed.extend(start..start + len);
+            Ok(())
         }
     }
 
@@ -1597,7 +1705,11 @@ mod tests {
         use rext4_format::superblock::feature::RO_COMPAT_METADATA_CSUM;
         use rext4_testkit::{debugfs_w_checked, e2fsck_fn, extent_depth, mkfs, MkfsOptions};
         const NBLK: u64 = 3000;
-        for opts in ["metadata_csum", "^metadata_csum"] {
+        for (opts, shuffled) in [
+            ("metadata_csum", false),
+            ("metadata_csum", true),
+            ("^metadata_csum", true),
+        ] {
             let img = mkfs(&MkfsOptions::new(1024, 32 << 20).arg("-O").arg(opts)).expect("mkfs");
             let host = img.dir().join("data");
             std::fs::write(&host, vec![0x5Au8; (NBLK * 1024) as usize]).expect("host file");
@@ -1643,6 +1755,7 @@ mod tests {
                 bs: 1024,
                 pool,
                 reserve,
+                freed: Vec::new(),
             };
             let mut root = [0u8; 60];
             init_empty(&mut root);
@@ -1651,12 +1764,35 @@ mod tests {
             let anchor_l = 100_000u32;
             t.insert(ext(anchor_l, 1, anchor_p, false)).expect("anchor");
             let mut data = 1u64;
-            let mut i = 0u32;
-            loop {
-                let Some(p) = t.store.pool.pop() else { break };
+            let mut order: Vec<u32> = (0..t.store.pool.len() as u32).collect();
+            if shuffled {
+                let mut r = 0x2545_F491_4F6C_DD1Du64;
+                for k in (1..order.len()).rev() {
+                    r ^= r << 13;
+                    r ^= r >> 7;
+                    r ^= r << 17;
+                    order.swap(k, (r % (k as u64 + 1)) as usize);
+                }
+            }
+            let mut order = order.into_iter();
+            while let Some(p) = t.store.pool.pop() {
+                let i = order.next().expect("more order than blocks");
                 t.insert(ext(2 * i, 1, p, i % 7 == 3)).expect("fragment");
                 data += 1;
-                i += 1;
+            }
+            // Random order leaves half-empty leaves that e2fsck would offer to
+            // repack; optimize() does it, and the tree blocks it frees come back
+            // here as fragments past the end (appends keep the tree compact).
+            let compact = t.check().expect("check").is_compact(1024);
+            assert!(!(shuffled && compact), "a shuffled build came out compact");
+            assert_eq!(t.optimize().expect("optimize"), !compact);
+            t.store.pool = std::mem::take(&mut t.store.freed);
+            assert_eq!(t.store.pool.is_empty(), compact);
+            let mut past = anchor_l + R as u32 + 2;
+            while let Some(p) = t.store.pool.pop() {
+                t.insert(ext(past, 1, p, false)).expect("recycle");
+                data += 1;
+                past += 2;
             }
             let left = std::mem::take(&mut t.store.reserve);
             let rest = left.len();
@@ -1669,14 +1805,19 @@ mod tests {
             data += rest as u64;
             let rep = t.check().expect("check");
             assert_eq!(rep.depth, 2);
+            assert!(rep.is_compact(1024), "{:?}", rep.levels);
             assert_eq!(rep.data_blocks, data);
             assert_eq!(data + rep.tree_blocks.len() as u64, NBLK);
             let built = t.extents().expect("extents");
+            let anchor_at = built
+                .iter()
+                .position(|e| e.logical == anchor_l)
+                .expect("anchor");
             assert_eq!(
-                built.last(),
-                Some(&ext(anchor_l, 1 + rest as u16, anchor_p, false))
+                built[anchor_at],
+                ext(anchor_l, 1 + rest as u16, anchor_p, false)
             );
-            drop(t);
+            let size = t.last_extent().expect("last").expect("some").end() * 1024;
             drop(store);
             // The tree accounts for its own blocks; the caller adds the data blocks.
             assert_eq!(blocks_512, rep.tree_blocks.len() as u64 * 2);
@@ -1694,11 +1835,10 @@ mod tests {
                 };
                 script += &format!("sif <{}> block[{slot}] {w:#x}\n", ino.0);
             }
-            let size = (u64::from(anchor_l) + 1 + rest as u64) * 1024;
             script += &format!("sif <{}> size {size}\n", ino.0);
             debugfs_w_checked(img.path(), script).expect("install root");
             let fsck = e2fsck_fn(img.path());
-            assert!(fsck.clean, "e2fsck ({opts}):\n{}", fsck.output);
+            assert!(fsck.clean, "e2fsck ({opts}, {shuffled}):\n{}", fsck.output);
             assert_eq!(extent_depth(img.path(), "/f").expect("ex"), Some(2));
 
             let fs = Fs::open(img.path()).expect("reopen");
@@ -1720,6 +1860,68 @@ mod tests {
                 .collect();
             assert_eq!(seen, want);
         }
+    }
+
+    /// Random insertion order leaves slack e2fsck complains about; optimize() packs
+    /// the tree (fewer blocks, same mapping) and leaves a compact one alone.
+    #[test]
+    fn optimize_packs_a_sparse_tree() {
+        let mut h = Harness::new(1024, 1 << 16, 0, Some(77));
+        let mut order: Vec<u32> = (0..3000).collect();
+        for i in (1..order.len()).rev() {
+            let j = (h.store.rand() % (i as u64 + 1)) as usize;
+            order.swap(i, j);
+        }
+        for i in order {
+            h.insert_data(3 * i, 1, i % 4 == 0, 100 + 3 * u64::from(i));
+        }
+        let before = h.verify();
+        assert!(!before.is_compact(1024), "{:?}", before.levels);
+        assert!(h.tree().optimize().expect("optimize"));
+        let after = h.verify();
+        assert!(after.is_compact(1024), "{:?}", after.levels);
+        assert!(after.tree_blocks.len() < before.tree_blocks.len());
+        assert_eq!(after.tree_blocks.len(), 3000usize.div_ceil(84) + 1);
+        assert!(!h.tree().optimize().expect("optimize again"));
+        // Keep one extent in 40: every leaf keeps two or three, and the level is
+        // mostly slack.
+        for k in 0..75u32 {
+            let (a, b) = (120 * k + 3, 120 * k + 120);
+            assert_eq!(h.tree().remove(a, u64::from(b)).expect("punch"), 39);
+            h.model.retain(|&l, _| !(a..b).contains(&l));
+        }
+        let rep = h.verify();
+        assert!(rep.depth > 0 && !rep.is_compact(1024), "{:?}", rep.levels);
+        assert!(h.tree().optimize().expect("optimize"));
+        let rep = h.verify();
+        assert_eq!((rep.depth, rep.tree_blocks.len()), (1, 1));
+        assert!(rep.is_compact(1024));
+    }
+
+    #[test]
+    fn compactness_follows_e2fsck_rule() {
+        let lv = |entries: u64, max_entries: u64| LevelStats {
+            nodes: max_entries.div_ceil(84),
+            entries,
+            max_entries,
+        };
+        let r = |levels: Vec<LevelStats>| TreeReport {
+            depth: levels.len() as u16 - 1,
+            extents: 0,
+            data_blocks: 0,
+            tree_blocks: Vec::new(),
+            levels,
+        };
+        assert!(r(vec![lv(0, 4)]).is_compact(1024));
+        assert!(r(vec![lv(1, 4), lv(5, 84)]).is_compact(1024));
+        // A depth-1 tree with 3 extents fits in the root: "could be shorter".
+        assert!(!r(vec![lv(1, 4), lv(3, 84)]).is_compact(1024));
+        // Slack of exactly one block is tolerated, one more slot is not.
+        assert!(r(vec![lv(2, 4), lv(84, 168)]).is_compact(1024));
+        assert!(!r(vec![lv(3, 4), lv(167, 252)]).is_compact(1024));
+        // An index level with fewer entries than the root has slots: "shorter".
+        assert!(!r(vec![lv(1, 4), lv(3, 84), lv(200, 252)]).is_compact(1024));
+        assert!(r(vec![lv(1, 4), lv(5, 84), lv(400, 420)]).is_compact(1024));
     }
 
     #[derive(Debug, Clone)]
@@ -1749,6 +1951,7 @@ mod tests {
             at: u32,
             len: u32,
         },
+        Optimize,
     }
 
     const SPAN: u32 = 4000;
@@ -1763,6 +1966,7 @@ mod tests {
             3 => (0..SPAN, 1..400u32).prop_map(|(at, len)| Op::MarkWritten { at, len }),
             1 => (0..SPAN, 1..100u32).prop_map(|(at, len)| Op::Collapse { at, len }),
             1 => (0..SPAN, 1..100u32).prop_map(|(at, len)| Op::InsertRange { at, len }),
+            1 => Just(Op::Optimize),
         ]
     }
 
@@ -1817,6 +2021,11 @@ mod tests {
                     .filter(|(&l, _)| !(at..end).contains(&l))
                     .map(|(&l, &v)| (if l >= end { l - len } else { l }, v))
                     .collect();
+            }
+            Op::Optimize => {
+                h.tree().optimize().expect("optimize");
+                let rep = h.tree().check().expect("check");
+                assert!(rep.is_compact(1024), "{:?}", rep.levels);
             }
             Op::InsertRange { at, len } => {
                 h.tree().insert_range(at, len).expect("insert_range");

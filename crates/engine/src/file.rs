@@ -283,10 +283,16 @@ impl File {
         };
         self.fs.write_locked(self.ino, buf, off)
     }
-    /// Write all of `buf` at `offset`.
-    pub fn write_all_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        let n = self.write_at(buf, offset)?;
-        debug_assert_eq!(n, buf.len());
+    /// Write all of `buf` at `offset` (retrying after short writes).
+    pub fn write_all_at(&self, mut buf: &[u8], mut offset: u64) -> Result<()> {
+        while !buf.is_empty() {
+            let n = self.write_at(buf, offset)?;
+            if n == 0 {
+                return Err(Error::NoSpace);
+            }
+            buf = &buf[n..];
+            offset += n as u64;
+        }
         Ok(())
     }
     /// Truncate or extend (`File::set_len`).

@@ -681,12 +681,44 @@ impl Fs {
         if end > self.max_file_size() {
             return Err(Error::FileTooLarge);
         }
+        let mut pos = offset;
+        let r = self.write_blocks(ino, &mut inode, buf, offset, &mut pos);
+        // Whatever was done is recorded, even when the rest failed (e.g. ENOSPC): the
+        // inode must reference every block the loop allocated.
+        let done = pos - offset;
+        if pos > inode.size {
+            inode.size = pos;
+        }
+        if done > 0 {
+            let t = now_ts();
+            inode.mtime = t;
+            inode.ctime = t;
+        }
+        self.write_inode(ino, &inode)?;
+        match r {
+            Ok(()) => Ok(buf.len()),
+            Err(_) if done > 0 => Ok(done as usize),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The block loop of a write; `pos` tracks how far the data got.
+    fn write_blocks(
+        &self,
+        ino: Ino,
+        inode: &mut Inode,
+        buf: &[u8],
+        offset: u64,
+        pos: &mut u64,
+    ) -> Result<()> {
+        let end = offset + buf.len() as u64;
         let bs = u64::from(self.inner.block_size);
         let dev = self.cache().device().clone();
-        let mut pos = offset;
-        while pos < end {
-            let lblk = pos / bs;
-            let mapping = self.map_block(ino, &inode, lblk)?;
+        let inode = &mut *inode;
+        while *pos < end {
+            let pos_now = *pos;
+            let lblk = pos_now / bs;
+            let mapping = self.map_block(ino, inode, lblk)?;
             match mapping {
                 Mapping::Mapped {
                     physical,
@@ -695,10 +727,10 @@ impl Fs {
                 } => {
                     // Overwrite in place, up to the end of this extent.
                     let run_end = ((lblk + len) * bs).min(end);
-                    let n = (run_end - pos) as usize;
-                    let src = &buf[(pos - offset) as usize..][..n];
-                    dev.write_at(src, physical * bs + pos % bs)?;
-                    pos = run_end;
+                    let n = (run_end - pos_now) as usize;
+                    let src = &buf[(pos_now - offset) as usize..][..n];
+                    dev.write_at(src, physical * bs + pos_now % bs)?;
+                    *pos = run_end;
                 }
                 Mapping::Mapped {
                     physical,
@@ -710,27 +742,27 @@ impl Fs {
                     let nblk = run_end_blk - lblk;
                     let mut data = vec![0u8; (nblk * bs) as usize];
                     let run_end = (run_end_blk * bs).min(end);
-                    let start_in = (pos - lblk * bs) as usize;
-                    let n = (run_end - pos) as usize;
+                    let start_in = (pos_now - lblk * bs) as usize;
+                    let n = (run_end - pos_now) as usize;
                     data[start_in..start_in + n]
-                        .copy_from_slice(&buf[(pos - offset) as usize..][..n]);
+                        .copy_from_slice(&buf[(pos_now - offset) as usize..][..n]);
                     dev.write_at(&data, physical * bs)?;
-                    with_tree(self, ino, &mut inode, |t| {
+                    with_tree(self, ino, inode, |t| {
                         t.mark_written(lblk as u32, nblk as u32)
                     })?;
-                    pos = run_end;
+                    *pos = run_end;
                 }
                 Mapping::Hole { len } => {
                     let want_blk = len.min(end.div_ceil(bs) - lblk).min(32768);
-                    let goal = self.data_goal(ino, &inode, lblk);
+                    let goal = self.data_goal(ino, inode, lblk);
                     let (p, got) = self.alloc_blocks(goal, want_blk as u32)?;
                     let got = u64::from(got);
                     let run_end = ((lblk + got) * bs).min(end);
                     let mut data = vec![0u8; (got * bs) as usize];
-                    let start_in = (pos - lblk * bs) as usize;
-                    let n = (run_end - pos) as usize;
+                    let start_in = (pos_now - lblk * bs) as usize;
+                    let n = (run_end - pos_now) as usize;
                     data[start_in..start_in + n]
-                        .copy_from_slice(&buf[(pos - offset) as usize..][..n]);
+                        .copy_from_slice(&buf[(pos_now - offset) as usize..][..n]);
                     dev.write_at(&data, p * bs)?;
                     let ext = Extent {
                         logical: lblk as u32,
@@ -738,23 +770,16 @@ impl Fs {
                         physical: p,
                         unwritten: false,
                     };
-                    if let Err(e) = with_tree(self, ino, &mut inode, |t| t.insert(ext)) {
+                    if let Err(e) = with_tree(self, ino, inode, |t| t.insert(ext)) {
                         let _ = self.free_blocks(p, got);
                         return Err(e);
                     }
                     inode.blocks_raw += got * bs / 512;
-                    pos = run_end;
+                    *pos = run_end;
                 }
             }
         }
-        if end > inode.size {
-            inode.size = end;
-        }
-        let t = now_ts();
-        inode.mtime = t;
-        inode.ctime = t;
-        self.write_inode(ino, &inode)?;
-        Ok(buf.len())
+        Ok(())
     }
 
     /// fallocate(2).
@@ -779,7 +804,12 @@ impl Fs {
         let bs = u64::from(self.inner.block_size);
         match mode {
             FallocMode::Allocate | FallocMode::KeepSize => {
-                self.alloc_unwritten(ino, &mut inode, offset / bs, end.div_ceil(bs))?;
+                if let Err(e) = self.alloc_unwritten(ino, &mut inode, offset / bs, end.div_ceil(bs))
+                {
+                    // Keep what was allocated referenced (as the kernel does on ENOSPC).
+                    self.write_inode(ino, &inode)?;
+                    return Err(e);
+                }
                 if mode == FallocMode::Allocate && end > inode.size {
                     inode.size = end;
                 }
@@ -789,7 +819,11 @@ impl Fs {
             }
             FallocMode::ZeroRange { keep_size } => {
                 self.punch(ino, &mut inode, offset, end)?;
-                self.alloc_unwritten(ino, &mut inode, offset / bs, end.div_ceil(bs))?;
+                if let Err(e) = self.alloc_unwritten(ino, &mut inode, offset / bs, end.div_ceil(bs))
+                {
+                    self.write_inode(ino, &inode)?;
+                    return Err(e);
+                }
                 if !keep_size && end > inode.size {
                     inode.size = end;
                 }

@@ -251,6 +251,10 @@ impl Geometry {
             } else {
                 0
             };
+            // mke2fs builds the orphan file only along with a journal.
+            if journal_blocks == 0 {
+                features.compat &= !COMPAT_ORPHAN_FILE;
+            }
             let orphan_blocks = if features.has_compat(COMPAT_ORPHAN_FILE) {
                 default_orphan_blocks(blocks)
             } else {

@@ -1,0 +1,958 @@
+//! The write tools: `rext4 cp` into an image, `mkdir`, `rm`, `mv`, `ln`, `chmod`,
+//! `chown`, `truncate`. Each opens its image read-write through the embedding API, does
+//! its work, and always closes the filesystem (`Fs::close` writes everything back and
+//! marks the image clean; its error is reported), also after a failed operation.
+//!
+//! Conventions (coreutils-like): several operands are processed one after the other, an
+//! error on one is printed ("rext4 rm: IMAGE:/x: no such file or directory", the engine
+//! error's Display as the reason) and the others still run; the exit code is 1 if any
+//! failed. Bad operands (not IMAGE:/path, different images for `mv`/`ln`) are usage
+//! errors (exit 2). New inodes belong to the caller (euid/egid); `cp` keeps the source
+//! owner when run as root, as `cp -a` does.
+//!
+//! `cp` into an image (`cp_in`) copies like `cp -a`: modes, owners (root), atime and
+//! mtime with nanoseconds, symlinks, hard links (grouped by host (dev, ino)), device
+//! nodes, fifos, sockets, extended attributes (ACLs pass through in the VFS format; the
+//! engine converts) and holes (SEEK_DATA/SEEK_HOLE, or zero-block skipping where the
+//! host filesystem lacks them). Directory times are set after their contents. An
+//! existing non-directory target is replaced (like `cp --remove-destination`), an
+//! existing directory is merged into. The image file itself is never copied into
+//! itself.
+
+use std::collections::HashMap;
+use std::ffi::{CString, OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use rext4::format::inode::mode as imode;
+use rext4::{Error, FileType, Fs, FsOptions, Ino, SetAttr, Timestamp, XattrFlags};
+
+use crate::spec::{self, ImagePath};
+
+/// A failed command: exit code and message ("" when the details were printed already).
+pub type Failure = (u8, String);
+
+/// The caller's effective uid and gid: owner of every inode the tools create.
+pub fn caller() -> (u32, u32) {
+    // SAFETY: geteuid and getegid have no preconditions and cannot fail.
+    unsafe { (libc::geteuid(), libc::getegid()) }
+}
+
+fn is_root() -> bool {
+    caller().0 == 0
+}
+
+/// Open `image` read-write, printing the engine's warnings.
+pub fn open_rw(image: &Path) -> Result<Fs, String> {
+    let fs = Fs::open_with(
+        image,
+        FsOptions {
+            read_only: false,
+            ..FsOptions::default()
+        },
+    )
+    .map_err(|e| format!("{}: {e}", image.display()))?;
+    for w in fs.warnings() {
+        eprintln!("rext4: warning: {}: {w}", image.display());
+    }
+    Ok(fs)
+}
+
+/// Close `fs` after `result`; a close error fails an otherwise successful command.
+pub fn close(fs: &Fs, image: &Path, result: Result<(), Failure>) -> Result<(), Failure> {
+    match (fs.close(), result) {
+        (Ok(()), r) => r,
+        (Err(e), Ok(())) => Err((1, format!("{}: closing the image: {e}", image.display()))),
+        (Err(e), Err(f)) => {
+            eprintln!("rext4: {}: closing the image: {e}", image.display());
+            Err(f)
+        }
+    }
+}
+
+/// Parse every operand as IMAGE:/path (usage error otherwise).
+pub fn parse_specs(args: &[String]) -> Result<Vec<ImagePath>, Failure> {
+    args.iter()
+        .map(|a| spec::parse(a).ok_or_else(|| (2, format!("{a}: expected IMAGE:/path"))))
+        .collect()
+}
+
+/// Run `op` on every operand, opening each image once for a run of operands naming it.
+/// Errors are printed as "rext4 CMD: OPERAND: reason"; exit 1 if any failed.
+fn for_each(
+    cmd: &str,
+    args: &[String],
+    mut op: impl FnMut(&Fs, &[u8]) -> rext4::Result<()>,
+) -> Result<(), Failure> {
+    let specs = parse_specs(args)?;
+    let mut failed = false;
+    let mut i = 0;
+    while i < specs.len() {
+        let image = specs[i].image.clone();
+        let fs = match open_rw(&image) {
+            Ok(fs) => fs,
+            Err(e) => {
+                eprintln!("rext4 {cmd}: {e}");
+                failed = true;
+                i += 1;
+                while i < specs.len() && specs[i].image == image {
+                    i += 1;
+                }
+                continue;
+            }
+        };
+        while i < specs.len() && specs[i].image == image {
+            if let Err(e) = op(&fs, &specs[i].path) {
+                eprintln!("rext4 {cmd}: {}: {e}", args[i]);
+                failed = true;
+            }
+            i += 1;
+        }
+        if let Err(e) = fs.close() {
+            eprintln!("rext4 {cmd}: {}: closing the image: {e}", image.display());
+            failed = true;
+        }
+    }
+    if failed {
+        Err((1, String::new()))
+    } else {
+        Ok(())
+    }
+}
+
+/// Components of an image path, without empty ones.
+fn components(path: &[u8]) -> impl Iterator<Item = &[u8]> {
+    path.split(|&c| c == b'/').filter(|c| !c.is_empty())
+}
+
+/// The last component of a path, unless it is "." or ".." (or the path is "/").
+fn base_name(path: &[u8]) -> Option<&[u8]> {
+    components(path)
+        .last()
+        .filter(|c| !matches!(*c, b"." | b".."))
+}
+
+/// Parse an octal permission mode ("755", "0644", "4755").
+pub fn parse_octal_mode(s: &str) -> Result<u32, Failure> {
+    u32::from_str_radix(s, 8)
+        .ok()
+        .filter(|m| *m <= 0o7777 && !s.is_empty())
+        .ok_or_else(|| (2, format!("invalid mode: {s:?} (expected octal, e.g. 755)")))
+}
+
+// ---------------------------------------------------------------------------------
+// mkdir, rm, mv, ln, chmod, chown, truncate
+
+/// `rext4 mkdir [-p] [-m MODE] IMAGE:/path...`
+pub fn mkdir(parents: bool, mode: Option<&str>, args: &[String]) -> Result<(), Failure> {
+    let perm = match mode {
+        Some(m) => parse_octal_mode(m)?,
+        None => 0o755,
+    };
+    let (uid, gid) = caller();
+    for_each("mkdir", args, |fs, path| {
+        if parents {
+            // Each prefix is resolved from the root, so symlinked components are
+            // followed as mkdir -p does.
+            let comps: Vec<&[u8]> = components(path).collect();
+            let mut cur = Vec::new();
+            for (i, comp) in comps.iter().enumerate() {
+                cur.push(b'/');
+                cur.extend_from_slice(comp);
+                match fs.resolve(&cur, true) {
+                    Ok(ino) if fs.stat_ino(ino)?.is_dir() => {}
+                    Ok(_) => return Err(Error::NotADirectory),
+                    Err(Error::NotFound) => {
+                        let (p, name) = fs.parent_and_name(&cur)?;
+                        let m = if i + 1 == comps.len() { perm } else { 0o755 };
+                        fs.mkdir_ino(p, name, m, uid, gid)?;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        } else {
+            if fs.resolve(path, false).is_ok() {
+                return Err(Error::Exists);
+            }
+            let (parent, name) = fs.parent_and_name(path)?;
+            fs.mkdir_ino(parent, name, perm, uid, gid).map(|_| ())
+        }
+    })
+}
+
+/// `rext4 rm [-r] [-f] [-d] IMAGE:/path...`
+pub fn rm(recursive: bool, force: bool, dirs: bool, args: &[String]) -> Result<(), Failure> {
+    for_each("rm", args, |fs, path| {
+        let ino = match fs.resolve(path, false) {
+            Err(Error::NotFound) if force => return Ok(()),
+            r => r?,
+        };
+        if ino == Ino::ROOT || base_name(path).is_none() {
+            return Err(Error::InvalidInput(
+                "refusing to remove '.', '..' or the root directory".into(),
+            ));
+        }
+        if fs.stat_ino(ino)?.is_dir() {
+            if recursive {
+                fs.remove_dir_all(OsStr::from_bytes(path))
+            } else if dirs {
+                fs.remove_dir(OsStr::from_bytes(path))
+            } else {
+                Err(Error::IsADirectory)
+            }
+        } else {
+            fs.remove_file(OsStr::from_bytes(path))
+        }
+    })
+}
+
+/// Operands that must all name the same image: (image, paths).
+fn same_image(args: &[String]) -> Result<(PathBuf, Vec<Vec<u8>>), Failure> {
+    let specs = parse_specs(args)?;
+    let first = specs
+        .first()
+        .map(|s| s.image.clone())
+        .ok_or_else(|| (2, "missing operand".to_string()))?;
+    let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let c0 = canon(&first);
+    if specs.iter().any(|s| canon(&s.image) != c0) {
+        return Err((2, "all operands must be in the same image".into()));
+    }
+    Ok((first, specs.into_iter().map(|s| s.path).collect()))
+}
+
+/// Where `src` goes for `mv`/`ln` into `dest`: inside it when it is a directory.
+fn target_in(fs: &Fs, dest: &[u8], name: Option<&[u8]>) -> rext4::Result<(Ino, Vec<u8>)> {
+    if let Ok(ino) = fs.resolve(dest, true) {
+        if fs.stat_ino(ino)?.is_dir() {
+            let name = name.ok_or_else(|| Error::InvalidInput("source has no name".into()))?;
+            return Ok((ino, name.to_vec()));
+        }
+    }
+    let (p, n) = fs.parent_and_name(dest)?;
+    Ok((p, n.to_vec()))
+}
+
+/// `rext4 mv IMAGE:/src... IMAGE:/dest` (one image).
+pub fn mv(args: &[String]) -> Result<(), Failure> {
+    let (image, paths) = same_image(args)?;
+    let Some((dest, srcs)) = paths.split_last() else {
+        return Err((2, "missing operand".into()));
+    };
+    let fs = open_rw(&image).map_err(|e| (1, e))?;
+    let mut failed = false;
+    let dest_is_dir = fs
+        .resolve(dest, true)
+        .and_then(|i| fs.stat_ino(i))
+        .is_ok_and(|m| m.is_dir());
+    if srcs.len() > 1 && !dest_is_dir {
+        let r = Err((1, format!("{}: not a directory", args[args.len() - 1])));
+        return close(&fs, &image, r);
+    }
+    for (i, src) in srcs.iter().enumerate() {
+        let r = (|| {
+            let (p1, n1) = fs.parent_and_name(src)?;
+            let (p2, n2) = target_in(&fs, dest, base_name(src))?;
+            if (p1, n1) == (p2, n2.as_slice()) {
+                return Ok(());
+            }
+            fs.rename_ino(p1, n1, p2, &n2, rext4::RenameFlags::default())
+        })();
+        if let Err(e) = r {
+            eprintln!("rext4 mv: {} -> {}: {e}", args[i], args[args.len() - 1]);
+            failed = true;
+        }
+    }
+    let r = if failed {
+        Err((1, String::new()))
+    } else {
+        Ok(())
+    };
+    close(&fs, &image, r)
+}
+
+/// `rext4 ln [-s] TARGET IMAGE:/link`: a hard link to IMAGE:/target, or with `-s` a
+/// symlink holding TARGET's text.
+pub fn ln(symbolic: bool, target: &OsStr, link: &str) -> Result<(), Failure> {
+    let (image, tpath, lpath) = if symbolic {
+        let l = spec::parse(link).ok_or_else(|| (2, format!("{link}: expected IMAGE:/path")))?;
+        (l.image, target.as_bytes().to_vec(), l.path)
+    } else {
+        let t = target
+            .to_str()
+            .map(str::to_string)
+            .ok_or_else(|| (2, "target must be IMAGE:/path".to_string()))?;
+        let (image, mut paths) = same_image(&[t, link.to_string()])?;
+        let l = paths.pop().unwrap_or_default();
+        let t = paths.pop().unwrap_or_default();
+        (image, t, l)
+    };
+    if tpath.is_empty() {
+        return Err((2, "empty link target".into()));
+    }
+    let fs = open_rw(&image).map_err(|e| (1, e))?;
+    let (uid, gid) = caller();
+    let r = (|| {
+        let (p, n) = target_in(&fs, &lpath, base_name(&tpath))?;
+        if symbolic {
+            fs.symlink_ino(p, &n, &tpath, uid, gid).map(|_| ())
+        } else {
+            let ino = fs.resolve(&tpath, false)?;
+            fs.link_ino(ino, p, &n)
+        }
+    })()
+    .map_err(|e| {
+        (
+            1,
+            format!("ln: {link} -> {}: {e}", String::from_utf8_lossy(&tpath)),
+        )
+    });
+    close(&fs, &image, r)
+}
+
+/// `rext4 chmod MODE IMAGE:/path...` (octal; follows symlinks, like chmod).
+pub fn chmod(mode: &str, args: &[String]) -> Result<(), Failure> {
+    let m = parse_octal_mode(mode)?;
+    for_each("chmod", args, |fs, path| {
+        let ino = fs.resolve(path, true)?;
+        let sa = SetAttr {
+            mode: Some(m),
+            ..SetAttr::default()
+        };
+        fs.setattr_ino(ino, &sa).map(|_| ())
+    })
+}
+
+/// "UID", "UID:GID", "UID:", ":GID" (numeric) → (uid, gid).
+pub fn parse_owner(s: &str) -> Result<(Option<u32>, Option<u32>), Failure> {
+    let bad = || {
+        (
+            2,
+            format!("invalid owner: {s:?} (expected UID[:GID], numeric)"),
+        )
+    };
+    let num = |x: &str| -> Result<Option<u32>, Failure> {
+        if x.is_empty() {
+            Ok(None)
+        } else {
+            x.parse::<u32>().map(Some).map_err(|_| bad())
+        }
+    };
+    let (u, g) = match s.split_once(':') {
+        Some((u, g)) => (num(u)?, num(g)?),
+        None => (num(s)?, None),
+    };
+    if u.is_none() && g.is_none() {
+        return Err(bad());
+    }
+    Ok((u, g))
+}
+
+/// `rext4 chown [-h] UID[:GID] IMAGE:/path...`. As chown(2) does on Linux, a changed
+/// owner clears set-user-ID, and set-group-ID when group-executable, on non-directories.
+pub fn chown(owner: &str, no_deref: bool, args: &[String]) -> Result<(), Failure> {
+    let (uid, gid) = parse_owner(owner)?;
+    for_each("chown", args, |fs, path| {
+        let ino = fs.resolve(path, !no_deref)?;
+        let m = fs.stat_ino(ino)?;
+        let mut mode = None;
+        if !m.is_dir() && !m.is_symlink() {
+            let mut p = m.permissions() & !0o4000;
+            if p & 0o010 != 0 {
+                p &= !0o2000;
+            }
+            if p != m.permissions() {
+                mode = Some(p);
+            }
+        }
+        let sa = SetAttr {
+            uid,
+            gid,
+            mode,
+            ..SetAttr::default()
+        };
+        fs.setattr_ino(ino, &sa).map(|_| ())
+    })
+}
+
+/// coreutils-style SIZE: N, N with K/M/G/T/P/E (powers of 1024) or KB/MB/... (powers
+/// of 1000), optionally prefixed by '+' or '-' (relative to the current size).
+pub fn parse_size(s: &str) -> Result<(i8, u64), Failure> {
+    let bad = || (2, format!("invalid size: {s:?}"));
+    let (rel, body) = match s.as_bytes().first() {
+        Some(b'+') => (1, &s[1..]),
+        Some(b'-') => (-1, &s[1..]),
+        _ => (0, s),
+    };
+    let digits = body.bytes().take_while(u8::is_ascii_digit).count();
+    let n: u64 = body[..digits].parse().map_err(|_| bad())?;
+    let suffix = &body[digits..];
+    let powers = "KMGTPE";
+    let mult: u64 = if suffix.is_empty() {
+        1
+    } else {
+        let up = suffix.to_ascii_uppercase();
+        let mut chars = up.chars();
+        let c = chars.next().ok_or_else(bad)?;
+        let exp = powers.find(c).ok_or_else(bad)? as u32 + 1;
+        match chars.as_str() {
+            "" | "IB" => 1024u64.checked_pow(exp).ok_or_else(bad)?,
+            "B" => 1000u64.checked_pow(exp).ok_or_else(bad)?,
+            _ => return Err(bad()),
+        }
+    };
+    Ok((rel, n.checked_mul(mult).ok_or_else(bad)?))
+}
+
+/// `rext4 truncate [-c] -s SIZE IMAGE:/path...` (creates missing files unless -c).
+pub fn truncate(size: &str, no_create: bool, args: &[String]) -> Result<(), Failure> {
+    let (rel, n) = parse_size(size)?;
+    let (uid, gid) = caller();
+    for_each("truncate", args, |fs, path| {
+        let ino = match fs.resolve(path, true) {
+            Err(Error::NotFound) if no_create => return Ok(()),
+            Err(Error::NotFound) => {
+                let (p, name) = fs.parent_and_name(path)?;
+                let mode = u32::from(imode::S_IFREG) | 0o644;
+                fs.mknod_ino(p, name, mode, uid, gid, (0, 0))?
+            }
+            r => r?,
+        };
+        let cur = fs.stat_ino(ino)?;
+        if cur.is_dir() {
+            return Err(Error::IsADirectory);
+        }
+        let new = match rel {
+            1 => cur.size.checked_add(n).ok_or(Error::FileTooLarge)?,
+            -1 => cur.size.saturating_sub(n),
+            _ => n,
+        };
+        fs.truncate_ino(ino, new)
+    })
+}
+
+// ---------------------------------------------------------------------------------
+// cp into an image
+
+/// Options of `rext4 cp` into an image.
+pub struct CpInOptions {
+    pub recursive: bool,
+    pub progress: bool,
+}
+
+/// Host (dev, ino) of a file.
+type HostId = (u64, u64);
+
+struct InCopier<'a> {
+    fs: &'a Fs,
+    recursive: bool,
+    root: bool,
+    caller: (u32, u32),
+    /// Host hard-link groups already copied: host id → image inode.
+    links: HashMap<HostId, Ino>,
+    /// The image file itself, never copied into itself.
+    image_id: Option<HostId>,
+    errors: usize,
+    bar: ProgressBar,
+    buf: Vec<u8>,
+}
+
+fn cpath(p: &Path) -> std::io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in path"))
+}
+
+/// Every extended attribute of `p` (not following a final symlink), as the kernel
+/// lists them: user.*, trusted.* (root only), security.*, system.posix_acl_*.
+pub fn host_xattrs(p: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let c = cpath(p)?;
+    let names = loop {
+        // SAFETY: `c` is NUL-terminated; a null buffer of size 0 asks for the length.
+        let n = unsafe { libc::llistxattr(c.as_ptr(), std::ptr::null_mut(), 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENOTSUP) {
+                return Ok(Vec::new());
+            }
+            return Err(e);
+        }
+        let mut buf = vec![0u8; n as usize];
+        // SAFETY: `buf` has `buf.len()` writable bytes.
+        let m = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if m < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ERANGE) {
+                continue; // the list grew meanwhile
+            }
+            return Err(e);
+        }
+        buf.truncate(m as usize);
+        break buf;
+    };
+    let mut out = Vec::new();
+    for name in names.split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let Ok(cn) = CString::new(name) else { continue };
+        let value = loop {
+            // SAFETY: both strings are NUL-terminated; a null buffer asks for the length.
+            let n = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), std::ptr::null_mut(), 0) };
+            if n < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let mut buf = vec![0u8; n as usize];
+            // SAFETY: `buf` has `buf.len()` writable bytes.
+            let m = unsafe {
+                libc::lgetxattr(c.as_ptr(), cn.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+            };
+            if m < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::ERANGE) {
+                    continue;
+                }
+                return Err(e);
+            }
+            buf.truncate(m as usize);
+            break buf;
+        };
+        out.push((name.to_vec(), value));
+    }
+    Ok(out)
+}
+
+fn ts(sec: i64, nsec: i64) -> Timestamp {
+    Timestamp {
+        sec,
+        nsec: nsec.clamp(0, 999_999_999) as u32,
+    }
+}
+
+/// Sum of regular file sizes under `p` (for the progress bar).
+fn total_bytes(p: &Path, follow: bool) -> u64 {
+    let md = if follow {
+        std::fs::metadata(p)
+    } else {
+        std::fs::symlink_metadata(p)
+    };
+    let Ok(md) = md else { return 0 };
+    if md.is_file() {
+        return md.len();
+    }
+    if !md.is_dir() {
+        return 0;
+    }
+    let Ok(rd) = std::fs::read_dir(p) else {
+        return 0;
+    };
+    rd.filter_map(Result::ok)
+        .map(|e| total_bytes(&e.path(), false))
+        .sum()
+}
+
+/// The result of one host→image step: engine errors and host I/O errors, with context.
+type StepResult<T> = Result<T, String>;
+
+fn eng(what: &str) -> impl Fn(Error) -> String + '_ {
+    move |e| format!("{what}: {e}")
+}
+
+impl InCopier<'_> {
+    fn err(&mut self, msg: String) {
+        self.bar.suspend(|| eprintln!("rext4 cp: {msg}"));
+        self.errors += 1;
+    }
+
+    fn owner(&self, md: &std::fs::Metadata) -> (u32, u32) {
+        if self.root {
+            (md.uid(), md.gid())
+        } else {
+            self.caller
+        }
+    }
+
+    /// Copy host `src` (whose metadata is `md`) to `name` in image directory `parent`.
+    fn copy(&mut self, src: &Path, md: &std::fs::Metadata, parent: Ino, name: &[u8]) {
+        if let Err(e) = self.copy_one(src, md, parent, name) {
+            self.err(e);
+        }
+    }
+
+    fn copy_one(
+        &mut self,
+        src: &Path,
+        md: &std::fs::Metadata,
+        parent: Ino,
+        name: &[u8],
+    ) -> StepResult<()> {
+        let sd = src.display();
+        let id = (md.dev(), md.ino());
+        if Some(id) == self.image_id {
+            self.bar
+                .suspend(|| eprintln!("rext4 cp: {sd}: skipping the image file itself"));
+            return Ok(());
+        }
+        let existing = self.fs.lookup(parent, name).map_err(eng(&sd.to_string()))?;
+        if md.is_dir() {
+            let ino = match existing {
+                Some(e) => {
+                    let m = self.fs.stat_ino(e.ino).map_err(eng(&sd.to_string()))?;
+                    if !m.is_dir() {
+                        return Err(format!(
+                            "{sd}: cannot overwrite non-directory {} with a directory",
+                            String::from_utf8_lossy(name)
+                        ));
+                    }
+                    e.ino
+                }
+                None => {
+                    let (u, g) = self.owner(md);
+                    self.fs
+                        .mkdir_ino(parent, name, md.mode() & 0o7777, u, g)
+                        .map_err(eng(&sd.to_string()))?
+                }
+            };
+            return self.copy_dir_contents(src, md, ino);
+        }
+        if let Some(e) = existing {
+            let m = self.fs.stat_ino(e.ino).map_err(eng(&sd.to_string()))?;
+            if m.is_dir() {
+                return Err(format!(
+                    "{sd}: cannot overwrite directory {} with a non-directory",
+                    String::from_utf8_lossy(name)
+                ));
+            }
+            if self.links.get(&id) == Some(&e.ino) {
+                return Ok(()); // already this very file
+            }
+            self.fs
+                .unlink_ino(parent, name)
+                .map_err(|e| format!("{sd}: removing the existing target: {e}"))?;
+        }
+        if md.nlink() > 1 {
+            if let Some(&ino) = self.links.get(&id) {
+                return self
+                    .fs
+                    .link_ino(ino, parent, name)
+                    .map_err(eng(&sd.to_string()));
+            }
+        }
+        let (u, g) = self.owner(md);
+        let perm = md.mode() & 0o7777;
+        let ft = md.file_type();
+        use std::os::unix::fs::FileTypeExt;
+        let ino = if ft.is_file() {
+            let ino = self
+                .fs
+                .mknod_ino(parent, name, u32::from(imode::S_IFREG) | perm, u, g, (0, 0))
+                .map_err(eng(&sd.to_string()))?;
+            self.copy_data(src, md.len(), ino)?;
+            ino
+        } else if ft.is_symlink() {
+            let target = std::fs::read_link(src).map_err(|e| format!("{sd}: {e}"))?;
+            self.fs
+                .symlink_ino(parent, name, target.as_os_str().as_bytes(), u, g)
+                .map_err(eng(&sd.to_string()))?
+        } else {
+            let kind = if ft.is_char_device() {
+                imode::S_IFCHR
+            } else if ft.is_block_device() {
+                imode::S_IFBLK
+            } else if ft.is_fifo() {
+                imode::S_IFIFO
+            } else if ft.is_socket() {
+                imode::S_IFSOCK
+            } else {
+                return Err(format!("{sd}: unknown file type"));
+            };
+            let rdev = md.rdev();
+            let dev = (libc::major(rdev), libc::minor(rdev));
+            self.fs
+                .mknod_ino(parent, name, u32::from(kind) | perm, u, g, dev)
+                .map_err(eng(&sd.to_string()))?
+        };
+        if md.nlink() > 1 {
+            self.links.insert(id, ino);
+        }
+        self.finish(src, md, ino, false);
+        Ok(())
+    }
+
+    /// Extended attributes, then (for merged directories) owner and mode, then times:
+    /// last, because everything before changes mtime or ctime.
+    fn finish(&mut self, src: &Path, md: &std::fs::Metadata, ino: Ino, set_owner_mode: bool) {
+        let sd = src.display().to_string();
+        match host_xattrs(src) {
+            Ok(list) => {
+                for (name, value) in list {
+                    if let Err(e) = self
+                        .fs
+                        .set_xattr_ino(ino, &name, &value, XattrFlags::default())
+                    {
+                        self.err(format!(
+                            "{sd}: xattr {}: {e}",
+                            String::from_utf8_lossy(&name)
+                        ));
+                    }
+                }
+            }
+            Err(e) => self.err(format!("{sd}: reading xattrs: {e}")),
+        }
+        let (u, g) = self.owner(md);
+        let mut sa = SetAttr {
+            atime: Some(ts(md.atime(), md.atime_nsec())),
+            mtime: Some(ts(md.mtime(), md.mtime_nsec())),
+            ..SetAttr::default()
+        };
+        if set_owner_mode {
+            sa.uid = Some(u);
+            sa.gid = Some(g);
+            sa.mode = Some(md.mode() & 0o7777);
+        }
+        if let Err(e) = self.fs.setattr_ino(ino, &sa) {
+            self.err(format!("{sd}: setting attributes: {e}"));
+        }
+    }
+
+    fn copy_dir_contents(
+        &mut self,
+        src: &Path,
+        md: &std::fs::Metadata,
+        ino: Ino,
+    ) -> StepResult<()> {
+        let sd = src.display();
+        let mut entries: Vec<(OsString, PathBuf)> = std::fs::read_dir(src)
+            .map_err(|e| format!("{sd}: {e}"))?
+            .filter_map(|e| match e {
+                Ok(e) => Some((e.file_name(), e.path())),
+                Err(err) => {
+                    self.err(format!("{sd}: {err}"));
+                    None
+                }
+            })
+            .collect();
+        entries.sort();
+        for (name, path) in entries {
+            match std::fs::symlink_metadata(&path) {
+                Ok(cmd) => self.copy(&path, &cmd, ino, name.as_bytes()),
+                Err(e) => self.err(format!("{}: {e}", path.display())),
+            }
+        }
+        self.finish(src, md, ino, true);
+        Ok(())
+    }
+
+    /// Copy the bytes of host file `src` into inode `ino`, keeping holes.
+    fn copy_data(&mut self, src: &Path, size: u64, ino: Ino) -> StepResult<()> {
+        let sd = src.display();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(src)
+            .map_err(|e| format!("{sd}: {e}"))?;
+        use std::os::fd::AsRawFd;
+        let fd = f.as_raw_fd();
+        let mut off = 0u64;
+        let mut zero_skip = false;
+        while off < size {
+            // The next data run [data, hole), by SEEK_DATA/SEEK_HOLE.
+            let (data, hole) = if zero_skip {
+                (off, size)
+            } else {
+                // SAFETY: `fd` is an open descriptor owned by `f` for this whole call.
+                let d = unsafe { libc::lseek(fd, off as libc::off_t, libc::SEEK_DATA) };
+                if d < 0 {
+                    let e = std::io::Error::last_os_error();
+                    match e.raw_os_error() {
+                        Some(libc::ENXIO) => break, // only a hole is left
+                        Some(libc::EINVAL) => {
+                            zero_skip = true;
+                            continue;
+                        }
+                        _ => return Err(format!("{sd}: SEEK_DATA: {e}")),
+                    }
+                }
+                // SAFETY: as above.
+                let h = unsafe { libc::lseek(fd, d, libc::SEEK_HOLE) };
+                if h < 0 {
+                    let e = std::io::Error::last_os_error();
+                    return Err(format!("{sd}: SEEK_HOLE: {e}"));
+                }
+                (d as u64, (h as u64).min(size))
+            };
+            let mut pos = data;
+            while pos < hole {
+                let want = ((hole - pos) as usize).min(self.buf.len());
+                let n = f
+                    .read_at(&mut self.buf[..want], pos)
+                    .map_err(|e| format!("{sd}: {e}"))?;
+                if n == 0 {
+                    break; // the file shrank while we copied
+                }
+                let chunk = &self.buf[..n];
+                // Without SEEK_DATA, whole zero blocks become holes.
+                let skip = zero_skip && chunk.iter().all(|&b| b == 0);
+                if !skip {
+                    self.fs
+                        .write_ino_at(ino, chunk, pos)
+                        .map_err(|e| format!("{sd}: writing at {pos}: {e}"))?;
+                }
+                pos += n as u64;
+                self.bar.inc(n as u64);
+            }
+            off = hole.max(off + 1);
+        }
+        let cur = self.fs.stat_ino(ino).map_err(eng(&sd.to_string()))?.size;
+        if cur != size {
+            self.fs
+                .truncate_ino(ino, size)
+                .map_err(|e| format!("{sd}: setting the size: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// `rext4 cp [-r] SRC... IMAGE:/dest`: copy host files and trees into an image.
+pub fn cp_in(
+    srcs: &[PathBuf],
+    dest: &ImagePath,
+    dest_arg: &str,
+    opts: CpInOptions,
+) -> Result<(), Failure> {
+    let image_id = std::fs::metadata(&dest.image)
+        .ok()
+        .map(|m| (m.dev(), m.ino()));
+    let fs = open_rw(&dest.image).map_err(|e| (1, e))?;
+    let r = cp_in_open(&fs, srcs, dest, dest_arg, opts, image_id);
+    close(&fs, &dest.image, r)
+}
+
+fn cp_in_open(
+    fs: &Fs,
+    srcs: &[PathBuf],
+    dest: &ImagePath,
+    dest_arg: &str,
+    opts: CpInOptions,
+    image_id: Option<HostId>,
+) -> Result<(), Failure> {
+    let dest_dir = match fs.resolve(&dest.path, true) {
+        Ok(ino) => {
+            let m = fs
+                .stat_ino(ino)
+                .map_err(|e| (1, format!("{dest_arg}: {e}")))?;
+            m.is_dir().then_some(ino)
+        }
+        Err(Error::NotFound) => None,
+        Err(e) => return Err((1, format!("{dest_arg}: {e}"))),
+    };
+    if srcs.len() > 1 && dest_dir.is_none() {
+        return Err((1, format!("target {dest_arg}: not a directory")));
+    }
+    let bar = if opts.progress {
+        let total: u64 = srcs.iter().map(|s| total_bytes(s, !opts.recursive)).sum();
+        let b = ProgressBar::new(total);
+        if let Ok(style) =
+            ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+        {
+            b.set_style(style);
+        }
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut c = InCopier {
+        fs,
+        recursive: opts.recursive,
+        root: is_root(),
+        caller: caller(),
+        links: HashMap::new(),
+        image_id,
+        errors: 0,
+        bar,
+        buf: vec![0u8; 1 << 20],
+    };
+    for src in srcs {
+        let sd = src.display();
+        // Like cp: command-line symlinks are followed unless copying recursively.
+        let md = if c.recursive {
+            std::fs::symlink_metadata(src)
+        } else {
+            std::fs::metadata(src)
+        };
+        let md = match md {
+            Ok(m) => m,
+            Err(e) => {
+                c.err(format!("{sd}: {e}"));
+                continue;
+            }
+        };
+        if md.is_dir() && !c.recursive {
+            c.err(format!("{sd}: is a directory (use -r)"));
+            continue;
+        }
+        let src_base = base_name(src.as_os_str().as_bytes());
+        match (dest_dir, src_base) {
+            // SRC/. or / copied into an existing directory: merge its contents.
+            (Some(d), None) if md.is_dir() => {
+                if let Err(e) = c.copy_dir_contents(src, &md, d) {
+                    c.err(e);
+                }
+            }
+            (Some(d), Some(name)) => c.copy(src, &md, d, name),
+            (Some(_), None) => c.err(format!("{sd}: has no file name")),
+            (None, _) => match fs.parent_and_name(&dest.path) {
+                Ok((p, n)) => c.copy(src, &md, p, n),
+                Err(e) => c.err(format!("{dest_arg}: {e}")),
+            },
+        }
+    }
+    c.bar.finish_and_clear();
+    if c.errors > 0 {
+        return Err((1, format!("{} error(s) while copying", c.errors)));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("10").ok(), Some((0, 10)));
+        assert_eq!(parse_size("4K").ok(), Some((0, 4096)));
+        assert_eq!(parse_size("1m").ok(), Some((0, 1 << 20)));
+        assert_eq!(parse_size("2KB").ok(), Some((0, 2000)));
+        assert_eq!(parse_size("3GiB").ok(), Some((0, 3 << 30)));
+        assert_eq!(parse_size("+1k").ok(), Some((1, 1024)));
+        assert_eq!(parse_size("-5").ok(), Some((-1, 5)));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("1x").is_err());
+        assert!(parse_size("k").is_err());
+        assert!(parse_size("99999999999E").is_err());
+    }
+
+    #[test]
+    fn owners_and_modes() {
+        assert_eq!(parse_owner("1000").ok(), Some((Some(1000), None)));
+        assert_eq!(parse_owner("1:2").ok(), Some((Some(1), Some(2))));
+        assert_eq!(parse_owner(":2").ok(), Some((None, Some(2))));
+        assert_eq!(parse_owner("3:").ok(), Some((Some(3), None)));
+        assert!(parse_owner(":").is_err());
+        assert!(parse_owner("root").is_err());
+        assert_eq!(parse_octal_mode("755").ok(), Some(0o755));
+        assert_eq!(parse_octal_mode("04755").ok(), Some(0o4755));
+        assert!(parse_octal_mode("9").is_err());
+        assert!(parse_octal_mode("17777").is_err());
+        assert!(parse_octal_mode("").is_err());
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(base_name(b"/a/b/"), Some(&b"b"[..]));
+        assert_eq!(base_name(b"a"), Some(&b"a"[..]));
+        assert_eq!(base_name(b"/a/."), None);
+        assert_eq!(base_name(b"/"), None);
+        assert_eq!(base_name(b".."), None);
+    }
+}
