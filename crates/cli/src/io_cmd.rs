@@ -53,14 +53,14 @@ pub fn strerror(errno: i32) -> String {
     }
 }
 
-/// The POSIX reason for an engine error, plus the engine's detail when it says more.
+/// The POSIX reason for an engine error, as xfs_io would print it; for corruption,
+/// device and unsupported-feature errors the engine's detail follows in parentheses
+/// (strerror alone would hide what went wrong).
 fn reason(e: &Error) -> String {
     let base = strerror(e.errno());
-    let detail = e.to_string();
-    if detail.eq_ignore_ascii_case(&base) {
-        base
-    } else {
-        format!("{base} ({detail})")
+    match e {
+        Error::Corrupted { .. } | Error::Io(_) | Error::Unsupported(_) => format!("{base} ({e})"),
+        _ => base,
     }
 }
 
@@ -486,7 +486,7 @@ impl Shell<'_> {
                 .find(|(o, _)| *o == c)
                 .and_then(|(_, v)| v.clone())
         };
-        let r = match *name {
+        let r = match name.as_str() {
             "pwrite" => self.pwrite(val('S'), val('b'), has('q'), &operands),
             "pread" => self.pread(val('b'), has('q'), has('v'), &operands),
             "truncate" => self.truncate(&operands[0]),

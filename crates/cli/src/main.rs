@@ -104,11 +104,15 @@ enum Cmd {
         #[arg(required = true)]
         specs: Vec<String>,
     },
-    /// Change owner: `rext4 chown UID[:GID] IMAGE:/path...` (numeric).
+    /// Change owner: `rext4 chown [-h] UID[:GID] IMAGE:/path...` (numeric).
+    #[command(disable_help_flag = true)]
     Chown {
         /// Change a symlink itself, not its target.
-        #[arg(short = 'H', long = "no-dereference", short_alias = 'h')]
+        #[arg(short = 'h', long = "no-dereference")]
         no_deref: bool,
+        /// Print help.
+        #[arg(long, action = clap::ArgAction::Help)]
+        help: Option<bool>,
         owner: String,
         #[arg(required = true)]
         specs: Vec<String>,
@@ -192,6 +196,7 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
             no_deref,
             owner,
             specs,
+            ..
         } => write_cmds::chown(&owner, no_deref, &specs)?,
         Cmd::Truncate {
             size,
@@ -270,5 +275,14 @@ fn main() -> ExitCode {
             }
             ExitCode::from(code)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
     }
 }

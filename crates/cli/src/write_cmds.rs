@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use rext4::format::inode::mode as imode;
-use rext4::{Error, FileType, Fs, FsOptions, Ino, SetAttr, Timestamp, XattrFlags};
+use rext4::{Error, Fs, FsOptions, Ino, SetAttr, Timestamp, XattrFlags};
 
 use crate::spec::{self, ImagePath};
 
@@ -458,6 +458,9 @@ struct InCopier<'a> {
     errors: usize,
     bar: ProgressBar,
     buf: Vec<u8>,
+    /// Directory metadata taken by the progress pre-walk before it listed them (listing
+    /// moves a directory's atime under relatime; the copy must keep the original).
+    dir_meta: HashMap<PathBuf, std::fs::Metadata>,
 }
 
 fn cpath(p: &Path) -> std::io::Result<CString> {
@@ -528,8 +531,9 @@ fn ts(sec: i64, nsec: i64) -> Timestamp {
     }
 }
 
-/// Sum of regular file sizes under `p` (for the progress bar).
-fn total_bytes(p: &Path, follow: bool) -> u64 {
+/// Sum of regular file sizes under `p` (for the progress bar); records the metadata
+/// of every directory before listing it.
+fn total_bytes(p: &Path, follow: bool, dirs: &mut HashMap<PathBuf, std::fs::Metadata>) -> u64 {
     let md = if follow {
         std::fs::metadata(p)
     } else {
@@ -542,11 +546,12 @@ fn total_bytes(p: &Path, follow: bool) -> u64 {
     if !md.is_dir() {
         return 0;
     }
+    dirs.insert(p.to_path_buf(), md);
     let Ok(rd) = std::fs::read_dir(p) else {
         return 0;
     };
     rd.filter_map(Result::ok)
-        .map(|e| total_bytes(&e.path(), false))
+        .map(|e| total_bytes(&e.path(), false, dirs))
         .sum()
 }
 
@@ -733,7 +738,11 @@ impl InCopier<'_> {
             .collect();
         entries.sort();
         for (name, path) in entries {
-            match std::fs::symlink_metadata(&path) {
+            let md = match self.dir_meta.remove(&path) {
+                Some(m) => Ok(m),
+                None => std::fs::symlink_metadata(&path),
+            };
+            match md {
                 Ok(cmd) => self.copy(&path, &cmd, ino, name.as_bytes()),
                 Err(e) => self.err(format!("{}: {e}", path.display())),
             }
@@ -848,8 +857,12 @@ fn cp_in_open(
     if srcs.len() > 1 && dest_dir.is_none() {
         return Err((1, format!("target {dest_arg}: not a directory")));
     }
+    let mut dir_meta = HashMap::new();
     let bar = if opts.progress {
-        let total: u64 = srcs.iter().map(|s| total_bytes(s, !opts.recursive)).sum();
+        let total: u64 = srcs
+            .iter()
+            .map(|s| total_bytes(s, !opts.recursive, &mut dir_meta))
+            .sum();
         let b = ProgressBar::new(total);
         if let Ok(style) =
             ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
@@ -870,11 +883,14 @@ fn cp_in_open(
         errors: 0,
         bar,
         buf: vec![0u8; 1 << 20],
+        dir_meta,
     };
     for src in srcs {
         let sd = src.display();
         // Like cp: command-line symlinks are followed unless copying recursively.
-        let md = if c.recursive {
+        let md = if let Some(m) = c.dir_meta.remove(src) {
+            Ok(m)
+        } else if c.recursive {
             std::fs::symlink_metadata(src)
         } else {
             std::fs::metadata(src)

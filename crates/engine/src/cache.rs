@@ -12,6 +12,7 @@
 //! Locking: one mutex around the map, never held across device I/O.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::device::BlockDevice;
@@ -46,6 +47,10 @@ pub struct BufferCache {
     blocks_count: u64,
     cap: usize,
     map: Mutex<HashMap<u64, Entry>>,
+    /// Map size at which the next eviction scan runs (raised when a scan finds too few
+    /// clean entries, so a cache full of dirty blocks is not rescanned on every insert).
+    scan_at: AtomicUsize,
+    dirty: AtomicUsize,
 }
 
 impl BufferCache {
@@ -55,12 +60,15 @@ impl BufferCache {
         blocks_count: u64,
         cap: usize,
     ) -> Self {
+        let cap = cap.max(16);
         BufferCache {
             dev,
             block_size,
             blocks_count,
-            cap: cap.max(16),
+            cap,
             map: Mutex::new(HashMap::new()),
+            scan_at: AtomicUsize::new(cap),
+            dirty: AtomicUsize::new(0),
         }
     }
 
@@ -111,7 +119,7 @@ impl BufferCache {
             other => other,
         })?;
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        Self::make_room(&mut map, self.cap);
+        self.make_room(&mut map);
         let e = map.entry(blk).or_insert(Entry {
             data: data.clone(),
             verified: 0,
@@ -122,19 +130,31 @@ impl BufferCache {
     }
 
     /// Drop clean entries when the cache is full (dirty ones stay until written).
-    fn make_room(map: &mut HashMap<u64, Entry>, cap: usize) {
-        if map.len() < cap {
+    fn make_room(&self, map: &mut HashMap<u64, Entry>) {
+        if map.len() < self.scan_at.load(Ordering::Relaxed) {
             return;
         }
+        let want = self.cap / 4;
         let victims: Vec<u64> = map
             .iter()
             .filter(|(_, e)| !e.dirty)
             .map(|(k, _)| *k)
-            .take(cap / 4)
+            .take(want)
             .collect();
-        for v in victims {
-            map.remove(&v);
+        for v in &victims {
+            map.remove(v);
         }
+        let next = if victims.len() < want {
+            map.len() + want
+        } else {
+            self.cap
+        };
+        self.scan_at.store(next, Ordering::Relaxed);
+    }
+
+    /// Whether so many blocks are dirty that they should be written back now.
+    pub fn wants_writeback(&self) -> bool {
+        self.dirty.load(Ordering::Relaxed) > self.cap / 2
     }
 
     /// Replace block `blk` with `data` and mark it dirty: the one place where a metadata
@@ -162,8 +182,8 @@ impl BufferCache {
             other => other,
         })?;
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        Self::make_room(&mut map, self.cap);
-        map.insert(
+        self.make_room(&mut map);
+        let old = map.insert(
             blk,
             Entry {
                 data: Arc::from(data),
@@ -171,6 +191,9 @@ impl BufferCache {
                 dirty: true,
             },
         );
+        if !old.is_some_and(|e| e.dirty) {
+            self.dirty.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -193,8 +216,9 @@ impl BufferCache {
         for (blk, data) in &dirty {
             // Clean only if nobody replaced it meanwhile.
             if let Some(e) = map.get_mut(blk) {
-                if Arc::ptr_eq(&e.data, data) {
+                if Arc::ptr_eq(&e.data, data) && e.dirty {
                     e.dirty = false;
+                    self.dirty.fetch_sub(1, Ordering::Relaxed);
                 }
             }
         }
@@ -205,14 +229,24 @@ impl BufferCache {
     /// no older contents may later be written over whatever they are reused for.
     pub fn forget(&self, start: u64, len: u64) {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut dropped_dirty = 0;
         if len <= 64 {
             for b in start..start.saturating_add(len) {
-                map.remove(&b);
+                if map.remove(&b).is_some_and(|e| e.dirty) {
+                    dropped_dirty += 1;
+                }
             }
         } else {
             let end = start.saturating_add(len);
-            map.retain(|&b, _| b < start || b >= end);
+            map.retain(|&b, e| {
+                let keep = b < start || b >= end;
+                if !keep && e.dirty {
+                    dropped_dirty += 1;
+                }
+                keep
+            });
         }
+        self.dirty.fetch_sub(dropped_dirty, Ordering::Relaxed);
     }
 
     /// Number of dirty blocks.

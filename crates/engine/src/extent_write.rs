@@ -23,15 +23,21 @@
 //!
 //! How a change is made: walk root→leaf to the leaf covering the target block (a
 //! [`Path`]), edit the leaf in memory (it may overflow or become empty), then
-//! `commit` settles the path bottom-up — an overfull node is split (a node that grew
-//! by appending keeps a full left half, so sequential writes fill leaves; otherwise
-//! halves), a full root moves into a new block and the root becomes an index one level
-//! higher, an empty node is unlinked and freed, index keys are corrected — allocating
-//! every new block before writing anything, so a failed allocation leaves the tree as
-//! it was. Only then are nodes written and blocks freed. Finally, when the root has a
-//! single child that fits in the root, the child moves up (the kernel's
-//! `ext4_ext_try_to_merge_up`, applied at any depth). Multi-leaf operations (punch,
-//! conversion) repeat this leaf by leaf from left to right.
+//! `commit` settles the path bottom-up — an overfull node is split right after the
+//! inserted entry (the kernel's `ext4_ext_split` rule, so in-order writes leave full
+//! nodes; several extra entries: even pieces), a full root moves into a new block and
+//! the root becomes an index one level higher, an empty node is unlinked and freed,
+//! index keys are corrected — allocating every new block before writing anything, so a
+//! failed allocation leaves the tree as it was. Only then are nodes written and blocks
+//! freed. Finally, when the root has a single child that fits in the root, the child
+//! moves up (the kernel's `ext4_ext_try_to_merge_up`, applied at any depth).
+//! Multi-leaf operations (punch, conversion) repeat this leaf by leaf, left to right.
+//!
+//! Like the kernel's, these trees can end up with more slack than e2fsck likes
+//! (random-order inserts, punches): `e2fsck -fn` then prints "extent tree could be
+//! narrower/shorter" (not an error, exit 0). [`TreeReport::is_compact`] states its
+//! rule and [`ExtentTree::optimize`] repacks the tree as e2fsck's pass 1E would; the
+//! file layer decides when to call it (e.g. after truncate/punch, on fsync or close).
 //!
 //! Callers: the file write/truncate/fallocate paths, holding the inode's tree lock.
 //! Nothing here takes a lock.
@@ -221,6 +227,7 @@ fn split_off(n: &mut Node, at: usize, max: u16) -> Node {
 fn split_sizes(len: usize, max: usize, inserted_at: Option<usize>) -> Vec<usize> {
     let max = max.max(1);
     match inserted_at {
+        Some(pos) if len == max + 1 && pos + 1 >= len => vec![max, 1],
         Some(pos) if len == max + 1 => vec![pos + 1, len - pos - 1],
         _ => {
             let k = len.div_ceil(max);
@@ -1590,6 +1597,21 @@ mod tests {
             .map(|(&l, &v)| (if l >= 3500 { l - 3000 } else { l }, v))
             .collect();
         h.verify();
+    }
+
+    /// Filling a file in order in front of a far extent (a write after a seek, then
+    /// the gap): leaves split at the insertion point and stay full, as the kernel's.
+    #[test]
+    fn in_order_fill_before_a_far_extent_keeps_leaves_full() {
+        let mut h = Harness::new(4096, 1 << 14, 0, Some(4));
+        h.insert_data(1_000_000, 1, false, 9000);
+        for i in 0..1000u32 {
+            h.insert_data(i, 1, false, 100 + 2 * u64::from(i));
+        }
+        let rep = h.verify();
+        // 340 + 340 + 320 fragments, and the far extent alone in the last leaf.
+        assert_eq!((rep.depth, rep.tree_blocks.len()), (1, 4));
+        assert_eq!(rep.levels[1].entries, 1001);
     }
 
     /// 100,000 one-block fragments appended in order: full leaves, depth 2 at 4 KiB,

@@ -206,11 +206,18 @@ impl Fs {
             .ok_or_else(|| Error::corrupted(format!("group {g} does not exist"), None))
     }
 
-    pub(crate) fn write_lock(&self) -> MutexGuard<'_, ()> {
-        self.inner
-            .write_lock
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+    /// Take the write lock. When the guard goes and too many metadata blocks are
+    /// dirty, they are written back (background-style writeback; errors surface at the
+    /// next `sync`, whose flush retries them).
+    pub(crate) fn write_lock(&self) -> WriteGuard<'_> {
+        WriteGuard {
+            inner: &self.inner,
+            _g: self
+                .inner
+                .write_lock
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        }
     }
 
     /// Fail with `ReadOnly` unless the filesystem is writable.
@@ -393,6 +400,20 @@ impl Inner {
         self.write_superblock()?;
         self.cache.device().flush()?;
         Ok(())
+    }
+}
+
+/// Guard of [`Inner::write_lock`]; see [`Fs::write_lock`].
+pub(crate) struct WriteGuard<'a> {
+    inner: &'a Inner,
+    _g: MutexGuard<'a, ()>,
+}
+
+impl Drop for WriteGuard<'_> {
+    fn drop(&mut self) {
+        if self.inner.cache.wants_writeback() && !self.inner.read_only {
+            let _ = self.inner.sync_locked();
+        }
     }
 }
 

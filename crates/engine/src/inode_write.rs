@@ -302,7 +302,8 @@ impl DirStore for FsDir<'_> {
         Ok(lblk)
     }
     fn is_indexed(&self) -> bool {
-        self.inode.has_flag(flags::INDEX)
+        // As the readers see it: the flag counts only with the dir_index feature.
+        self.inode.has_flag(flags::INDEX) && self.fs.inner.sb.has_compat(feature::COMPAT_DIR_INDEX)
     }
     fn set_indexed(&mut self, on: bool) -> Result<()> {
         if on {

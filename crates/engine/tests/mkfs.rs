@@ -423,6 +423,43 @@ fn kernel_mounts_rext4_images_rw() {
     }
 }
 
+/// A device full of old data: mkfs must zero what it relies on (journal, used inode
+/// table blocks, block 0 past the boot sector) and leave tables to lazy init.
+#[test]
+fn device_with_old_data_is_initialized() {
+    use rext4::device::{BlockDevice, FileDevice};
+    for upstream in [false, true] {
+        let dir = TempDir::new("mkfs-junk").expect("temp dir");
+        let img = dir.join("fs.img");
+        let junk: Vec<u8> = (0..64 * M).map(|i| (i * 7 + i / 4096) as u8).collect();
+        std::fs::write(&img, &junk).expect("write junk");
+        let dev = FileDevice::open(&img, false, false).expect("open");
+        let opts = MkfsOptions {
+            upstream_defaults: upstream,
+            ..MkfsOptions::default()
+        };
+        let r = rext4::mkfs::mkfs(&dev, &opts).expect("mkfs");
+        dev.flush().expect("flush");
+        drop(dev);
+        assert!(r.bytes_written > u64::from(r.journal_blocks) * u64::from(r.block_size));
+        let fsck = e2fsck_fn(&img);
+        assert!(fsck.clean, "e2fsck on a reused device:\n{}", fsck.output);
+        let text = dumpe2fs(&img);
+        assert!(!text.contains("ITABLE_ZEROED"), "tables were not zeroed");
+        let m = match LoopMount::new(&img, false, "") {
+            Ok(m) => m,
+            Err(why) => {
+                skip(&why);
+                continue;
+            }
+        };
+        std::fs::write(m.path().join("f"), b"hello").expect("write");
+        m.unmount().expect("unmount");
+        let fsck = e2fsck_fn(&img);
+        assert!(fsck.clean, "after the kernel:\n{}", fsck.output);
+    }
+}
+
 #[test]
 fn populate_from_is_not_yet_supported() {
     let dir = TempDir::new("mkfs-d").expect("temp dir");

@@ -71,10 +71,13 @@ impl Features {
         v
     }
 
-    /// Normalize like mke2fs: metadata_csum supersedes uninit_bg.
+    /// Normalize like mke2fs: metadata_csum supersedes uninit_bg, and
+    /// metadata_csum_seed is dropped without metadata_csum.
     pub(crate) fn normalized(mut self) -> Features {
         if self.has_ro_compat(RO_COMPAT_METADATA_CSUM) {
             self.ro_compat &= !RO_COMPAT_GDT_CSUM;
+        } else {
+            self.incompat &= !INCOMPAT_CSUM_SEED;
         }
         self
     }
@@ -100,9 +103,6 @@ impl Features {
             if !self.has_incompat(bit) {
                 return Err(format!("rext4 mkfs always needs the {name} feature"));
             }
-        }
-        if self.has_incompat(INCOMPAT_CSUM_SEED) && !self.has_ro_compat(RO_COMPAT_METADATA_CSUM) {
-            return Err("metadata_csum_seed needs metadata_csum".into());
         }
         if self.has_compat(COMPAT_RESIZE_INODE) && !self.has_ro_compat(RO_COMPAT_SPARSE_SUPER) {
             return Err("reserved online resize blocks (resize_inode) need sparse_super".into());
@@ -241,6 +241,9 @@ mod tests {
         assert_eq!((u.compat, u.incompat, u.ro_compat), (0x103c, 0x22c2, 0x46b));
         assert!(u.check_buildable().is_ok());
         let no_csum = FeatureSet::parse("^metadata_csum").expect("parse");
-        assert!(no_csum.apply(u).check_buildable().is_err());
+        let f = no_csum.apply(u).normalized();
+        assert!(!f.has_incompat(INCOMPAT_CSUM_SEED));
+        let no_extents = FeatureSet::parse("^extent").expect("parse");
+        assert!(no_extents.apply(u).check_buildable().is_err());
     }
 }

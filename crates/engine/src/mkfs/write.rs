@@ -151,12 +151,25 @@ fn map_extents(alloc: &mut Alloc, runs: &[(u64, u64)]) -> Result<Mapped> {
         .map(|e| e.physical.saturating_sub(1))
         .unwrap_or(0);
     let leaf = alloc.take(goal)?;
+    // libext2fs splits a full in-inode leaf by copying it out and writing the index
+    // over the header and first entry; entries 1..3 stay behind as stale bytes.
+    let root_cap = usize::from(extent::ROOT_CAPACITY);
+    let h = Header {
+        entries: root_cap as u16,
+        max: extent::ROOT_CAPACITY,
+        depth: 0,
+        generation: 0,
+    };
+    Node::Leaf(h, exts[..root_cap].to_vec()).encode_into(&mut i_block);
     let h = Header {
         entries: 1,
         max: extent::ROOT_CAPACITY,
         depth: 1,
         generation: 0,
     };
+    // A buffer of the header and one entry: encode_into writes nothing past it, and
+    // leaves the entry's last two bytes (ei_unused) alone.
+    let index_len = extent::HEADER_SIZE + extent::ENTRY_SIZE;
     Node::Index(
         h,
         vec![Index {
@@ -164,7 +177,9 @@ fn map_extents(alloc: &mut Alloc, runs: &[(u64, u64)]) -> Result<Mapped> {
             child: leaf,
         }],
     )
-    .encode_into(&mut i_block);
+    .encode_into(&mut i_block[..index_len]);
+    // ei_unused is written as zero.
+    i_block[index_len - 2..index_len].fill(0);
     Ok(Mapped {
         i_block,
         leaf: Some((leaf, exts)),
