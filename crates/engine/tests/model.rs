@@ -5,7 +5,7 @@
 //! the image read-write, sees the same tree, keeps writing, and rext4 then reads the
 //! kernel's changes with e2fsck still clean.
 //!
-//! Seeds: `REXT4_MODEL_SEEDS` (default 12) sequences of `REXT4_MODEL_OPS` (default 400)
+//! Seeds: `REXT4_MODEL_SEEDS` (default 40) sequences of `REXT4_MODEL_OPS` (default 600)
 //! operations, plus one long sequence of 3,000. A failure prints the seed and the
 //! operation log.
 
@@ -803,6 +803,7 @@ fn run_seed(seed: u64, ops: usize, bs: u32) {
         r.step();
     }
     let want = normalise(r.m.tree());
+    eprintln!("seed {seed} ({bs}): {ops} ops, {} paths in the model", want.len());
     let ours = normalise(common::snapshot(&fs).expect("walk"));
     let d = diff_trees(&want, &ours, &Compare::exact());
     assert!(
@@ -883,8 +884,8 @@ fn env_or(k: &str, d: u64) -> u64 {
 
 #[test]
 fn model_many_seeds_1k() {
-    let seeds = env_or("REXT4_MODEL_SEEDS", 12);
-    let ops = env_or("REXT4_MODEL_OPS", 400) as usize;
+    let seeds = env_or("REXT4_MODEL_SEEDS", 40);
+    let ops = env_or("REXT4_MODEL_OPS", 600) as usize;
     for seed in 0..seeds / 2 {
         run_seed(seed, ops, 1024);
     }
@@ -892,8 +893,8 @@ fn model_many_seeds_1k() {
 
 #[test]
 fn model_many_seeds_4k() {
-    let seeds = env_or("REXT4_MODEL_SEEDS", 12);
-    let ops = env_or("REXT4_MODEL_OPS", 400) as usize;
+    let seeds = env_or("REXT4_MODEL_SEEDS", 40);
+    let ops = env_or("REXT4_MODEL_OPS", 600) as usize;
     for seed in seeds / 2..seeds {
         run_seed(seed, ops, 4096);
     }
