@@ -11,6 +11,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::process::Command;
 
+use rext4::device::{BlockDevice, FileDevice};
 use rext4::mkfs::{format_uuid, mkfs_file, FeatureSet, MkfsOptions, MkfsReport};
 use rext4::Fs;
 use rext4_testkit::{e2fsck_fn, skip, upstream_conf_path, LoopMount, TempDir};
@@ -46,6 +47,9 @@ struct Case {
     upstream: bool,
     /// Extra mke2fs arguments, mirrored in `opts`.
     args: Vec<String>,
+    /// rext4 takes the size from the device (as mke2fs does here) instead of being
+    /// given it.
+    from_device: bool,
     opts: MkfsOptions,
 }
 
@@ -55,6 +59,7 @@ impl Case {
             size,
             upstream,
             args: Vec::new(),
+            from_device: false,
             opts: MkfsOptions {
                 uuid: rext4::mkfs::parse_uuid(UUID),
                 hash_seed: rext4::mkfs::parse_uuid(HASH_SEED),
@@ -262,7 +267,19 @@ fn compare(c: &Case) -> (TempDir, MkfsReport) {
     let theirs = dir.join("mke2fs.img");
     let ours = dir.join("rext4.img");
     mke2fs(&theirs, c);
-    let r = mkfs_file(&ours, c.size, &c.opts).expect("rext4 mkfs");
+    let r = if c.from_device {
+        File::create(&ours)
+            .and_then(|f| f.set_len(c.size))
+            .expect("create image");
+        let dev = FileDevice::open(&ours, false, false).expect("open image");
+        let opts = MkfsOptions {
+            device_zeroed: true,
+            ..c.opts.clone()
+        };
+        rext4::mkfs::mkfs(&dev, &opts).expect("rext4 mkfs")
+    } else {
+        mkfs_file(&ours, c.size, &c.opts).expect("rext4 mkfs")
+    };
     assert_eq!(format_uuid(&r.uuid), UUID);
 
     let diff = dumpe2fs_diff(&dumpe2fs(&theirs), &dumpe2fs(&ours));
@@ -359,11 +376,30 @@ fn same_as_mke2fs_other_sizes() {
     compare(&Case::new(2 * G, false).block_size(1024));
     compare(&Case::new(128 * M, true).block_size(4096));
     compare(&Case::new(256 * G, false));
+    // Too small for a journal (and so, upstream, for the orphan file).
+    compare(&Case::new(1900 * K, true));
+    compare(&Case::new(4000 * K, false).block_size(4096));
+    // A size taken from the device is rounded down to whole pages.
+    let mut c = Case::new(20003 * K, false);
+    c.from_device = true;
+    let (_d, r) = compare(&c);
+    assert_eq!(r.blocks_count, 20000);
 }
 
 #[test]
 fn same_as_mke2fs_with_options() {
     compare(&Case::new(64 * M, false).inodes(5000).label("rext4-label"));
+    // More inodes than one bitmap per group holds: smaller groups (mke2fs retries
+    // with blocks_per_group - 8 until they fit).
+    compare(&Case::new(64 * M, false).inodes(100_000));
+    // Fewer inodes per group than reserved inodes: lost+found lands in group 1.
+    compare(&Case::new(64 * M, false).inodes(16));
+    let too_many = MkfsOptions {
+        inodes: Some(250_000),
+        ..MkfsOptions::default()
+    };
+    let dir = TempDir::new("mkfs-n").expect("temp dir");
+    assert!(mkfs_file(&dir.join("fs.img"), 64 * M, &too_many).is_err());
     for spec in [
         "^has_journal",
         "^resize_inode",
@@ -427,7 +463,6 @@ fn kernel_mounts_rext4_images_rw() {
 /// table blocks, block 0 past the boot sector) and leave tables to lazy init.
 #[test]
 fn device_with_old_data_is_initialized() {
-    use rext4::device::{BlockDevice, FileDevice};
     for upstream in [false, true] {
         let dir = TempDir::new("mkfs-junk").expect("temp dir");
         let img = dir.join("fs.img");

@@ -67,7 +67,9 @@ impl<'g> Alloc<'g> {
                 flags |= FLAG_INODE_UNINIT;
                 unused = geo.inodes_per_group;
                 if g == 0 {
-                    unused -= super::geometry::FIRST_INO;
+                    // Wraps when a group has fewer inodes than the reserved ones, as
+                    // in libext2fs; `finish_group_csum` recomputes it.
+                    unused = unused.wrapping_sub(super::geometry::FIRST_INO);
                 }
             }
             let mut free = a.reserve_super_and_bgd(g);
@@ -145,7 +147,7 @@ impl<'g> Alloc<'g> {
         let finish = if finish == 0 { start } else { finish };
         let num = num.max(1);
         loop {
-            if b + num - 1 >= geo.blocks_count {
+            if b + num > geo.blocks_count {
                 if finish > start {
                     return None;
                 }
@@ -218,7 +220,7 @@ impl<'g> Alloc<'g> {
         let mut table_offset = flexbg_size;
         if flexbg_size != 0 {
             let mut prev = 0;
-            if g % flexbg_size != 0 {
+            if !g.is_multiple_of(flexbg_size) {
                 prev = self.groups[(g - 1) as usize].block_bitmap + 1;
             } else if last_grp == geo.groups - 1 {
                 // The last flex group keeps its tables contiguous.
@@ -240,7 +242,7 @@ impl<'g> Alloc<'g> {
         self.groups[g as usize].block_bitmap = bb;
         if flexbg_size != 0 {
             self.stats_range(bb, 1);
-            let prev = if g % flexbg_size != 0 {
+            let prev = if !g.is_multiple_of(flexbg_size) {
                 self.groups[(g - 1) as usize].inode_bitmap + 1
             } else {
                 bb + table_offset
@@ -257,7 +259,7 @@ impl<'g> Alloc<'g> {
         let itb = geo.inode_blocks_per_group;
         if flexbg_size != 0 {
             self.stats_range(ib, 1);
-            let prev = if g % flexbg_size != 0 {
+            let prev = if !g.is_multiple_of(flexbg_size) {
                 self.groups[(g - 1) as usize].inode_table + itb
             } else {
                 ib + table_offset
@@ -340,13 +342,56 @@ impl<'g> Alloc<'g> {
         }
         grp.flags &= !FLAG_INODE_UNINIT;
         if geo.group_csum() {
-            let first_unused = ipg - grp.itable_unused + g as u32 * ipg + 1;
+            // u32 arithmetic as in libext2fs (itable_unused may have wrapped).
+            let first_unused = ipg
+                .wrapping_sub(grp.itable_unused)
+                .wrapping_add(g as u32 * ipg + 1);
             if ino >= first_unused {
                 grp.itable_unused = g as u32 * ipg + ipg - ino;
             }
         }
         self.free_inodes -= 1;
         self.used_inodes.push(ino);
+    }
+
+    /// `ext2fs_new_inode`'s `check_inode_uninit` for the group of `ino`: a new inode
+    /// in a group still marked INODE_UNINIT makes both its bitmaps real.
+    pub(crate) fn new_inode_group(&mut self, ino: u32) {
+        let geo = self.geo;
+        let g = ((ino - 1) / geo.inodes_per_group) as usize;
+        let grp = &mut self.groups[g];
+        if geo.group_csum() && grp.flags & FLAG_INODE_UNINIT != 0 {
+            grp.flags &= !(FLAG_INODE_UNINIT | FLAG_BLOCK_UNINIT);
+        }
+    }
+
+    /// `ext2fs_set_gdt_csum`, run when libext2fs closes the filesystem: UNINIT flags
+    /// and itable_unused recomputed from the counts and the inode bitmap.
+    pub(crate) fn finish_group_csum(&mut self) {
+        let geo = self.geo;
+        if !geo.group_csum() {
+            return;
+        }
+        let ipg = geo.inodes_per_group;
+        for (g, grp) in self.groups.iter_mut().enumerate() {
+            if grp.free_blocks == geo.blocks_per_group && g as u64 != geo.groups - 1 {
+                grp.flags |= FLAG_BLOCK_UNINIT;
+            }
+            if grp.free_inodes == ipg {
+                grp.flags |= FLAG_INODE_UNINIT;
+                grp.itable_unused = ipg;
+            } else {
+                let last = self
+                    .used_inodes
+                    .iter()
+                    .filter(|&&i| (i - 1) / ipg == g as u32)
+                    .map(|&i| (i - 1) % ipg + 1)
+                    .max()
+                    .unwrap_or(0);
+                grp.flags &= !FLAG_INODE_UNINIT;
+                grp.itable_unused = ipg - last;
+            }
+        }
     }
 
     /// The goal libext2fs uses for a new inode's first block

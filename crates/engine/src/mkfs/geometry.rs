@@ -81,7 +81,7 @@ pub(crate) fn group_has_super(g: u64, sparse: bool) -> bool {
     if g <= 1 || !sparse {
         return true;
     }
-    if g % 2 == 0 {
+    if g.is_multiple_of(2) {
         return false;
     }
     [3u64, 5, 7].iter().any(|&p| {
@@ -251,6 +251,14 @@ impl Geometry {
             } else {
                 0
             };
+            // Reserved inodes, lost+found and the orphan file need numbers.
+            let need = FIRST_INO + u32::from(features.has_compat(COMPAT_ORPHAN_FILE));
+            if ipg * groups < u64::from(need) {
+                return Err(invalid(format!(
+                    "{} inodes are too few: the reserved inodes and lost+found need {need}",
+                    ipg * groups
+                )));
+            }
             // mke2fs builds the orphan file only along with a journal.
             if journal_blocks == 0 {
                 features.compat &= !COMPAT_ORPHAN_FILE;

@@ -55,7 +55,8 @@ pub struct MkfsOptions {
     /// Creation time (seconds since the epoch) for every timestamp mkfs writes, like
     /// `E2FSPROGS_FAKE_TIME`; now when `None`.
     pub creation_time: Option<i64>,
-    /// Filesystem size in bytes; the whole device when `None`.
+    /// Filesystem size in bytes; when `None`, the device's size rounded down to whole
+    /// pages as mke2fs does ([`device_fs_size`]).
     pub size_bytes: Option<u64>,
     /// The device already reads as zeros everywhere (a fresh sparse file): skip
     /// zeroing and mark inode tables ITABLE_ZEROED, as mke2fs does after a discard
@@ -100,11 +101,7 @@ pub struct MkfsReport {
 
 /// Create a filesystem on `dev` (its first `opts.size_bytes`, or all of it).
 pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<MkfsReport> {
-    if opts.populate_from.is_some() {
-        return Err(Error::Unsupported(
-            "mkfs -d (populating from a directory) is not yet supported".into(),
-        ));
-    }
+    refuse_unsupported(opts)?;
     if dev.is_read_only() {
         return Err(Error::ReadOnly);
     }
@@ -116,7 +113,7 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<MkfsReport> {
             )))
         }
         Some(s) => s,
-        None => dev.size_bytes(),
+        None => device_fs_size(dev.size_bytes(), opts.block_size),
     };
     let features = opts
         .features
@@ -177,6 +174,7 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<MkfsReport> {
 /// Create (or truncate) the regular file `path` as a sparse image of `size_bytes` and
 /// make a filesystem in it. `opts.size_bytes` and `opts.device_zeroed` are implied.
 pub fn mkfs_file(path: &Path, size_bytes: u64, opts: &MkfsOptions) -> Result<MkfsReport> {
+    refuse_unsupported(opts)?;
     {
         let f = std::fs::OpenOptions::new()
             .write(true)
@@ -194,6 +192,30 @@ pub fn mkfs_file(path: &Path, size_bytes: u64, opts: &MkfsOptions) -> Result<Mkf
     let report = mkfs(&dev, &opts)?;
     dev.flush()?;
     Ok(report)
+}
+
+/// The page size mke2fs rounds device sizes to (x86's; mke2fs asks `sysconf`).
+const PAGE_SIZE: u64 = 4096;
+
+/// The filesystem size mke2fs uses when it takes the size from the device rather
+/// than from a size argument: rounded down to whole pages when blocks are smaller
+/// than a page (`-b`, or 1 KiB while the block size is still undecided).
+pub fn device_fs_size(device_bytes: u64, block_size: Option<u32>) -> u64 {
+    if u64::from(block_size.unwrap_or(1024)) < PAGE_SIZE {
+        device_bytes & !(PAGE_SIZE - 1)
+    } else {
+        device_bytes
+    }
+}
+
+/// Options refused before anything is touched.
+fn refuse_unsupported(opts: &MkfsOptions) -> Result<()> {
+    if opts.populate_from.is_some() {
+        return Err(Error::Unsupported(
+            "mkfs -d (populating from a directory) is not yet supported".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// A random (version 4) UUID from the kernel's random source.

@@ -18,8 +18,9 @@ use std::collections::BTreeMap;
 use rext4_format::csum;
 use rext4_format::dir::{self, FileType};
 use rext4_format::extent::{self, Extent, Header, Index, Node};
-use rext4_format::group::FLAG_ITABLE_ZEROED;
-use rext4_format::group::{DescCsum, GroupDesc, FLAG_BLOCK_UNINIT, FLAG_INODE_UNINIT};
+use rext4_format::group::{
+    DescCsum, GroupDesc, FLAG_BLOCK_UNINIT, FLAG_INODE_UNINIT, FLAG_ITABLE_ZEROED,
+};
 use rext4_format::inode::{self, flags, mode, Inode, Timestamp};
 use rext4_format::jbd2::JournalSuperblock;
 use rext4_format::resize::ResizeGeometry;
@@ -121,6 +122,10 @@ struct Mapped {
 
 /// Map `runs` with extents; a fifth extent needs a leaf block, placed as libext2fs's
 /// `extent_node_split` does: the first free block from just before the first extent.
+/// The block is taken after the data, which is when libext2fs takes it for the
+/// journal (verified at 256 GiB). The orphan file is allocated block by block and
+/// fits in the inode on every layout seen; were it to need a leaf, libext2fs would
+/// take that block between data blocks and the placement could differ.
 fn map_extents(alloc: &mut Alloc, runs: &[(u64, u64)]) -> Result<Mapped> {
     let exts = extents_of(runs);
     let data: u64 = runs.iter().map(|r| r.1).sum();
@@ -254,6 +259,7 @@ fn allocate(alloc: &mut Alloc) -> Result<Files> {
     let root_blk = alloc.take(alloc.inode_goal(ROOT_INO))?;
     alloc.take_inode(ROOT_INO, true);
     // create_lost_and_found: mkdir, then expand until 16 KiB (at most 12 blocks).
+    alloc.new_inode_group(LPF_INO);
     alloc.take_inode(LPF_INO, true);
     let mut lpf_blks = vec![alloc.take(alloc.inode_goal(LPF_INO))?];
     let mut lpf_size = 0u64;
@@ -302,6 +308,7 @@ fn allocate(alloc: &mut Alloc) -> Result<Files> {
     // The orphan file: block by block from the first free block.
     let mut orphan_runs = Vec::new();
     let orphan = if geo.orphan_blocks > 0 {
+        alloc.new_inode_group(ORPHAN_INO);
         alloc.take_inode(ORPHAN_INO, false);
         let mut last = 0;
         for _ in 0..geo.orphan_blocks {
@@ -375,6 +382,7 @@ pub(crate) fn build(
     let group_csum = geo.group_csum();
     let mut alloc = Alloc::new(geo);
     let files = allocate(&mut alloc)?;
+    alloc.finish_group_csum();
     // write_inode_tables: with a zeroed device the tables count as zeroed.
     if zeroed {
         for g in alloc.groups.iter_mut() {
