@@ -419,7 +419,7 @@ struct Shell<'a> {
 enum CmdError {
     /// "cmd: strerror" (already formatted).
     Sys(String),
-    /// A usage problem, already phrased.
+    /// A bad argument ("non-numeric offset argument -- 1x"), printed on stdout.
     Usage(String),
 }
 
@@ -463,7 +463,10 @@ impl Shell<'_> {
         let (opts, operands) = match getopt(name, args, info.opts) {
             Ok(p) => p,
             Err(e) => {
-                self.fail(&format!("{e}\n{}", usage_line(info)));
+                // As xfs_io: getopt's complaint on stderr, the usage line on stdout.
+                self.fail(&e);
+                let u = format!("{}\n", usage_line(info));
+                self.print(&u);
                 return true;
             }
         };
@@ -525,7 +528,12 @@ impl Shell<'_> {
         };
         match r {
             Ok(()) => {}
-            Err(CmdError::Sys(m)) | Err(CmdError::Usage(m)) => self.fail(&m),
+            Err(CmdError::Sys(m)) => self.fail(&m),
+            // xfs_io prints its argument complaints ("non-numeric ...") on stdout.
+            Err(CmdError::Usage(m)) => {
+                self.print(&format!("{m}\n"));
+                self.failed = true;
+            }
         }
         true
     }
@@ -721,8 +729,12 @@ impl Shell<'_> {
                 .extents(self.ino, &inode, MAX_LOGICAL)
                 .map_err(|e| sys("fiemap", &e))?
         };
-        // (logical block, len, physical, unwritten) overlapping [start, range_end),
-        // block-mapped runs merged like the kernel reports them.
+        // (logical block, len, physical, unwritten) of the extents overlapping the
+        // blocks of [start, range_end), clipped to them as the kernel's FIEMAP reports
+        // them; block-mapped runs merged like the kernel maps them.
+        let first_blk = start / bs;
+        let end_blk = range_end.div_ceil(bs);
+        let extent_mapped = inode.flags & rext4::format::inode::flags::EXTENTS != 0;
         let mut list: Vec<(u64, u64, u64, bool)> = Vec::new();
         for (l, m) in extents {
             let Mapping::Mapped {
@@ -733,11 +745,13 @@ impl Shell<'_> {
             else {
                 continue;
             };
-            if (l + len) * bs <= start || l.saturating_mul(bs) >= range_end {
+            let lo = l.max(first_blk);
+            let hi = (l + len).min(end_blk);
+            if lo >= hi {
                 continue;
             }
+            let (l, len, physical) = (lo, hi - lo, physical + (lo - l));
             if let Some(last) = list.last_mut() {
-                let extent_mapped = inode.flags & rext4::format::inode::flags::EXTENTS != 0;
                 if !extent_mapped
                     && last.0 + last.1 == l
                     && last.2 + last.1 == physical
@@ -935,7 +949,7 @@ mod tests {
         assert_eq!(cvtstr(100000.0), "98 KiB");
         assert_eq!(cvtstr(48.0), "48.000000 bytes");
         assert_eq!(cvtstr(2.035 * (1u64 << 30) as f64), "2.035 GiB");
-        assert_eq!(cvtstr(0.0 / 0.0), "-nan bytes");
+        assert_eq!(cvtstr(f64::NAN), "-nan bytes");
         assert_eq!(timestr(Duration::from_micros(12)), "0.0000 sec");
         assert_eq!(timestr(Duration::from_millis(3590)), "0:00:03.59");
         let r = report("wrote", 0, 1, 7, 0, Duration::ZERO);

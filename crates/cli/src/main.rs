@@ -5,9 +5,11 @@
 //! Exit codes: 0 success, 1 an operational error (missing file, corrupt or unsupported
 //! image), 2 bad usage (clap's default).
 
+mod bench;
 mod extract;
 mod info;
 mod io_cmd;
+mod mkfs_cmd;
 mod show;
 mod spec;
 mod timefmt;
@@ -130,6 +132,10 @@ enum Cmd {
     },
     /// An xfs_io-like shell over one file: `rext4 io [-f] [-r] -c CMD... IMAGE:/path`.
     Io(io_cmd::IoArgs),
+    /// Make an ext4 filesystem, like mkfs.ext4: `rext4 mkfs [OPTIONS] IMAGE [SIZE]`.
+    Mkfs(mkfs_cmd::MkfsArgs),
+    /// Run a benchmark workload through the API: `rext4 bench mdtest|seqwrite|seqread|smallfsync IMAGE`.
+    Bench(bench::BenchArgs),
 }
 
 fn open(image: &std::path::Path) -> Result<Fs, String> {
@@ -204,6 +210,8 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
             specs,
         } => write_cmds::truncate(&size, no_create, &specs)?,
         Cmd::Io(args) => io_cmd::run(args)?,
+        Cmd::Mkfs(args) => mkfs_cmd::run(args).map_err(e1)?,
+        Cmd::Bench(args) => bench::run(args).map_err(e1)?,
     }
     Ok(())
 }
@@ -236,7 +244,14 @@ fn cp(recursive: bool, quiet: bool, paths: &[PathBuf]) -> Result<(), (u8, String
         };
         return write_cmds::cp_in(srcs, &d, &dest.to_string_lossy(), opts);
     }
-    let [src] = srcs else {
+    let out_src = match srcs {
+        [src] if src.to_str().and_then(spec::parse).is_some() => Some(src),
+        _ => None,
+    };
+    let Some(src) = out_src else {
+        if let Some(d) = dest.to_str().and_then(spec::parse) {
+            return Err((1, format!("{}: no such image file", d.image.display())));
+        }
         return Err((
             2,
             "expected SRC... IMAGE:/dir (into an image) or IMAGE:/path DEST (out of one)".into(),

@@ -1,0 +1,180 @@
+//! `rext4 bench WORKLOAD IMAGE`: workloads run through the embedding API (no mount), with
+//! output lines in the format of the shared anchor benchmarks
+//! (`phase=create ops=N secs=S ops_per_s=R`, `RESULT|label|workload|metric|value|unit`),
+//! so a script can put them beside the kernel's figures from the same run.
+//!
+//! Workloads: `mdtest N` (create N empty files in one directory, stat them, unlink them,
+//! like the anchors' mdtest.c), `seqwrite SIZE` (one file written in 1 MiB requests,
+//! then synced), `seqread` (read that file back), `smallfsync N` (N small files each
+//! written and synced). Times include the final sync where the workload writes.
+
+use std::time::Instant;
+
+use rext4::{Fs, FsOptions, Ino};
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// mdtest | seqwrite | seqread | smallfsync
+    pub workload: String,
+    /// The image to run on (opened read-write).
+    pub image: std::path::PathBuf,
+    /// Files for mdtest / smallfsync (default 100000 / 10000).
+    #[arg(short = 'n', long)]
+    pub count: Option<u64>,
+    /// Bytes for seqwrite (suffixes k, m, g; default 1g).
+    #[arg(short = 's', long)]
+    pub size: Option<String>,
+    /// Label for RESULT lines.
+    #[arg(long, default_value = "rext4-api")]
+    pub label: String,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim().to_ascii_lowercase();
+    let (num, mult) = match s.chars().last() {
+        Some('k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('m') => (&s[..s.len() - 1], 1 << 20),
+        Some('g') => (&s[..s.len() - 1], 1 << 30),
+        Some('t') => (&s[..s.len() - 1], 1 << 40),
+        _ => (&s[..], 1),
+    };
+    num.parse::<u64>()
+        .map(|n| n * mult)
+        .map_err(|_| format!("bad size {s:?}"))
+}
+
+fn phase(label: &str, workload: &str, name: &str, ops: u64, secs: f64) {
+    println!(
+        "phase={name} ops={ops} secs={secs:.3} ops_per_s={:.1}",
+        ops as f64 / secs
+    );
+    println!(
+        "RESULT|{label}|{workload}|{name}_ops_per_s|{:.1}|ops/s",
+        ops as f64 / secs
+    );
+}
+
+pub fn run(a: BenchArgs) -> Result<(), String> {
+    let fs = Fs::open_with(
+        &a.image,
+        FsOptions {
+            read_only: false,
+            ..FsOptions::default()
+        },
+    )
+    .map_err(|e| format!("{}: {e}", a.image.display()))?;
+    let r = workload(&fs, &a);
+    let c = fs.close().map_err(|e| format!("close: {e}"));
+    r.and(c)
+}
+
+fn workload(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
+    let e = |x: rext4::Error| x.to_string();
+    match a.workload.as_str() {
+        "mdtest" => {
+            let n = a.count.unwrap_or(100_000);
+            fs.create_dir_all("/mdtest").map_err(e)?;
+            let dir = fs.resolve(b"/mdtest", true).map_err(e)?;
+            let names: Vec<String> = (0..n).map(|i| format!("f{i:07}")).collect();
+            let t = Instant::now();
+            let mut inos: Vec<Ino> = Vec::with_capacity(n as usize);
+            for nm in &names {
+                inos.push(
+                    fs.mknod_ino(dir, nm.as_bytes(), 0o100644, 0, 0, (0, 0))
+                        .map_err(e)?,
+                );
+            }
+            fs.sync().map_err(e)?;
+            phase(&a.label, "mdtest", "create", n, t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            for nm in &names {
+                let found = fs
+                    .lookup(dir, nm.as_bytes())
+                    .map_err(e)?
+                    .ok_or("lookup failed")?;
+                fs.stat_ino(found.ino).map_err(e)?;
+            }
+            phase(&a.label, "mdtest", "stat", n, t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            for nm in &names {
+                fs.unlink_ino(dir, nm.as_bytes()).map_err(e)?;
+            }
+            fs.sync().map_err(e)?;
+            phase(&a.label, "mdtest", "unlink", n, t.elapsed().as_secs_f64());
+            fs.remove_dir("/mdtest").map_err(e)?;
+        }
+        "seqwrite" => {
+            let size = parse_size(a.size.as_deref().unwrap_or("1g"))?;
+            let f = fs.create("/seqfile").map_err(e)?;
+            let buf: Vec<u8> = (0..1 << 20).map(|i| (i * 31 % 251) as u8).collect();
+            let t = Instant::now();
+            let mut off = 0;
+            while off < size {
+                let n = (size - off).min(buf.len() as u64) as usize;
+                f.write_all_at(&buf[..n], off).map_err(e)?;
+                off += n as u64;
+            }
+            f.sync_all().map_err(e)?;
+            let s = t.elapsed().as_secs_f64();
+            let mib = size as f64 / (1 << 20) as f64;
+            println!(
+                "phase=seqwrite bytes={size} secs={s:.3} MiB_per_s={:.1}",
+                mib / s
+            );
+            println!(
+                "RESULT|{}|seqwrite|write_MiB_per_s|{:.1}|MiB/s",
+                a.label,
+                mib / s
+            );
+        }
+        "seqread" => {
+            let f = fs.open_file("/seqfile").map_err(e)?;
+            let size = f.len().map_err(e)?;
+            let mut buf = vec![0u8; 1 << 20];
+            let t = Instant::now();
+            let mut off = 0;
+            while off < size {
+                let n = f.read_at(&mut buf, off).map_err(e)?;
+                if n == 0 {
+                    break;
+                }
+                off += n as u64;
+            }
+            let s = t.elapsed().as_secs_f64();
+            let mib = size as f64 / (1 << 20) as f64;
+            println!(
+                "phase=seqread bytes={size} secs={s:.3} MiB_per_s={:.1}",
+                mib / s
+            );
+            println!(
+                "RESULT|{}|seqread|read_MiB_per_s|{:.1}|MiB/s",
+                a.label,
+                mib / s
+            );
+        }
+        "smallfsync" => {
+            let n = a.count.unwrap_or(10_000);
+            fs.create_dir_all("/smallfsync").map_err(e)?;
+            let data = vec![0x5Au8; 4096];
+            let t = Instant::now();
+            for i in 0..n {
+                let f = fs.create(format!("/smallfsync/f{i:06}")).map_err(e)?;
+                f.write_all_at(&data, 0).map_err(e)?;
+                f.sync_all().map_err(e)?;
+            }
+            phase(
+                &a.label,
+                "smallfsync",
+                "write_fsync",
+                n,
+                t.elapsed().as_secs_f64(),
+            );
+        }
+        other => {
+            return Err(format!(
+                "unknown workload {other:?} (mdtest, seqwrite, seqread, smallfsync)"
+            ))
+        }
+    }
+    Ok(())
+}
