@@ -149,6 +149,8 @@ fn summary(r: &MkfsReport) -> String {
 
 pub fn run(args: MkfsArgs) -> Result<(), String> {
     let mut opts = options(&args)?;
+    // -d is done here, after the format, through the same copy-in as `rext4 cp -r`.
+    let populate = opts.populate_from.take();
     let image = &args.image;
     let meta = std::fs::metadata(image).ok();
     let is_device = meta.as_ref().is_some_and(|m| {
@@ -188,6 +190,31 @@ pub fn run(args: MkfsArgs) -> Result<(), String> {
     }
     if !args.quiet {
         print!("{}", summary(&report));
+    }
+    if let Some(src) = populate {
+        if !src.is_dir() {
+            return Err(format!("{}: not a directory", src.display()));
+        }
+        let mut contents = src.into_os_string();
+        contents.push("/.");
+        let dest = crate::spec::ImagePath {
+            image: image.clone(),
+            path: b"/".to_vec(),
+        };
+        let opts = crate::write_cmds::CpInOptions {
+            recursive: true,
+            progress: !args.quiet && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        };
+        crate::write_cmds::cp_in(
+            &[PathBuf::from(contents)],
+            &dest,
+            &format!("{}:/", image.display()),
+            opts,
+        )
+        .map_err(|(_, m)| m)?;
+        if !args.quiet {
+            println!("Copying files into the device: done");
+        }
     }
     Ok(())
 }

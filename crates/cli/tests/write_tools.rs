@@ -737,3 +737,83 @@ fn failing_operations_exit_nonzero_and_change_nothing() {
         skip("kernel check of the untouched image");
     }
 }
+
+/// Compare a source tree with the kernel's view of an image made by `rext4 mkfs -d`:
+/// the image root has lost+found besides the source's entries (so its link count is
+/// one higher); everything else must be equal, attribute for attribute.
+fn mkfs_d_matches(src: &Path, img: &Path, label: &str) {
+    let src_tree = snapshot_dir(src).expect("snapshot source");
+    match LoopMount::new(img, true, "noatime") {
+        Ok(m) => {
+            let mut t = snapshot_dir(m.path()).expect("snapshot mount");
+            let mut cmp = copy_compare();
+            cmp.ignore_paths.push(b"lost+found".to_vec());
+            let mut want = src_tree.clone();
+            let (a, b) = (
+                want.remove(&b""[..]).expect("root"),
+                t.remove(&b""[..]).expect("root"),
+            );
+            assert_eq!(
+                (a.mode, a.uid, a.gid, a.mtime),
+                (b.mode, b.uid, b.gid, b.mtime),
+                "{label}: root"
+            );
+            assert_eq!(a.nlink + 1, b.nlink, "{label}: root links (+ lost+found)");
+            let d = diff_trees(&want, &t, &cmp);
+            assert!(
+                d.is_empty(),
+                "{label}: kernel view differs from the source:\n{}",
+                d.join("\n")
+            );
+        }
+        Err(why) => skip(&format!("{label}: kernel comparison: {why}")),
+    }
+}
+
+#[test]
+fn mkfs_d_of_a_tree_equals_the_source() {
+    let host = build_host_tree();
+    let out = TempDir::new("mkfs-d").expect("tempdir");
+    let img = out.join("fs.img");
+    // 4 KiB blocks: the tree has an xattr larger than a 1 KiB block.
+    let r = run_ok(
+        &[
+            s("mkfs"),
+            s("-q"),
+            s("-b"),
+            s("4096"),
+            s("-d"),
+            host.root.as_os_str(),
+            img.as_os_str(),
+            s("64M"),
+        ],
+        0,
+    );
+    assert!(r.stderr.is_empty(), "mkfs -d stderr:\n{}", r.stderr);
+    assert_fsck_clean(&img, "mkfs -d");
+    mkfs_d_matches(&host.root, &img, "host tree");
+}
+
+#[test]
+fn mkfs_d_of_usr_share_doc() {
+    let src = Path::new("/usr/share/doc");
+    if !src.is_dir() || !is_root() {
+        return skip("/usr/share/doc absent or not root");
+    }
+    let out = TempDir::new("mkfs-doc").expect("tempdir");
+    let img = out.join("doc.img");
+    let r = run_ok(
+        &[
+            s("mkfs"),
+            s("-q"),
+            s("-d"),
+            src.as_os_str(),
+            img.as_os_str(),
+            s("512M"),
+        ],
+        0,
+    );
+    assert!(r.stderr.is_empty(), "mkfs -d stderr:\n{}", r.stderr);
+    assert_fsck_clean(&img, "mkfs -d /usr/share/doc");
+    mkfs_d_matches(src, &img, "/usr/share/doc");
+}
