@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Write-path benchmarks (not tests), each compared in the same run with the kernel:
+#   1. mkfs -d: `rext4 mkfs -d SRC` vs `mkfs.ext4 -d SRC` (SRC default /usr/share/doc)
+#   2. create/stat/unlink of N files (default 100000): `rext4 bench mdtest` (API, no
+#      mount) vs the anchors' mdtest.c on a kernel ext4 loop mount of the same-size image
+#   3. sequential write of SIZE (default 1g) in 1 MiB requests + fsync: `rext4 bench
+#      seqwrite` vs `dd bs=1M conv=fsync` on the kernel loop mount
+# Usage (root, for the loop mount): scripts/bench-write.sh [RUNS]
+# Env: SRC=/usr/share/doc N=100000 SIZE=1g IMG_SIZE=4G
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${1:-3}
+SRC=${SRC:-/usr/share/doc}
+N=${N:-100000}
+SIZE=${SIZE:-1g}
+IMG_SIZE=${IMG_SIZE:-4G}
+SHARED=${REXT4_SHARED:-$(cd .. && pwd)/shared}
+[ "$(id -u)" = 0 ] || { echo "run as root (loop mounts, drop_caches)"; exit 1; }
+cargo build --release -q -p rext4-cli
+R=$PWD/target/release/rext4
+W=$(mktemp -d /tmp/rext4-bench-write.XXXXXX)
+MNT=$W/mnt; mkdir -p "$MNT"
+cleanup() { mountpoint -q "$MNT" && umount "$MNT"; rm -rf "$W"; }
+trap cleanup EXIT INT TERM
+"$SHARED/bench/build.sh" >/dev/null
+MDTEST=$SHARED/bench/bin/mdtest
+med() { sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
+t() { local s=$EPOCHREALTIME; "$@" >/dev/null 2>&1; awk -v a="$s" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.3f\n", b-a}'; }
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+
+echo "+ machine: $(nproc) cores, $(free -g | awk '/Mem/{print $2}') GiB, kernel $(uname -r)"
+echo "## 1. mkfs -d $SRC ($(du -sh "$SRC" | cut -f1), $(find "$SRC" | wc -l) entries), $RUNS runs, median"
+for tool in rext4 mkfs.ext4; do
+  for i in $(seq "$RUNS"); do
+    rm -f "$W/d.img"; truncate -s "$IMG_SIZE" "$W/d.img"; drop
+    if [ $tool = rext4 ]; then t "$R" mkfs -q -d "$SRC" "$W/d.img" "$IMG_SIZE"; else t mkfs.ext4 -q -F -d "$SRC" "$W/d.img" "$IMG_SIZE"; fi
+  done | med | sed "s/^/RESULT|$tool|mkfs_d|secs|/;s/$/|s/"
+done
+
+echo "## 2. mdtest $N files (create, stat, unlink), median of $RUNS"
+for i in $(seq "$RUNS"); do
+  rm -f "$W/m.img"; mkfs.ext4 -q -F "$W/m.img" "$IMG_SIZE"; drop
+  "$R" bench mdtest -n "$N" "$W/m.img" | grep '^phase=' | sed 's/^/rext4 /'
+  mount -o loop "$W/m.img" "$MNT"; mkdir "$MNT/d"; drop
+  "$MDTEST" "$MNT/d" "$N" | sed 's/^/kernel /'
+  umount "$MNT"
+done > "$W/md.txt"
+for who in rext4 kernel; do for ph in create stat unlink; do
+  v=$(grep "^$who phase=$ph " "$W/md.txt" | sed 's/.*ops_per_s=//' | med)
+  echo "RESULT|$who|mdtest|${ph}_ops_per_s|$v|ops/s"
+done; done
+
+echo "## 3. sequential write $SIZE (1 MiB requests + fsync), median of $RUNS"
+for i in $(seq "$RUNS"); do
+  rm -f "$W/s.img"; mkfs.ext4 -q -F "$W/s.img" "$IMG_SIZE"; drop
+  "$R" bench seqwrite -s "$SIZE" "$W/s.img" | grep '^phase=' | sed 's/^/rext4 /'
+  rm -f "$W/s.img"; mkfs.ext4 -q -F "$W/s.img" "$IMG_SIZE"; mount -o loop "$W/s.img" "$MNT"; drop
+  cnt=$(( $(numfmt --from=iec "${SIZE^^}") / 1048576 ))
+  s=$EPOCHREALTIME; dd if=/dev/zero of="$MNT/f" bs=1M count=$cnt conv=fsync status=none
+  awk -v a="$s" -v b="$EPOCHREALTIME" -v m=$cnt 'BEGIN{printf "kernel phase=seqwrite MiB_per_s=%.1f\n", m/(b-a)}'
+  umount "$MNT"
+done > "$W/sw.txt"
+for who in rext4 kernel; do
+  v=$(grep "^$who phase=seqwrite" "$W/sw.txt" | sed 's/.*MiB_per_s=//' | med)
+  echo "RESULT|$who|seqwrite|MiB_per_s|$v|MiB/s"
+done
