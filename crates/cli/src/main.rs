@@ -152,8 +152,8 @@ fn split(spec: &str) -> Result<spec::ImagePath, String> {
 
 fn run(cli: Cli) -> Result<(), (u8, String)> {
     let e1 = |s: String| (1u8, s);
-    let out = std::io::stdout();
-    let mut out = out.lock();
+    // One write(2) per buffer, not per line: `ls` of a big directory prints many lines.
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     match cli.cmd {
         Cmd::Info { image } => {
             let fs = open(&image).map_err(e1)?;
@@ -213,7 +213,7 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
         Cmd::Mkfs(args) => mkfs_cmd::run(args).map_err(e1)?,
         Cmd::Bench(args) => bench::run(args).map_err(e1)?,
     }
-    Ok(())
+    out.flush().map_err(|e| e1(format!("stdout: {e}")))
 }
 
 /// An IMAGE:/path operand naming an existing image file (or device).

@@ -25,6 +25,15 @@ use crate::error::{Error, Result};
 use crate::fs::{Fs, Group, Ino};
 
 impl Fs {
+    /// Whether metadata changes go through the journal (busy tracking needed).
+    pub(crate) fn journaling(&self) -> bool {
+        self.inner
+            .journal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
     fn group_of_block(&self, blk: u64) -> usize {
         let sb = &self.inner.sb;
         (blk.saturating_sub(u64::from(sb.first_data_block)) / u64::from(sb.blocks_per_group))
@@ -122,11 +131,18 @@ impl Fs {
             let n = sb.blocks_in_group(g as u64);
             let mut b = self.load_block_bitmap(g, &mut grp)?;
             let start = if i == 0 { goal - first } else { 0 };
-            // First free bit at or after start, then (wrapping) from the group start.
+            let busy = self.inner.busy.lock().unwrap_or_else(|p| p.into_inner());
+            let usable =
+                |x: u64| !bitmap::test(&b, x) && busy.first_in(first + x, first + x + 1).is_none();
+            // First usable bit at or after start, then (wrapping) from the group start.
             let found = (start..n)
-                .find(|&x| !bitmap::test(&b, x))
-                .or_else(|| (0..start.min(n)).find(|&x| !bitmap::test(&b, x)));
+                .find(|&x| usable(x))
+                .or_else(|| (0..start.min(n)).find(|&x| usable(x)));
             let Some(x) = found else {
+                if busy.block_count > 0 {
+                    // Everything free here is busy until the next commit.
+                    continue;
+                }
                 // Counter said free but the bitmap is full: trust the bitmap.
                 return Err(Error::corrupted(
                     format!(
@@ -136,8 +152,13 @@ impl Fs {
                     Some(grp.desc.block_bitmap),
                 ));
             };
+            // Extend the run up to `want`, stopping at a used or busy block.
+            let run_end = busy
+                .first_in(first + x, first + n)
+                .map_or(n, |bb| bb - first);
+            drop(busy);
             let mut len = 0u64;
-            while len < want && x + len < n && !bitmap::test(&b, x + len) {
+            while len < want && x + len < run_end && !bitmap::test(&b, x + len) {
                 bitmap::set(&mut b, x + len, true);
                 len += 1;
             }
@@ -165,6 +186,11 @@ impl Fs {
             ));
         }
         self.cache().forget(start, len);
+        if self.journaling() {
+            let mut busy = self.inner.busy.lock().unwrap_or_else(|p| p.into_inner());
+            busy.blocks.insert(start, len);
+            busy.block_count += len;
+        }
         while blk < end {
             let g = self.group_of_block(blk);
             let first = sb.group_first_block(g as u64);
@@ -244,9 +270,16 @@ impl Fs {
                 self.store_block_bitmap(&mut grp, bb)?;
             }
             let lo = if g == 0 { u64::from(sb.first_ino) } else { 0 };
-            let Some(x) = (lo..u64::from(ipg)).find(|&x| !bitmap::test(&b, x)) else {
+            let busy = self.inner.busy.lock().unwrap_or_else(|p| p.into_inner());
+            let base = g as u32 * ipg + 1;
+            let free_now =
+                |x: u64| !bitmap::test(&b, x) && !busy.inodes.contains(&(base + x as u32));
+            let found = (lo..u64::from(ipg)).find(|&x| free_now(x));
+            drop(busy);
+            let Some(x) = found else {
                 continue;
             };
+
             bitmap::set(&mut b, x, true);
             grp.desc.free_inodes_count -= 1;
             if is_dir {
@@ -284,6 +317,14 @@ impl Fs {
             ));
         }
         bitmap::set(&mut b, x, false);
+        if self.journaling() {
+            self.inner
+                .busy
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .inodes
+                .insert(ino.0);
+        }
         grp.desc.free_inodes_count += 1;
         if is_dir {
             grp.desc.used_dirs_count = grp.desc.used_dirs_count.saturating_sub(1);

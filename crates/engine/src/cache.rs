@@ -249,6 +249,35 @@ impl BufferCache {
         self.dirty.fetch_sub(dropped_dirty, Ordering::Relaxed);
     }
 
+    /// Every dirty block, in block order (the next transaction's contents).
+    pub fn dirty_blocks(&self) -> Vec<(u64, Arc<[u8]>)> {
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<_> = map
+            .iter()
+            .filter(|(_, e)| e.dirty)
+            .map(|(k, e)| (*k, e.data.clone()))
+            .collect();
+        v.sort_by_key(|(k, _)| *k);
+        v
+    }
+
+    /// Write these blocks home (a checkpoint) and mark them clean if unchanged since.
+    pub fn flush_these(&self, blocks: &[(u64, Arc<[u8]>)]) -> Result<()> {
+        for (blk, data) in blocks {
+            self.dev.write_at(data, blk * self.block_size as u64)?;
+        }
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        for (blk, data) in blocks {
+            if let Some(e) = map.get_mut(blk) {
+                if Arc::ptr_eq(&e.data, data) && e.dirty {
+                    e.dirty = false;
+                    self.dirty.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Number of dirty blocks.
     pub fn dirty_count(&self) -> usize {
         self.map

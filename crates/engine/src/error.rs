@@ -39,6 +39,8 @@ pub enum Error {
     FileTooLarge,
     /// The operation is not permitted on this object (EPERM).
     NotPermitted(String),
+    /// A journal or device write failed earlier; the filesystem is shut down (EIO).
+    ShutDown(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -70,6 +72,7 @@ impl Error {
             Error::TooManyLinks => 31,
             Error::FileTooLarge => 27,
             Error::NotPermitted(_) => 1,
+            Error::ShutDown(_) => 5,
         }
     }
 }
@@ -100,6 +103,7 @@ impl fmt::Display for Error {
             Error::TooManyLinks => write!(f, "too many links"),
             Error::FileTooLarge => write!(f, "file too large"),
             Error::NotPermitted(s) => write!(f, "operation not permitted: {s}"),
+            Error::ShutDown(s) => write!(f, "filesystem shut down after an error ({s})"),
         }
     }
 }

@@ -31,6 +31,9 @@ pub struct FsOptions {
     pub direct_io: bool,
     /// Metadata cache size in blocks.
     pub cache_blocks: usize,
+    /// Commit the running transaction every this many seconds (mount's commit=; 0
+    /// disables the periodic commit).
+    pub commit_secs: u64,
 }
 
 impl Default for FsOptions {
@@ -39,7 +42,29 @@ impl Default for FsOptions {
             read_only: true,
             direct_io: false,
             cache_blocks: 16384,
+            commit_secs: 5,
         }
+    }
+}
+
+/// Space freed since the last commit (see `Inner::busy`).
+#[derive(Default)]
+pub(crate) struct Busy {
+    /// start -> length, non-overlapping.
+    pub(crate) blocks: std::collections::BTreeMap<u64, u64>,
+    pub(crate) block_count: u64,
+    pub(crate) inodes: std::collections::HashSet<u32>,
+}
+
+impl Busy {
+    /// First busy block in `[start, end)`, if any.
+    pub(crate) fn first_in(&self, start: u64, end: u64) -> Option<u64> {
+        if let Some((&s, &l)) = self.blocks.range(..=start).next_back() {
+            if s + l > start {
+                return Some(start);
+            }
+        }
+        self.blocks.range(start..end).next().map(|(&s, _)| s)
     }
 }
 
@@ -70,6 +95,14 @@ pub(crate) struct Inner {
     /// Serializes namespace and allocation changes (a coarse lock until the mount issue
     /// brings per-inode locks). Lock order: write_lock, then a group, then live.
     pub(crate) write_lock: Mutex<()>,
+    /// The journal when the filesystem has one and is open read-write.
+    pub(crate) journal: Mutex<Option<crate::jwrite::Journal>>,
+    /// Blocks and inodes freed by the running transaction: not reallocated until it
+    /// commits (ext4's busy extents), so no data lands in a block that committed
+    /// metadata still references.
+    pub(crate) busy: Mutex<Busy>,
+    /// Set when a commit failed: the filesystem is shut down (read-only) with this reason.
+    pub(crate) shutdown: Mutex<Option<String>>,
     pub(crate) block_size: u32,
     pub(crate) csum_seed: u32,
     pub(crate) metadata_csum: bool,
@@ -172,6 +205,9 @@ impl Fs {
                     .map(|desc| Mutex::new(Group { desc, dirty: false }))
                     .collect(),
                 write_lock: Mutex::new(()),
+                journal: Mutex::new(None),
+                busy: Mutex::new(Busy::default()),
+                shutdown: Mutex::new(None),
                 block_size: bs,
                 csum_seed,
                 metadata_csum,
@@ -180,16 +216,29 @@ impl Fs {
             }),
         };
         if !read_only {
-            // Marked not clean on disk while open read-write, as fuse2fs does: an
-            // interrupted session is then caught by e2fsck.
+            let journal = crate::jwrite::Journal::load(&fs)?;
             let mut live = fs.live();
-            live.sb.state &= !STATE_VALID;
+            match journal {
+                Some(mut j) => {
+                    let is64 = fs.inner.sb.has_incompat(feature::INCOMPAT_64BIT);
+                    j.prepare_rw(fs.cache().device().as_ref(), metadata_csum, is64)?;
+                    *fs.inner.journal.lock().unwrap_or_else(|p| p.into_inner()) = Some(j);
+                    // As the kernel: RECOVER marks the journal as in use while open.
+                    live.sb.feature_incompat |= feature::INCOMPAT_RECOVER;
+                }
+                None => {
+                    // No journal: marked not clean on disk while open, as fuse2fs does,
+                    // so an interrupted session is caught by e2fsck.
+                    live.sb.state &= !STATE_VALID;
+                }
+            }
             live.sb.mnt_count = live.sb.mnt_count.wrapping_add(1);
             live.sb.mtime = now();
             live.dirty = true;
             drop(live);
             fs.inner.write_superblock()?;
             fs.cache().device().flush()?;
+            crate::jwrite::start_commit_thread(&fs, opts.commit_secs);
         }
         Ok(fs)
     }
@@ -222,6 +271,15 @@ impl Fs {
 
     /// Fail with `ReadOnly` unless the filesystem is writable.
     pub(crate) fn check_writable(&self) -> Result<()> {
+        if let Some(why) = self
+            .inner
+            .shutdown
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            return Err(Error::ShutDown(why));
+        }
         if self.inner.read_only || self.live().closed {
             Err(Error::ReadOnly)
         } else {
@@ -331,6 +389,26 @@ pub(crate) fn desc_csum_kind(sb: &Superblock, seed: u32) -> DescCsum {
 }
 
 impl Inner {
+    /// Whether the running transaction should be committed now: the cache is half
+    /// dirty, the dirty set approaches half the log, or freed-but-busy blocks crowd the
+    /// free space (they are reusable only after a commit).
+    fn wants_commit(&self) -> bool {
+        if self.cache.wants_writeback() {
+            return true;
+        }
+        let j = self.journal.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(j) = j.as_ref() else { return false };
+        if self.cache.dirty_count() + self.groups.len() / 8 + 2 > j.max_blocks() / 2 {
+            return true;
+        }
+        let busy = self
+            .busy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .block_count;
+        busy > 0 && self.live().sb.free_blocks_count < 2 * busy + 1024
+    }
+
     fn live(&self) -> MutexGuard<'_, Live> {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -376,13 +454,70 @@ impl Inner {
         Ok(())
     }
 
-    /// Caller holds the write lock.
+    /// Caller holds the write lock. With a journal, a failure shuts the filesystem
+    /// down: nothing more is written, and what was committed stays committed.
     pub(crate) fn sync_locked(&self) -> Result<()> {
+        if let Some(why) = self
+            .shutdown
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            return Err(Error::ShutDown(why));
+        }
+        let mut jguard = self.journal.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(j) = jguard.as_mut() else {
+            drop(jguard);
+            self.write_group_descs()?;
+            self.cache.flush()?;
+            self.write_superblock()?;
+            self.cache.device().flush()?;
+            return Ok(());
+        };
+        let r = self.commit_and_checkpoint(j);
+        if let Err(e) = &r {
+            let why = format!("journal commit failed: {e}");
+            *self.shutdown.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        }
+        r
+    }
+
+    fn commit_and_checkpoint(&self, j: &mut crate::jwrite::Journal) -> Result<()> {
         self.write_group_descs()?;
-        self.cache.flush()?;
-        self.write_superblock()?;
-        self.cache.device().flush()?;
+        self.superblock_into_cache()?;
+        let dirty = self.cache.dirty_blocks();
+        let dev = self.cache.device().clone();
+        if !dirty.is_empty() {
+            // One transaction per sync; larger dirty sets (only possible for a single
+            // huge operation, since writeback starts at half the log) are split.
+            for txn in dirty.chunks(j.max_blocks().max(1)) {
+                j.commit(dev.as_ref(), txn)?;
+                self.cache.flush_these(txn)?;
+                dev.flush()?;
+                j.checkpointed(dev.as_ref())?;
+            }
+            dev.flush()?;
+        }
+        let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        *busy = Busy::default();
         Ok(())
+    }
+
+    /// Put the live superblock into its block in the cache (journaled like any block).
+    fn superblock_into_cache(&self) -> Result<()> {
+        let bs = self.block_size as u64;
+        let blk = SB_OFFSET / bs;
+        let off = (SB_OFFSET % bs) as usize;
+        let mut data = self.cache.read(blk, Kind::Raw, |_| Ok(()))?.to_vec();
+        let mut live = self.live();
+        live.sb.wtime = now();
+        let mut raw = live.raw.clone();
+        live.sb.encode_into(&mut raw);
+        data[off..off + SB_SIZE].copy_from_slice(&raw);
+        live.raw = raw;
+        live.dirty = false;
+        drop(live);
+        self.cache.write(blk, Kind::Raw, data, |_| Ok(()))
     }
 
     /// Caller holds the write lock (or is the last owner).
@@ -391,9 +526,18 @@ impl Inner {
             return Ok(());
         }
         self.sync_locked()?;
+        let journaled = self
+            .journal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .is_some();
         let mut live = self.live();
         if live.was_clean {
             live.sb.state |= STATE_VALID;
+        }
+        if journaled {
+            live.sb.feature_incompat &= !feature::INCOMPAT_RECOVER;
         }
         live.closed = true;
         drop(live);
@@ -411,7 +555,7 @@ pub(crate) struct WriteGuard<'a> {
 
 impl Drop for WriteGuard<'_> {
     fn drop(&mut self) {
-        if self.inner.cache.wants_writeback() && !self.inner.read_only {
+        if !self.inner.read_only && self.inner.wants_commit() {
             let _ = self.inner.sync_locked();
         }
     }

@@ -803,7 +803,10 @@ fn run_seed(seed: u64, ops: usize, bs: u32) {
         r.step();
     }
     let want = normalise(r.m.tree());
-    eprintln!("seed {seed} ({bs}): {ops} ops, {} paths in the model", want.len());
+    eprintln!(
+        "seed {seed} ({bs}): {ops} ops, {} paths in the model",
+        want.len()
+    );
     let ours = normalise(common::snapshot(&fs).expect("walk"));
     let d = diff_trees(&want, &ours, &Compare::exact());
     assert!(

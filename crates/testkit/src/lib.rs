@@ -10,6 +10,7 @@
 //! Tests that need root or loop devices call `can_loop_mount()` / `LoopMount::new` and
 //! `skip(reason)` + return when they get `Err`.
 
+pub mod crash;
 pub mod fixture;
 pub mod mount;
 pub mod tmp;

@@ -1,0 +1,251 @@
+//! Journaling of rext4's own metadata writes, jbd2-compatible (format notes §2.12–13).
+//!
+//! Model: a transaction is everything made dirty between two commits. Operations run
+//! under `Fs::write_lock`, and a commit happens only between operations (at `sync`,
+//! `fsync`, the periodic commit, or when the dirty set grows large), so every
+//! transaction holds whole operations. Commit writes, from the start of the log:
+//! descriptor blocks with v3 tags (escaping blocks that begin with the jbd2 magic), the
+//! metadata blocks, and the journal superblock pointing at them (s_start, s_sequence);
+//! then flushes the device (this is where ordered mode holds: file data was written to
+//! its blocks before, so it is durable before the commit that points at it); then
+//! writes the commit block and flushes again. The checkpoint then writes the blocks to
+//! their homes, flushes, and empties the log (s_start = 0, s_sequence = tid + 1).
+//!
+//! Because each checkpoint empties the log before the next transaction starts, no
+//! older transaction can ever be replayed over a block freed later: revoke records are
+//! not needed. Blocks freed by the running transaction stay *busy* (not reallocated)
+//! until it commits, so file data is never written into a block that the last
+//! committed metadata still points at.
+//!
+//! Crash outcomes: before the commit block is durable, recovery finds no valid commit
+//! and the image is as of the previous transaction; after it, replay writes the whole
+//! transaction (idempotently, also over a partial checkpoint).
+
+use std::sync::Arc;
+
+use rext4_format::jbd2::{self, CommitBlock, JournalSuperblock, LogFormat, Tag};
+
+use crate::device::BlockDevice;
+use crate::error::{Error, Result};
+use crate::fs::{Fs, Ino};
+use crate::map::Mapping;
+
+pub(crate) struct Journal {
+    /// Physical block of each journal block (index = journal block number).
+    map: Vec<u64>,
+    jsb: JournalSuperblock,
+    bs: usize,
+    last_commit_sec: u64,
+}
+
+impl Journal {
+    /// Read the journal of `fs` (None without has_journal). Validates the superblock
+    /// and that the whole log is mapped.
+    pub(crate) fn load(fs: &Fs) -> Result<Option<Journal>> {
+        let sb = &fs.inner.sb;
+        if !sb.has_compat(rext4_format::superblock::feature::COMPAT_HAS_JOURNAL)
+            || sb.journal_inum == 0
+        {
+            return Ok(None);
+        }
+        let ino = Ino(sb.journal_inum);
+        let inode = fs.read_inode(ino)?;
+        let bs = fs.block_size() as usize;
+        let nblocks = inode.size / bs as u64;
+        if nblocks < u64::from(jbd2::MIN_JOURNAL_BLOCKS) || nblocks > 1 << 24 {
+            return Err(Error::corrupted(
+                format!("journal of {nblocks} blocks"),
+                None,
+            ));
+        }
+        let mut map = Vec::with_capacity(nblocks as usize);
+        let mut l = 0u64;
+        while l < nblocks {
+            match fs.map_block(ino, &inode, l)? {
+                Mapping::Mapped {
+                    physical,
+                    len,
+                    unwritten: false,
+                } => {
+                    for k in 0..len.min(nblocks - l) {
+                        map.push(physical + k);
+                    }
+                    l += len.min(nblocks - l);
+                }
+                _ => {
+                    return Err(Error::corrupted(
+                        format!("journal has a hole at block {l}"),
+                        None,
+                    ))
+                }
+            }
+        }
+        let mut b = vec![0u8; bs];
+        fs.cache().device().read_at(&mut b, map[0] * bs as u64)?;
+        let jsb = JournalSuperblock::decode(&b).map_err(|e| Error::from(e.at_block(map[0])))?;
+        jsb.verify().map_err(|e| Error::from(e.at_block(map[0])))?;
+        if let Err(e) = jsb.features_supported() {
+            return Err(Error::Unsupported(format!("journal: {e}")));
+        }
+        if jsb.blocksize as usize != bs
+            || (jsb.maxlen as u64) > nblocks
+            || jsb.first == 0
+            || jsb.first >= jsb.maxlen
+        {
+            return Err(Error::corrupted(
+                "journal superblock geometry does not fit the journal inode",
+                Some(map[0]),
+            ));
+        }
+        Ok(Some(Journal {
+            map,
+            jsb,
+            bs,
+            last_commit_sec: 0,
+        }))
+    }
+
+    fn fmt(&self) -> LogFormat {
+        self.jsb.log_format()
+    }
+
+    /// Before the first write: upgrade the journal to 64bit + checksum v3 as the kernel
+    /// does for a metadata_csum filesystem, and require an empty log.
+    pub(crate) fn prepare_rw(
+        &mut self,
+        dev: &dyn BlockDevice,
+        metadata_csum: bool,
+        is64: bool,
+    ) -> Result<()> {
+        if self.jsb.start != 0 {
+            return Err(Error::InvalidInput(
+                "journal is not empty (recovery needed)".into(),
+            ));
+        }
+        let f = self.jsb.features();
+        let mut changed = false;
+        if metadata_csum && !f.csum_v3() {
+            self.jsb.enable_csum_v3(is64);
+            changed = true;
+        } else if is64 && !f.is_64bit() {
+            self.jsb.feature_incompat |= jbd2::INCOMPAT_64BIT;
+            changed = true;
+        }
+        if changed {
+            self.write_jsb(dev)?;
+            dev.flush()?;
+        }
+        Ok(())
+    }
+
+    fn write_jsb(&mut self, dev: &dyn BlockDevice) -> Result<()> {
+        self.jsb.update_checksum();
+        let mut b = vec![0u8; self.bs];
+        dev.read_at(&mut b, self.map[0] * self.bs as u64)?;
+        self.jsb.encode(&mut b[..jbd2::SB_SIZE])?;
+        dev.write_at(&b, self.map[0] * self.bs as u64)?;
+        Ok(())
+    }
+
+    /// Metadata blocks one transaction may carry (log size less descriptors and commit).
+    pub(crate) fn max_blocks(&self) -> usize {
+        let cap = (self.jsb.maxlen - self.jsb.first) as usize;
+        let tpd = jbd2::tag_capacity(self.bs, &self.jsb.features()).max(1);
+        cap.saturating_sub(2) * tpd / (tpd + 1)
+    }
+
+    /// Write one transaction to the log and commit it (durable on return).
+    pub(crate) fn commit(
+        &mut self,
+        dev: &dyn BlockDevice,
+        blocks: &[(u64, Arc<[u8]>)],
+    ) -> Result<u32> {
+        let fmt = self.fmt();
+        let f = self.jsb.features();
+        let tid = self.jsb.sequence;
+        let tpd = jbd2::tag_capacity(self.bs, &f).max(1);
+        if blocks.len() > self.max_blocks() {
+            return Err(Error::InvalidInput(
+                "transaction larger than the journal".into(),
+            ));
+        }
+        let first = self.jsb.first;
+        let mut pos = first;
+        let map = self.map.clone();
+        let bs = self.bs as u64;
+        let at = |p: u32| map[p as usize] * bs;
+        for chunk in blocks.chunks(tpd) {
+            let mut tags = Vec::with_capacity(chunk.len());
+            let mut datas = Vec::with_capacity(chunk.len());
+            for (home, data) in chunk {
+                let mut copy = data.to_vec();
+                let escaped = jbd2::escape(&mut copy);
+                let csum = jbd2::tag_csum_field(&fmt, tid, &copy);
+                let flags = if escaped { jbd2::TAG_FLAG_ESCAPE } else { 0 };
+                tags.push(Tag {
+                    blocknr: *home,
+                    flags,
+                    csum,
+                });
+                datas.push(copy);
+            }
+            let mut desc = vec![0u8; self.bs];
+            let n = jbd2::encode_descriptor(&mut desc, tid, &tags, &self.jsb.uuid, &fmt)?;
+            if n != tags.len() {
+                return Err(Error::InvalidInput("descriptor capacity mismatch".into()));
+            }
+            dev.write_at(&desc, at(pos))?;
+            pos += 1;
+            for d in &datas {
+                dev.write_at(d, at(pos))?;
+                pos += 1;
+            }
+        }
+        self.jsb.start = first;
+        self.jsb.sequence = tid;
+        self.write_jsb(dev)?;
+        dev.flush()?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        // commit_sec must not go backwards (recovery tells stale from corrupt by it).
+        let sec = now.as_secs().max(self.last_commit_sec);
+        self.last_commit_sec = sec;
+        let mut cb = vec![0u8; self.bs];
+        CommitBlock::new(tid, sec, now.subsec_nanos()).encode(&mut cb, &fmt)?;
+        dev.write_at(&cb, at(pos))?;
+        dev.flush()?;
+        Ok(tid)
+    }
+
+    /// The committed transaction is home: empty the log.
+    pub(crate) fn checkpointed(&mut self, dev: &dyn BlockDevice) -> Result<()> {
+        self.jsb.start = 0;
+        self.jsb.sequence = self.jsb.sequence.wrapping_add(1);
+        self.write_jsb(dev)
+    }
+}
+
+/// Commit every `secs` seconds while the filesystem is open read-write (mount's
+/// `commit=`). The thread holds only a weak reference and ends with the filesystem.
+pub(crate) fn start_commit_thread(fs: &Fs, secs: u64) {
+    if secs == 0 {
+        return;
+    }
+    let weak = Arc::downgrade(&fs.inner);
+    let spawned = std::thread::Builder::new()
+        .name("rext4-commit".into())
+        .spawn(move || loop {
+            std::thread::sleep(std::time::Duration::from_secs(secs));
+            let Some(inner) = weak.upgrade() else { return };
+            let fs = Fs { inner };
+            if fs.check_writable().is_err() {
+                return;
+            }
+            if fs.cache().dirty_count() > 0 || fs.live().dirty {
+                let _ = fs.sync();
+            }
+        });
+    // Without the thread, commits still happen at sync, fsync and close.
+    drop(spawned);
+}
