@@ -624,16 +624,30 @@ impl Fs {
             with_tree(self, ino, &mut inode, |t| {
                 t.remove(first_gone as u32, MAX_LOGICAL).map(|_| ())
             })?;
-            // Zero the tail of the last partial block so a later extension reads zeros.
-            if !size.is_multiple_of(bs) {
-                self.zero_on_disk(ino, &inode, size, bs - size % bs)?;
-            }
+            // The bytes past the new EOF in its last block stay on disk until the file
+            // grows again (`zero_past_eof`): zeroing them now would change the
+            // committed file before this truncate commits.
+        } else {
+            self.zero_past_eof(ino, &inode, size)?;
         }
         inode.size = size;
         let t = now_ts();
         inode.mtime = t;
         inode.ctime = t;
         self.write_inode(ino, &inode)
+    }
+
+    /// Before the size grows to `new_size`: zero what lies between the old EOF and the
+    /// end of its block on disk (left there by an earlier shrinking truncate), so the
+    /// file never shows stale bytes past its old end.
+    fn zero_past_eof(&self, ino: Ino, inode: &Inode, new_size: u64) -> Result<()> {
+        let bs = u64::from(self.inner.block_size);
+        let old = inode.size;
+        if new_size <= old || old.is_multiple_of(bs) {
+            return Ok(());
+        }
+        let end = (old - old % bs + bs).min(new_size);
+        self.zero_on_disk(ino, inode, old, end - old)
     }
 
     /// Write zeros over `[off, off+len)` where it is mapped to written blocks.
@@ -680,6 +694,9 @@ impl Fs {
             .ok_or(Error::FileTooLarge)?;
         if end > self.max_file_size() {
             return Err(Error::FileTooLarge);
+        }
+        if offset > inode.size {
+            self.zero_past_eof(ino, &inode, offset)?;
         }
         let mut pos = offset;
         let r = self.write_blocks(ino, &mut inode, buf, offset, &mut pos);
@@ -811,6 +828,7 @@ impl Fs {
                     return Err(e);
                 }
                 if mode == FallocMode::Allocate && end > inode.size {
+                    self.zero_past_eof(ino, &inode, end)?;
                     inode.size = end;
                 }
             }
@@ -825,6 +843,7 @@ impl Fs {
                     return Err(e);
                 }
                 if !keep_size && end > inode.size {
+                    self.zero_past_eof(ino, &inode, end)?;
                     inode.size = end;
                 }
             }

@@ -11,6 +11,11 @@
 //!
 //! Writes before a flush are durable; writes after it may be lost, reordered or torn —
 //! the guarantees a disk gives, and the ones the journal's ordering relies on.
+//!
+//! One assumption: a write of the primary superblock (the 1,024 bytes at byte 1,024)
+//! is lost or made whole, never torn. Its checksum spans both of its sectors, so any
+//! torn update is unreadable; the kernel writes it the same way (outside the journal,
+//! at mount and unmount) and relies on the same atomicity.
 
 /// One device operation of a recorded run.
 #[derive(Clone, Debug)]
@@ -81,7 +86,7 @@ pub fn image_with_lost_writes(
             Event::Flush => break,
             Event::Write { offset, data } => match rng.below(4) {
                 0 => {} // lost
-                1 => {
+                1 if !touches_superblock(*offset, data.len()) => {
                     // torn: some sectors made it
                     for (i, sector) in data.chunks(SECTOR).enumerate() {
                         if rng.below(2) == 0 {
@@ -94,6 +99,11 @@ pub fn image_with_lost_writes(
         }
     }
     img
+}
+
+/// Whether a write overlaps the primary superblock (bytes 1024..2048).
+pub fn touches_superblock(offset: u64, len: usize) -> bool {
+    offset < 2048 && offset + len as u64 > 1024
 }
 
 /// How many writes lie between the flush at `durable` and the next flush.

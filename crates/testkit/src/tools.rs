@@ -328,8 +328,26 @@ pub fn fsck_output_is_clean(output: &str) -> bool {
     summary
 }
 
+/// An e2fsck.conf that turns off only the superblock time checks: they compare the
+/// image's mount/write times with this machine's clock, which can step backwards here
+/// between a write and the check ("last write time is in the future"). No check of
+/// the filesystem's structure depends on it.
+fn e2fsck_conf() -> Option<std::path::PathBuf> {
+    static CONF: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    CONF.get_or_init(|| {
+        let p = std::env::temp_dir().join(format!("rext4-e2fsck-{}.conf", std::process::id()));
+        std::fs::write(&p, "[options]\n\tbroken_system_clock = 1\n").ok()?;
+        Some(p)
+    })
+    .clone()
+}
+
 fn run_e2fsck(img: &Path, flags: &[&str]) -> FsckReport {
-    let res = Command::new("e2fsck").args(flags).arg(img).output();
+    let mut cmd = Command::new("e2fsck");
+    if let Some(conf) = e2fsck_conf() {
+        cmd.env("E2FSCK_CONFIG", conf);
+    }
+    let res = cmd.args(flags).arg(img).output();
     let (exit_code, output) = match res {
         Ok(out) => {
             let mut s = String::from_utf8_lossy(&out.stdout).into_owned();

@@ -159,3 +159,55 @@ impl Rng {
         self.next() % n.max(1)
     }
 }
+
+/// A device that records every write and flush (for crash images) over a memory image.
+pub struct Recorder {
+    pub mem: rext4::device::MemDevice,
+    pub events: std::sync::Mutex<Vec<rext4_testkit::crash::Event>>,
+}
+
+impl Recorder {
+    pub fn new(base: Vec<u8>) -> Self {
+        Recorder {
+            mem: rext4::device::MemDevice::new(base),
+            events: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+    /// Number of events so far (a position in the log).
+    pub fn len(&self) -> usize {
+        self.events.lock().expect("events").len()
+    }
+    pub fn take(&self) -> Vec<rext4_testkit::crash::Event> {
+        std::mem::take(&mut *self.events.lock().expect("events"))
+    }
+}
+
+impl rext4::device::BlockDevice for Recorder {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.mem.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.mem.write_at(buf, offset)?;
+        self.events
+            .lock()
+            .expect("events")
+            .push(rext4_testkit::crash::Event::Write {
+                offset,
+                data: buf.to_vec(),
+            });
+        Ok(())
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.events
+            .lock()
+            .expect("events")
+            .push(rext4_testkit::crash::Event::Flush);
+        Ok(())
+    }
+    fn size_bytes(&self) -> u64 {
+        self.mem.size_bytes()
+    }
+    fn is_read_only(&self) -> bool {
+        false
+    }
+}
