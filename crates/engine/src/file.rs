@@ -212,6 +212,7 @@ impl Fs {
     /// Open inode `ino` as a read-only [`File`].
     pub fn open_ino(&self, ino: Ino) -> Result<File> {
         self.read_live_inode(ino)?;
+        self.pin(ino);
         Ok(File {
             fs: self.clone(),
             ino,
@@ -230,6 +231,13 @@ pub struct File {
     pub(crate) read: bool,
     pub(crate) write: bool,
     pub(crate) append: bool,
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        // The last reference to an unlinked file frees it (errors surface at sync).
+        let _ = self.fs.unpin(self.ino);
+    }
 }
 
 impl File {

@@ -103,6 +103,9 @@ pub(crate) struct Inner {
     pub(crate) busy: Mutex<Busy>,
     /// Set when a commit failed: the filesystem is shut down (read-only) with this reason.
     pub(crate) shutdown: Mutex<Option<String>>,
+    /// References held on inodes (open handles): an inode with references is not freed
+    /// when its last link goes; it becomes an orphan (see `orphan.rs`).
+    pub(crate) pins: Mutex<std::collections::HashMap<Ino, u32>>,
     pub(crate) block_size: u32,
     pub(crate) csum_seed: u32,
     pub(crate) metadata_csum: bool,
@@ -189,7 +192,7 @@ impl Fs {
             read_only = true;
         }
         let was_clean = sb.state & STATE_VALID != 0;
-        let fs = Fs {
+        let mut fs = Fs {
             inner: Arc::new(Inner {
                 cache,
                 live: Mutex::new(Live {
@@ -208,6 +211,7 @@ impl Fs {
                 journal: Mutex::new(None),
                 busy: Mutex::new(Busy::default()),
                 shutdown: Mutex::new(None),
+                pins: Mutex::new(std::collections::HashMap::new()),
                 block_size: bs,
                 csum_seed,
                 metadata_csum,
@@ -238,6 +242,18 @@ impl Fs {
             drop(live);
             fs.inner.write_superblock()?;
             fs.cache().device().flush()?;
+            // Finish what a crash left on the orphan list (as the kernel does at mount).
+            let sbn = fs.superblock();
+            if sbn.last_orphan != 0 || sbn.has_ro_compat(feature::RO_COMPAT_ORPHAN_PRESENT) {
+                let n = fs.process_orphans()?;
+                fs.sync()?;
+                if n > 0 {
+                    let w = format!("finished {n} orphan inode(s) left by an interrupted session");
+                    if let Some(i) = Arc::get_mut(&mut fs.inner) {
+                        i.warnings.push(w);
+                    }
+                }
+            }
             crate::jwrite::start_commit_thread(&fs, opts.commit_secs);
         }
         Ok(fs)

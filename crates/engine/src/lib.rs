@@ -32,6 +32,7 @@ mod jwrite;
 pub mod map;
 pub mod mkfs;
 pub mod ops;
+pub mod orphan;
 pub mod path;
 pub mod store;
 pub mod xattr;

@@ -328,10 +328,15 @@ impl Fs {
         if inode.links_count > 0 {
             return self.write_inode(ino, &inode);
         }
+        if self.is_pinned(ino) {
+            // Still open: an orphan until the last reference goes.
+            let inode = self.orphan_add(ino, inode)?;
+            return self.write_inode(ino, &inode);
+        }
         self.free_inode_and_blocks(ino, inode)
     }
 
-    fn free_inode_and_blocks(&self, ino: Ino, mut inode: Inode) -> Result<()> {
+    pub(crate) fn free_inode_and_blocks(&self, ino: Ino, mut inode: Inode) -> Result<()> {
         let is_dir = inode.is_dir();
         if inode.has_flag(flags::EXTENTS) {
             with_tree(self, ino, &mut inode, |t| {

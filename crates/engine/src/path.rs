@@ -264,12 +264,11 @@ impl OpenOptions {
         if self.truncate && meta.is_file() && meta.size > 0 {
             fs.truncate_ino(ino, 0)?;
         }
-        Ok(File {
-            read: self.read,
-            write: writing,
-            append: self.append,
-            ..f
-        })
+        let mut f = f;
+        f.read = self.read;
+        f.write = writing;
+        f.append = self.append;
+        Ok(f)
     }
 }
 

@@ -1,0 +1,246 @@
+//! Orphans: inodes whose last name is gone while something still uses them (an open
+//! handle, later a FUSE lookup reference), and their cleanup after a crash.
+//!
+//! While `Fs` has a reference to an inode (`pin`/`unpin`, taken by `File` handles), the
+//! last unlink does not free it: the inode keeps links_count 0 and goes on the orphan
+//! list — the orphan file (orphan_file feature, with ro_compat ORPHAN_PRESENT set while
+//! it has entries) or else the legacy list (s_last_orphan → i_dtime chain). The last
+//! unpin frees it and takes it off the list. Both steps are ordinary metadata changes,
+//! journaled with the operation. At the next read-write open after a crash, every
+//! listed inode is finished: freed when it has no links, else truncated to i_size
+//! (a truncate the kernel had in progress).
+
+use rext4_format::inode::Inode;
+use rext4_format::orphan as fo;
+use rext4_format::superblock::feature;
+
+use crate::cache::Kind;
+use crate::error::{Error, Result};
+use crate::fs::{Fs, Ino};
+use crate::map::{Mapping, MAX_LOGICAL};
+
+impl Fs {
+    /// Take a reference on `ino` (an open handle): it is not freed while referenced.
+    pub fn pin(&self, ino: Ino) {
+        *self
+            .inner
+            .pins
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(ino)
+            .or_insert(0) += 1;
+    }
+
+    /// Drop a reference; the last one frees an orphaned inode.
+    pub fn unpin(&self, ino: Ino) -> Result<()> {
+        let last = {
+            let mut pins = self.inner.pins.lock().unwrap_or_else(|p| p.into_inner());
+            match pins.get_mut(&ino) {
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    false
+                }
+                Some(_) => {
+                    pins.remove(&ino);
+                    true
+                }
+                None => false,
+            }
+        };
+        if !last || self.check_writable().is_err() {
+            return Ok(());
+        }
+        // Cheap common case: the file still has names.
+        if self.read_inode(ino).map_or(true, |i| i.links_count > 0) {
+            return Ok(());
+        }
+        let _w = self.write_lock();
+        let inode = self.read_inode(ino)?;
+        if inode.links_count == 0 && inode.mode != 0 {
+            self.orphan_remove(ino, &inode)?;
+            let inode = self.read_inode(ino)?;
+            self.free_inode_and_blocks(ino, inode)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn is_pinned(&self, ino: Ino) -> bool {
+        self.inner
+            .pins
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&ino)
+    }
+
+    fn orphan_file(&self) -> Option<Ino> {
+        let sb = &self.inner.sb;
+        (sb.has_compat(feature::COMPAT_ORPHAN_FILE) && sb.orphan_file_inum != 0)
+            .then_some(Ino(sb.orphan_file_inum))
+    }
+
+    /// Physical blocks of the orphan file and its checksum seed.
+    fn orphan_blocks(&self, of: Ino) -> Result<(Vec<u64>, Option<u32>)> {
+        let inode = self.read_inode(of)?;
+        let bs = u64::from(self.inner.block_size);
+        let mut v = Vec::new();
+        for l in 0..(inode.size / bs).min(1 << 16) {
+            match self.map_block(of, &inode, l)? {
+                Mapping::Mapped {
+                    physical,
+                    unwritten: false,
+                    ..
+                } => v.push(physical),
+                _ => return Err(Error::corrupted("orphan file has a hole", None)),
+            }
+        }
+        Ok((v, self.owned_seed(of, &inode)))
+    }
+
+    fn write_orphan_block(&self, blk: u64, mut data: Vec<u8>, seed: Option<u32>) -> Result<()> {
+        if let Some(s) = seed {
+            fo::set_block_csum(&mut data, s, blk);
+        }
+        self.cache().write(blk, Kind::Raw, data, |_| Ok(()))
+    }
+
+    /// Put `ino` (links_count already 0, not yet written) on the orphan list; returns
+    /// the inode to write (the legacy list links through i_dtime).
+    pub(crate) fn orphan_add(&self, ino: Ino, mut inode: Inode) -> Result<Inode> {
+        if let Some(of) = self.orphan_file() {
+            let (blocks, seed) = self.orphan_blocks(of)?;
+            for b in blocks {
+                let mut data = self.cache().read(b, Kind::Raw, |_| Ok(()))?.to_vec();
+                if fo::add(&mut data, ino.0).is_some() {
+                    self.write_orphan_block(b, data, seed)?;
+                    let mut live = self.live();
+                    live.sb.feature_ro_compat |= feature::RO_COMPAT_ORPHAN_PRESENT;
+                    live.dirty = true;
+                    return Ok(inode);
+                }
+            }
+            // Orphan file full: fall back to the legacy list, as the kernel does.
+        }
+        let mut live = self.live();
+        inode.dtime = live.sb.last_orphan;
+        live.sb.last_orphan = ino.0;
+        live.dirty = true;
+        Ok(inode)
+    }
+
+    /// Take `ino` off the orphan list.
+    pub(crate) fn orphan_remove(&self, ino: Ino, inode: &Inode) -> Result<()> {
+        if let Some(of) = self.orphan_file() {
+            let (blocks, seed) = self.orphan_blocks(of)?;
+            let mut found = false;
+            let mut any_left = false;
+            for b in blocks {
+                let mut data = self.cache().read(b, Kind::Raw, |_| Ok(()))?.to_vec();
+                if !found && fo::remove(&mut data, ino.0).is_some() {
+                    found = true;
+                    any_left |= fo::used_slots(&data) > 0;
+                    self.write_orphan_block(b, data, seed)?;
+                } else {
+                    any_left |= fo::used_slots(&data) > 0;
+                }
+            }
+            if !any_left {
+                let mut live = self.live();
+                live.sb.feature_ro_compat &= !feature::RO_COMPAT_ORPHAN_PRESENT;
+                live.dirty = true;
+            }
+            if found {
+                return Ok(());
+            }
+        }
+        // Legacy list: unlink `ino` from the chain through i_dtime.
+        let head = self.live().sb.last_orphan;
+        if head == ino.0 {
+            let mut live = self.live();
+            live.sb.last_orphan = inode.dtime;
+            live.dirty = true;
+            return Ok(());
+        }
+        let mut cur = head;
+        for _ in 0..self.inner.sb.inodes_count {
+            if cur == 0 {
+                break;
+            }
+            let mut ci = self.read_inode(Ino(cur))?;
+            if ci.dtime == ino.0 {
+                ci.dtime = inode.dtime;
+                return self.write_inode(Ino(cur), &ci);
+            }
+            cur = ci.dtime;
+        }
+        Ok(())
+    }
+
+    /// Finish every orphan left by a crash (read-write open, after journal replay).
+    /// Returns how many were processed.
+    pub(crate) fn process_orphans(&self) -> Result<usize> {
+        let _w = self.write_lock();
+        let mut todo: Vec<Ino> = Vec::new();
+        if let Some(of) = self.orphan_file() {
+            let (blocks, seed) = self.orphan_blocks(of)?;
+            for b in blocks {
+                let data = self.cache().read(b, Kind::Raw, |_| Ok(()))?.to_vec();
+                let inos = fo::decode(&data).map_err(|e| Error::from(e.at_block(b)))?;
+                if !inos.is_empty() {
+                    todo.extend(inos.into_iter().map(Ino));
+                    let mut clean = data;
+                    for s in 0..fo::slots_per_block(clean.len()) {
+                        fo::clear_slot(&mut clean, s);
+                    }
+                    self.write_orphan_block(b, clean, seed)?;
+                }
+            }
+            let mut live = self.live();
+            live.sb.feature_ro_compat &= !feature::RO_COMPAT_ORPHAN_PRESENT;
+            live.dirty = true;
+        }
+        // Legacy chain.
+        let mut cur = self.live().sb.last_orphan;
+        let limit = self.inner.sb.inodes_count;
+        let mut steps = 0;
+        while cur != 0 && steps < limit {
+            if cur > limit {
+                return Err(Error::corrupted(
+                    format!("orphan list points at inode {cur}"),
+                    None,
+                ));
+            }
+            todo.push(Ino(cur));
+            cur = self.read_inode(Ino(cur))?.dtime;
+            steps += 1;
+        }
+        {
+            let mut live = self.live();
+            live.sb.last_orphan = 0;
+            live.dirty = true;
+        }
+        let n = todo.len();
+        for ino in todo {
+            let mut inode = self.read_inode(ino)?;
+            if inode.mode == 0 {
+                continue;
+            }
+            inode.dtime = 0;
+            if inode.links_count == 0 {
+                self.free_inode_and_blocks(ino, inode)?;
+            } else if inode.is_reg() || inode.is_dir() {
+                // A truncate in progress: drop blocks past i_size.
+                let bs = u64::from(self.inner.block_size);
+                let first_gone = inode.size.div_ceil(bs);
+                if inode.has_flag(rext4_format::inode::flags::EXTENTS) && first_gone < MAX_LOGICAL {
+                    crate::inode_write::with_tree(self, ino, &mut inode, |t| {
+                        t.remove(first_gone as u32, MAX_LOGICAL).map(|_| ())
+                    })?;
+                }
+                self.write_inode(ino, &inode)?;
+            } else {
+                self.write_inode(ino, &inode)?;
+            }
+        }
+        Ok(n)
+    }
+}
