@@ -64,3 +64,50 @@ for who in rext4 kernel; do
   v=$(grep "^$who phase=seqwrite" "$W/sw.txt" | sed 's/.*MiB_per_s=//' | med)
   echo "RESULT|$who|seqwrite|MiB_per_s|$v|MiB/s"
 done
+
+echo "## 4. journaling: $SIZE sequential write with and without a journal (rext4), median of $RUNS"
+for j in journal nojournal; do
+  for i in $(seq "$RUNS"); do
+    rm -f "$W/j.img"
+    if [ $j = journal ]; then mkfs.ext4 -q -F "$W/j.img" "$IMG_SIZE"; else mkfs.ext4 -q -F -O ^has_journal "$W/j.img" "$IMG_SIZE"; fi
+    drop
+    "$R" bench seqwrite -s "$SIZE" "$W/j.img" | sed -n 's/^phase=seqwrite.*MiB_per_s=//p'
+  done | med | sed "s/^/RESULT|rext4-$j|seqwrite|MiB_per_s|/;s/$/|MiB\/s/"
+done
+
+echo "## 5. $((N / 10)) small files each written (4 KiB) and fsynced: rext4 API vs kernel, median of $RUNS"
+cat > "$W/smallfsync.c" <<'C'
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+int main(int c, char **v) {
+    long n = atol(v[2]); char p[4096], buf[4096]; memset(buf, 0x5a, sizeof buf);
+    struct timespec a, b; clock_gettime(CLOCK_MONOTONIC, &a);
+    for (long i = 0; i < n; i++) {
+        snprintf(p, sizeof p, "%s/f%06ld", v[1], i);
+        int fd = open(p, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+        if (fd < 0 || write(fd, buf, sizeof buf) != sizeof buf || fsync(fd)) { perror(p); return 1; }
+        close(fd);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    double s = (b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9;
+    printf("phase=write_fsync ops=%ld secs=%.3f ops_per_s=%.1f\n", n, s, n / s);
+    return 0;
+}
+C
+gcc -O2 -o "$W/smallfsync" "$W/smallfsync.c"
+for i in $(seq "$RUNS"); do
+  rm -f "$W/f.img"; mkfs.ext4 -q -F "$W/f.img" "$IMG_SIZE"; drop
+  "$R" bench smallfsync -n $((N / 10)) "$W/f.img" | grep '^phase=' | sed 's/^/rext4 /'
+  mount -o loop "$W/f.img" "$MNT"; mkdir "$MNT/d"; drop
+  "$W/smallfsync" "$MNT/d" $((N / 10)) | sed 's/^/kernel /'
+  umount "$MNT"
+done > "$W/sf.txt"
+for who in rext4 kernel; do
+  v=$(grep "^$who phase=write_fsync" "$W/sf.txt" | sed 's/.*ops_per_s=//' | med)
+  echo "RESULT|$who|smallfsync|files_per_s|$v|files/s"
+  echo "RESULT|$who|smallfsync|fsync_latency_ms|$(awk -v r="$v" 'BEGIN{printf "%.3f", 1000/r}')|ms"
+done

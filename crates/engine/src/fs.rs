@@ -139,6 +139,14 @@ impl Fs {
     }
 
     pub fn open_device(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<Fs> {
+        Self::open_device_inner(dev, opts, true)
+    }
+
+    pub(crate) fn open_device_inner(
+        mut dev: Arc<dyn BlockDevice>,
+        opts: FsOptions,
+        replay: bool,
+    ) -> Result<Fs> {
         let mut raw = vec![0u8; SB_SIZE];
         if dev.size_bytes() < SB_OFFSET + SB_SIZE as u64 {
             return Err(Error::corrupted(
@@ -164,14 +172,38 @@ impl Fs {
             ));
             read_only = true;
         }
+        let mut sb = sb;
         if sb.has_incompat(feature::INCOMPAT_RECOVER) && sb.has_compat(feature::COMPAT_HAS_JOURNAL)
         {
-            warnings.push(
-                "the journal needs recovery and was NOT replayed: opened read-only; \
-                 recently committed changes may be missing"
-                    .into(),
-            );
-            read_only = true;
+            if !replay {
+                warnings.push("the journal needs recovery and was not replayed".into());
+                read_only = true;
+            } else {
+                // Replay; a read-only open replays into memory and leaves the image as is.
+                let in_memory = read_only || dev.is_read_only();
+                let target: Arc<dyn BlockDevice> = if in_memory {
+                    Arc::new(crate::replay::Overlay::new(dev.clone()))
+                } else {
+                    dev.clone()
+                };
+                let rep = crate::replay::replay(target.clone())?;
+                dev = target;
+                dev.read_at(&mut raw, SB_OFFSET)?;
+                sb = Superblock::decode(&raw)
+                    .map_err(|e| Error::from(e.at_block(SB_OFFSET / 1024)))?;
+                warnings.push(if in_memory {
+                    format!(
+                        "journal replayed in memory only (read-only open: the image is unchanged): \
+                         {} transaction(s), {} block(s)",
+                        rep.transactions, rep.blocks
+                    )
+                } else {
+                    format!(
+                        "journal replayed: {} transaction(s), {} block(s)",
+                        rep.transactions, rep.blocks
+                    )
+                });
+            }
         }
         let bs = sb.block_size();
         let dev_blocks = dev.size_bytes() / u64::from(bs);
@@ -219,6 +251,19 @@ impl Fs {
                 warnings,
             }),
         };
+        {
+            // As the kernel at mount: the superblock's free counts are a summary of the
+            // group descriptors (the kernel does not journal them).
+            let (fb, fi) = fs.group_descs().iter().fold((0u64, 0u64), |(b, i), g| {
+                (
+                    b + u64::from(g.free_blocks_count),
+                    i + u64::from(g.free_inodes_count),
+                )
+            });
+            let mut live = fs.live();
+            live.sb.free_blocks_count = fb;
+            live.sb.free_inodes_count = fi.min(u64::from(u32::MAX)) as u32;
+        }
         if !read_only {
             let journal = crate::jwrite::Journal::load(&fs)?;
             let mut live = fs.live();

@@ -34,6 +34,7 @@ pub mod mkfs;
 pub mod ops;
 pub mod orphan;
 pub mod path;
+pub mod replay;
 pub mod store;
 pub mod xattr;
 
