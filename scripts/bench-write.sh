@@ -39,7 +39,7 @@ done
 
 echo "## 2. mdtest $N files (create, stat, unlink), median of $RUNS"
 for i in $(seq "$RUNS"); do
-  rm -f "$W/m.img"; mkfs.ext4 -q -F "$W/m.img" "$IMG_SIZE"; drop
+  rm -f "$W/m.img"; mkfs.ext4 -q -F "$W/m.img" "$IMG_SIZE" >/dev/null; drop
   "$R" bench mdtest -n "$N" "$W/m.img" | grep '^phase=' | sed 's/^/rext4 /'
   mount -o loop "$W/m.img" "$MNT"; mkdir "$MNT/d"; drop
   "$MDTEST" "$MNT/d" "$N" | sed 's/^/kernel /'
@@ -52,9 +52,9 @@ done; done
 
 echo "## 3. sequential write $SIZE (1 MiB requests + fsync), median of $RUNS"
 for i in $(seq "$RUNS"); do
-  rm -f "$W/s.img"; mkfs.ext4 -q -F "$W/s.img" "$IMG_SIZE"; drop
+  rm -f "$W/s.img"; mkfs.ext4 -q -F "$W/s.img" "$IMG_SIZE" >/dev/null; drop
   "$R" bench seqwrite -s "$SIZE" "$W/s.img" | grep '^phase=' | sed 's/^/rext4 /'
-  rm -f "$W/s.img"; mkfs.ext4 -q -F "$W/s.img" "$IMG_SIZE"; mount -o loop "$W/s.img" "$MNT"; drop
+  rm -f "$W/s.img"; mkfs.ext4 -q -F "$W/s.img" "$IMG_SIZE" >/dev/null; mount -o loop "$W/s.img" "$MNT"; drop
   cnt=$(( $(numfmt --from=iec "${SIZE^^}") / 1048576 ))
   s=$EPOCHREALTIME; dd if=/dev/zero of="$MNT/f" bs=1M count=$cnt conv=fsync status=none
   awk -v a="$s" -v b="$EPOCHREALTIME" -v m=$cnt 'BEGIN{printf "kernel phase=seqwrite MiB_per_s=%.1f\n", m/(b-a)}'
@@ -69,7 +69,7 @@ echo "## 4. journaling: $SIZE sequential write with and without a journal (rext4
 for j in journal nojournal; do
   for i in $(seq "$RUNS"); do
     rm -f "$W/j.img"
-    if [ $j = journal ]; then mkfs.ext4 -q -F "$W/j.img" "$IMG_SIZE"; else mkfs.ext4 -q -F -O ^has_journal "$W/j.img" "$IMG_SIZE"; fi
+    if [ $j = journal ]; then mkfs.ext4 -q -F "$W/j.img" "$IMG_SIZE" >/dev/null; else mkfs.ext4 -q -F -O ^has_journal "$W/j.img" "$IMG_SIZE" >/dev/null; fi
     drop
     "$R" bench seqwrite -s "$SIZE" "$W/j.img" | sed -n 's/^phase=seqwrite.*MiB_per_s=//p'
   done | med | sed "s/^/RESULT|rext4-$j|seqwrite|MiB_per_s|/;s/$/|MiB\/s/"
@@ -100,7 +100,7 @@ int main(int c, char **v) {
 C
 gcc -O2 -o "$W/smallfsync" "$W/smallfsync.c"
 for i in $(seq "$RUNS"); do
-  rm -f "$W/f.img"; mkfs.ext4 -q -F "$W/f.img" "$IMG_SIZE"; drop
+  rm -f "$W/f.img"; mkfs.ext4 -q -F "$W/f.img" "$IMG_SIZE" >/dev/null; drop
   "$R" bench smallfsync -n $((N / 10)) "$W/f.img" | grep '^phase=' | sed 's/^/rext4 /'
   mount -o loop "$W/f.img" "$MNT"; mkdir "$MNT/d"; drop
   "$W/smallfsync" "$MNT/d" $((N / 10)) | sed 's/^/kernel /'
