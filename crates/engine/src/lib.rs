@@ -28,6 +28,7 @@ pub mod extent_write;
 pub mod file;
 pub mod fs;
 pub mod inode_write;
+pub mod journal;
 mod jwrite;
 pub mod map;
 pub mod mkfs;
