@@ -8,7 +8,9 @@
 //! metadata blocks, and the journal superblock pointing at them (s_start, s_sequence);
 //! then flushes the device (this is where ordered mode holds: file data was written to
 //! its blocks before, so it is durable before the commit that points at it); then
-//! writes the commit block and flushes again. The checkpoint then writes the blocks to
+//! writes the commit block (into a slot zeroed before that flush, so only its first
+//! sector changes and a torn write cannot leave half a record) and flushes again. The
+//! checkpoint then writes the blocks to
 //! their homes, flushes, and empties the log (s_start = 0, s_sequence = tid + 1).
 //!
 //! Because each checkpoint empties the log before the next transaction starts, no
@@ -201,6 +203,11 @@ impl Journal {
                 pos += 1;
             }
         }
+        // The commit block's slot is zeroed first, made durable with the rest: the
+        // commit record then differs from what is on disk only in its first sector, so
+        // a torn commit write leaves either the whole record or none of it (a torn one
+        // would read as a corrupt transaction, and recovery would refuse the log).
+        dev.write_at(&vec![0u8; self.bs], at(pos))?;
         self.jsb.start = first;
         self.jsb.sequence = tid;
         self.write_jsb(dev)?;
