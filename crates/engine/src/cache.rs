@@ -199,29 +199,8 @@ impl BufferCache {
 
     /// Write every dirty block to the device, in block order. Blocks stay cached.
     pub fn flush(&self) -> Result<usize> {
-        let dirty: Vec<(u64, Arc<[u8]>)> = {
-            let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-            let mut v: Vec<_> = map
-                .iter()
-                .filter(|(_, e)| e.dirty)
-                .map(|(k, e)| (*k, e.data.clone()))
-                .collect();
-            v.sort_by_key(|(k, _)| *k);
-            v
-        };
-        for (blk, data) in &dirty {
-            self.dev.write_at(data, blk * self.block_size as u64)?;
-        }
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        for (blk, data) in &dirty {
-            // Clean only if nobody replaced it meanwhile.
-            if let Some(e) = map.get_mut(blk) {
-                if Arc::ptr_eq(&e.data, data) && e.dirty {
-                    e.dirty = false;
-                    self.dirty.fetch_sub(1, Ordering::Relaxed);
-                }
-            }
-        }
+        let dirty = self.dirty_blocks();
+        self.flush_these(&dirty)?;
         Ok(dirty.len())
     }
 

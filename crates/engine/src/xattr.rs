@@ -121,15 +121,7 @@ impl Fs {
         }
         let _w = self.write_lock();
         self.check_writable()?;
-        if index == fx::INDEX_USER {
-            // As in Linux: user.* attributes only on regular files and directories.
-            let i = self.read_live_inode(ino)?;
-            if !i.is_reg() && !i.is_dir() {
-                return Err(Error::NotPermitted(
-                    "user.* xattrs on this file type".into(),
-                ));
-            }
-        }
+        self.check_user_namespace(ino, index)?;
         self.update_xattrs(ino, |all| {
             let pos = all
                 .iter()
@@ -149,14 +141,7 @@ impl Fs {
         let (index, suffix) = fx::split_name(name).ok_or(Error::NotFound)?;
         let _w = self.write_lock();
         self.check_writable()?;
-        if index == fx::INDEX_USER {
-            let i = self.read_live_inode(ino)?;
-            if !i.is_reg() && !i.is_dir() {
-                return Err(Error::NotPermitted(
-                    "user.* xattrs on this file type".into(),
-                ));
-            }
-        }
+        self.check_user_namespace(ino, index)?;
         self.update_xattrs(ino, |all| {
             let pos = all
                 .iter()
@@ -165,6 +150,17 @@ impl Fs {
             all.remove(i);
             Ok(())
         })
+    }
+
+    /// As in Linux: user.* attributes only on regular files and directories (EPERM).
+    fn check_user_namespace(&self, ino: Ino, index: u8) -> Result<()> {
+        if index == fx::INDEX_USER {
+            let i = self.read_live_inode(ino)?;
+            if !i.is_reg() && !i.is_dir() {
+                return Err(Error::NotPermitted("user.* xattrs on this file type".into()));
+            }
+        }
+        Ok(())
     }
 
     /// Change the attribute list and lay it out again: as many as fit in the inode

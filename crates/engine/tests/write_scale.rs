@@ -15,16 +15,7 @@ use rext4::device::{BlockDevice, FileDevice};
 use rext4::{Error, Fs, FsOptions};
 use rext4_testkit::{e2fsck_fn, extent_depth, htree_levels, mkfs, skip, LoopMount, MkfsOptions};
 
-fn rw(path: &std::path::Path) -> Fs {
-    Fs::open_with(
-        path,
-        FsOptions {
-            read_only: false,
-            ..FsOptions::default()
-        },
-    )
-    .expect("open rw")
-}
+use common::open_rw as rw;
 
 /// Counts device reads, to show lookups touch few blocks.
 struct Counting {

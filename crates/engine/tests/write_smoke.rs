@@ -3,19 +3,10 @@
 
 mod common;
 
-use rext4::{Fs, FsOptions, OpenOptions};
+use rext4::{Fs, OpenOptions};
 use rext4_testkit::{e2fsck_fn, mkfs, skip, snapshot_dir, LoopMount, MkfsOptions};
 
-fn rw(path: &std::path::Path) -> Fs {
-    Fs::open_with(
-        path,
-        FsOptions {
-            read_only: false,
-            ..FsOptions::default()
-        },
-    )
-    .expect("open rw")
-}
+use common::open_rw as rw;
 
 #[test]
 fn create_write_read_back_and_fsck() {

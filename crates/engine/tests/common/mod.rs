@@ -145,20 +145,9 @@ pub fn full_read(fs: &Fs, limit: u64) -> rext4::Result<Tree> {
     Ok(t)
 }
 
-/// A tiny deterministic PRNG (xorshift64*), so failures are reproducible by seed.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+/// The testkit's deterministic PRNG (xorshift64*): failures reproduce by seed.
+#[allow(unused_imports)]
+pub use rext4_testkit::crash::Rng;
 
 /// A device that records every write and flush (for crash images) over a memory image.
 pub struct Recorder {
@@ -210,4 +199,10 @@ impl rext4::device::BlockDevice for Recorder {
     fn is_read_only(&self) -> bool {
         false
     }
+}
+
+/// Open an image file read-write (no periodic commit thread, for determinism).
+pub fn open_rw(path: &std::path::Path) -> Fs {
+    let opts = rext4::FsOptions { read_only: false, commit_secs: 0, ..rext4::FsOptions::default() };
+    Fs::open_with(path, opts).expect("open rw")
 }
