@@ -5,7 +5,10 @@
 //! (unknown incompat ⇒ refuse, naming them; unknown ro_compat ⇒ read-only), check the
 //! geometry against the device size (so no later allocation or loop is bounded only by
 //! on-disk numbers), read and verify every group descriptor. An image whose journal
-//! needs recovery is opened read-only with a warning: replay comes with the journal.
+//! needs recovery is replayed first (`crate::journal`): on the device for a read-write
+//! open, into an in-memory overlay for a read-only one. A read-write open then loads
+//! the journal for rext4's own commits (`crate::jwrite`), sets needs_recovery (or,
+//! without a journal, clears VALID_FS), and finishes orphans (`crate::orphan`).
 //!
 //! Must hold: every block number read from disk is checked against `blocks_count`
 //! before use (the buffer cache refuses others), every inode number against
@@ -138,15 +141,7 @@ impl Fs {
         Self::open_device(Arc::new(dev), opts)
     }
 
-    pub fn open_device(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<Fs> {
-        Self::open_device_inner(dev, opts, true)
-    }
-
-    pub(crate) fn open_device_inner(
-        mut dev: Arc<dyn BlockDevice>,
-        opts: FsOptions,
-        replay: bool,
-    ) -> Result<Fs> {
+    pub fn open_device(mut dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<Fs> {
         let mut raw = vec![0u8; SB_SIZE];
         if dev.size_bytes() < SB_OFFSET + SB_SIZE as u64 {
             return Err(Error::corrupted(
@@ -175,35 +170,27 @@ impl Fs {
         let mut sb = sb;
         if sb.has_incompat(feature::INCOMPAT_RECOVER) && sb.has_compat(feature::COMPAT_HAS_JOURNAL)
         {
-            if !replay {
-                warnings.push("the journal needs recovery and was not replayed".into());
-                read_only = true;
-            } else {
-                // Replay; a read-only open replays into memory and leaves the image as is.
-                let in_memory = read_only || dev.is_read_only();
-                let target: Arc<dyn BlockDevice> = if in_memory {
-                    Arc::new(crate::replay::Overlay::new(dev.clone()))
-                } else {
-                    dev.clone()
-                };
-                let rep = crate::replay::replay(target.clone())?;
-                dev = target;
-                dev.read_at(&mut raw, SB_OFFSET)?;
-                sb = Superblock::decode(&raw)
-                    .map_err(|e| Error::from(e.at_block(SB_OFFSET / 1024)))?;
-                warnings.push(if in_memory {
-                    format!(
-                        "journal replayed in memory only (read-only open: the image is unchanged): \
-                         {} transaction(s), {} block(s)",
-                        rep.transactions, rep.blocks
-                    )
-                } else {
-                    format!(
-                        "journal replayed: {} transaction(s), {} block(s)",
-                        rep.transactions, rep.blocks
-                    )
-                });
+            // ---- journal recovery (owner: crate::journal) ----
+            // Read-write: replay on the device. Read-only (asked, forced above, or a
+            // read-only device): replay into an in-memory overlay and open that, so
+            // the image is unchanged. Continue with the superblock as replayed.
+            let r = crate::journal::recover_for_open(dev.clone(), read_only)?;
+            warnings.extend(r.warnings);
+            read_only |= r.read_only;
+            let fc = r.sb.check_features();
+            if !fc.unsupported_incompat.is_empty() {
+                return Err(Error::Unsupported(format!(
+                    "image uses incompatible features rext4 does not support: {}",
+                    fc.unsupported_incompat.join(", ")
+                )));
             }
+            if !fc.unsupported_ro_compat.is_empty() {
+                read_only = true;
+            }
+            dev = r.device;
+            raw = r.raw;
+            sb = r.sb;
+            // ---- end journal recovery ----
         }
         let bs = sb.block_size();
         let dev_blocks = dev.size_bytes() / u64::from(bs);

@@ -14,8 +14,8 @@
 //! - `device`: the `BlockDevice` seam (file, memory).
 //!
 //! Everything below `path` takes no lock but the buffer cache's map mutex, which is
-//! never held across I/O. The engine is read-only in this version: an image whose
-//! journal needs recovery opens read-only with a warning (no replay yet).
+//! never held across I/O for reads; writers serialize on `Fs::write_lock`. An image
+//! whose journal needs recovery is replayed at open (in memory for read-only opens).
 
 pub mod alloc;
 pub mod cache;
@@ -35,7 +35,6 @@ pub mod mkfs;
 pub mod ops;
 pub mod orphan;
 pub mod path;
-pub mod replay;
 pub mod store;
 pub mod xattr;
 

@@ -157,7 +157,9 @@ impl Fs {
         if index == fx::INDEX_USER {
             let i = self.read_live_inode(ino)?;
             if !i.is_reg() && !i.is_dir() {
-                return Err(Error::NotPermitted("user.* xattrs on this file type".into()));
+                return Err(Error::NotPermitted(
+                    "user.* xattrs on this file type".into(),
+                ));
             }
         }
         Ok(())

@@ -64,7 +64,7 @@ fn base_image() -> Vec<u8> {
 
 fn data(seed: u64, len: usize) -> Vec<u8> {
     let mut r = Rng(seed | 1);
-    (0..len).map(|_| r.next() as u8).collect()
+    (0..len).map(|_| r.next_u64() as u8).collect()
 }
 
 fn small_files() -> Run {

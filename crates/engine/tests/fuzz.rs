@@ -105,7 +105,7 @@ fn fuzz_image(opts: MkfsOptions, label: &str, seed: u64) {
                 0 => base[at as usize] ^ (1 << rng.below(8)),
                 1 => rng.below(4) as u8,
                 2 => 0xFF,
-                _ => rng.next() as u8,
+                _ => rng.next_u64() as u8,
             };
             patches.push((at, v));
         }

@@ -384,7 +384,7 @@ impl Runner<'_> {
                 };
                 let big = self.rng.below(10) == 0;
                 let len = 1 + self.rng.below(if big { 200_000 } else { 9000 });
-                let seed = self.rng.next();
+                let seed = self.rng.next_u64();
                 let data: Vec<u8> = (0..len)
                     .map(|i| (seed.wrapping_add(i * 31) >> 3) as u8)
                     .collect();

@@ -127,9 +127,9 @@ impl JournalMap {
         let iblk = gd.inode_table.saturating_add(idx * isz / bs);
         let itable = read_block(iblk)?;
         let ioff = ((idx * isz) % bs) as usize;
-        let rec = itable
-            .get(ioff..ioff + isz as usize)
-            .ok_or_else(|| Error::corrupted("journal inode record outside its block", Some(iblk)))?;
+        let rec = itable.get(ioff..ioff + isz as usize).ok_or_else(|| {
+            Error::corrupted("journal inode record outside its block", Some(iblk))
+        })?;
         if sb.metadata_csum() {
             fmt_inode::verify_csum(rec, ino, seed).map_err(|e| Error::from(e.at_block(iblk)))?;
         }
@@ -183,10 +183,7 @@ impl JournalMap {
                         for x in idx.iter().rev() {
                             reads += 1;
                             if reads > MAX_MAP_READS {
-                                return Err(Error::corrupted(
-                                    "journal extent tree too large",
-                                    at,
-                                ));
+                                return Err(Error::corrupted("journal extent tree too large", at));
                             }
                             let b = read_block(x.child)?;
                             if sb.metadata_csum() {
@@ -209,7 +206,7 @@ impl JournalMap {
         } else {
             // ext2/3 block map: 12 direct pointers, then IND, DIND, TIND.
             let apb = bs / 4;
-            let mut push = |l: u64, p: u64, runs: &mut Vec<Run>| -> Result<()> {
+            let push = |l: u64, p: u64, runs: &mut Vec<Run>| -> Result<()> {
                 if p == 0 || l >= blocks {
                     return Ok(());
                 }

@@ -84,21 +84,23 @@ impl BlockDevice for Overlay {
             let b_start = blk * bs;
             let lo = offset.max(b_start);
             let hi = end.min(b_start + bs);
-            if !map.contains_key(&blk) {
-                // A short last block (device size not a multiple of bs) keeps its length.
-                let len = (size - b_start).min(bs) as usize;
-                let mut data = vec![0u8; len];
-                if lo > b_start || hi < b_start + len as u64 {
-                    self.base.read_at(&mut data, b_start)?;
+            let data = match map.entry(blk) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    // A short last block (device size not a multiple of bs) keeps its
+                    // length; a block written only in part starts as the base's copy.
+                    let len = (size - b_start).min(bs) as usize;
+                    let mut data = vec![0u8; len];
+                    if lo > b_start || hi < b_start + len as u64 {
+                        self.base.read_at(&mut data, b_start)?;
+                    }
+                    v.insert(data)
                 }
-                map.insert(blk, data);
-            }
-            if let Some(data) = map.get_mut(&blk) {
-                let dst = data.get_mut((lo - b_start) as usize..(hi - b_start) as usize);
-                let src = buf.get((lo - offset) as usize..(hi - offset) as usize);
-                if let (Some(dst), Some(src)) = (dst, src) {
-                    dst.copy_from_slice(src);
-                }
+            };
+            let dst = data.get_mut((lo - b_start) as usize..(hi - b_start) as usize);
+            let src = buf.get((lo - offset) as usize..(hi - offset) as usize);
+            if let (Some(dst), Some(src)) = (dst, src) {
+                dst.copy_from_slice(src);
             }
         }
         Ok(())
@@ -124,7 +126,9 @@ mod tests {
 
     #[test]
     fn writes_stay_in_memory_and_reads_merge() {
-        let base = Arc::new(MemDevice::read_only((0..8192u32).map(|i| i as u8).collect()));
+        let base = Arc::new(MemDevice::read_only(
+            (0..8192u32).map(|i| i as u8).collect(),
+        ));
         let o = Overlay::new(base.clone(), 1024);
         // A write straddling blocks 0 and 1, partial on both.
         o.write_at(&[0xAA; 100], 1000).expect("write");

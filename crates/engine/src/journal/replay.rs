@@ -195,8 +195,7 @@ fn scan(dev: &dyn BlockDevice, map: &JournalMap, jsb: &JournalSuperblock) -> Res
 
 fn run(dev: &dyn BlockDevice, write: bool) -> Result<ReplayReport> {
     let (_, sb) = read_superblock(dev)?;
-    if !sb.has_compat(feature::COMPAT_HAS_JOURNAL) || !sb.has_incompat(feature::INCOMPAT_RECOVER)
-    {
+    if !sb.has_compat(feature::COMPAT_HAS_JOURNAL) || !sb.has_incompat(feature::INCOMPAT_RECOVER) {
         return Ok(ReplayReport::nothing());
     }
     let bs = sb.block_size() as usize;

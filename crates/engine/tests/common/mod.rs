@@ -203,6 +203,10 @@ impl rext4::device::BlockDevice for Recorder {
 
 /// Open an image file read-write (no periodic commit thread, for determinism).
 pub fn open_rw(path: &std::path::Path) -> Fs {
-    let opts = rext4::FsOptions { read_only: false, commit_secs: 0, ..rext4::FsOptions::default() };
+    let opts = rext4::FsOptions {
+        read_only: false,
+        commit_secs: 0,
+        ..rext4::FsOptions::default()
+    };
     Fs::open_with(path, opts).expect("open rw")
 }
