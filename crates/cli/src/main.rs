@@ -10,6 +10,7 @@ mod extract;
 mod info;
 mod io_cmd;
 mod mkfs_cmd;
+mod mount_cmd;
 mod show;
 mod spec;
 mod timefmt;
@@ -134,6 +135,8 @@ enum Cmd {
     Io(io_cmd::IoArgs),
     /// Make an ext4 filesystem, like mkfs.ext4: `rext4 mkfs [OPTIONS] IMAGE [SIZE]`.
     Mkfs(mkfs_cmd::MkfsArgs),
+    /// Mount an image through FUSE: `rext4 mount [-o OPTIONS] [-f] IMAGE MOUNTPOINT`.
+    Mount(mount_cmd::MountArgs),
     /// Run a benchmark workload through the API: `rext4 bench mdtest|seqwrite|seqread|smallfsync IMAGE`.
     Bench(bench::BenchArgs),
 }
@@ -211,6 +214,7 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
         } => write_cmds::truncate(&size, no_create, &specs)?,
         Cmd::Io(args) => io_cmd::run(args)?,
         Cmd::Mkfs(args) => mkfs_cmd::run(args).map_err(e1)?,
+        Cmd::Mount(a) => mount_cmd::run(a).map_err(e1)?,
         Cmd::Bench(args) => bench::run(args).map_err(e1)?,
     }
     out.flush().map_err(|e| e1(format!("stdout: {e}")))

@@ -111,7 +111,9 @@ impl Fs {
     /// Read an inode that a directory entry or handle refers to: it must be in use.
     pub fn read_live_inode(&self, ino: Ino) -> Result<Inode> {
         let inode = self.read_inode(ino)?;
-        if inode.mode == 0 || (inode.links_count == 0 && inode.dtime != 0) {
+        // links 0 with a dtime is a deleted inode — unless it is referenced: then it is
+        // an orphan, and on the legacy list i_dtime holds the next orphan's number.
+        if inode.mode == 0 || (inode.links_count == 0 && inode.dtime != 0 && !self.is_pinned(ino)) {
             return Err(Error::corrupted(
                 format!("entry refers to deleted inode {}", ino.0),
                 None,

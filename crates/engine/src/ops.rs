@@ -328,8 +328,14 @@ impl Fs {
         if inode.links_count > 0 {
             return self.write_inode(ino, &inode);
         }
+        self.release_unlinked(ino, inode)
+    }
+
+    /// An inode lost its last name: free it, or — while referenced (open handles, FUSE
+    /// lookups) — make it an orphan that the last reference frees.
+    fn release_unlinked(&self, ino: Ino, mut inode: Inode) -> Result<()> {
+        inode.links_count = 0;
         if self.is_pinned(ino) {
-            // Still open: an orphan until the last reference goes.
             let inode = self.orphan_add(ino, inode)?;
             return self.write_inode(ino, &inode);
         }
@@ -370,7 +376,7 @@ impl Fs {
         d.inode.ctime = t;
         d.dirty = true;
         self.finish_dir(d)?;
-        self.free_inode_and_blocks(e.ino, inode)
+        self.release_unlinked(e.ino, inode)
     }
 
     /// Is `anc` an ancestor of (or equal to) directory `dir`? Walks ".." to the root.
@@ -518,7 +524,7 @@ impl Fs {
             let vi = self.read_live_inode(v)?;
             if vi.is_dir() {
                 // The moved directory's link replaces the victim's in new_parent.
-                self.free_inode_and_blocks(v, vi)?;
+                self.release_unlinked(v, vi)?;
             } else {
                 self.drop_link(v, vi)?;
             }

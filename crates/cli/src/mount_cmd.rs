@@ -1,0 +1,36 @@
+//! `rext4 mount [-o OPTIONS] [-f] IMAGE MOUNTPOINT`: serve an ext4 image through FUSE
+//! (see `rext4_fuse` for the options and the mount's lifetime). Without `-f` the
+//! command returns once the mount is up and a daemon serves it; with `-f` it serves
+//! until the mount point is unmounted (`fusermount3 -u`, `umount`) or it gets
+//! SIGINT/SIGTERM, then commits and closes the image.
+
+use std::path::PathBuf;
+
+use clap::ArgAction;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct MountArgs {
+    /// Mount options, comma-separated (ro, rw, errors=continue|remount-ro, commit=SECS,
+    /// cache_mb=MIB, threads=N, allow_other, default_permissions,
+    /// nodefault_permissions, nowriteback_cache, debug, dev, suid, noexec...).
+    #[arg(short = 'o', value_name = "OPTIONS", action = ArgAction::Append)]
+    pub options: Vec<String>,
+    /// Stay in the foreground (do not fork a daemon).
+    #[arg(short = 'f', long)]
+    pub foreground: bool,
+    /// Image file or block device holding the ext4 filesystem.
+    pub image: PathBuf,
+    /// Directory to mount it on.
+    pub mountpoint: PathBuf,
+}
+
+pub fn run(args: MountArgs) -> Result<(), String> {
+    let mut opts = rext4_fuse::MountOptions::default();
+    for list in &args.options {
+        rext4_fuse::apply_options(&mut opts, list)?;
+    }
+    if args.foreground {
+        opts.foreground = true;
+    }
+    rext4_fuse::mount(&args.image, &args.mountpoint, &opts)
+}

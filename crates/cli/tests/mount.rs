@@ -1,0 +1,841 @@
+//! `rext4 mount`: the FUSE mount of an image, exercised through the kernel with std::fs,
+//! libc and everyday tools (cp -a, tar, cc), then checked offline: e2fsck -fn must be
+//! clean and a kernel ext4 mount of the image must show the tree the FUSE mount showed.
+//!
+//! Every mount is a `Mounted` guard: it runs `rext4 mount -f` as a child process,
+//! waits for the mount point to appear in /proc/self/mountinfo, and on drop (also when
+//! a test panics) unmounts (`fusermount3 -u`, then `umount -l`) and kills/reaps the
+//! child. Tests skip (printing why) without root or /dev/fuse.
+
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{symlink, FileExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use rext4_testkit::{
+    diff_trees, e2fsck_fn, mkfs, skip, snapshot_dir, Compare, Image, LoopMount, MkfsOptions,
+    TempDir, Tree,
+};
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_rext4")
+}
+
+/// Why FUSE mounts cannot run here, if they cannot.
+fn cannot_mount() -> Option<String> {
+    if std::env::var_os("REXT4_NO_MOUNT").is_some() {
+        return Some("REXT4_NO_MOUNT is set".into());
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root".into());
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Some("no /dev/fuse".into());
+    }
+    None
+}
+
+fn is_mounted(mnt: &Path) -> bool {
+    let want = mnt.as_os_str().as_bytes();
+    fs::read("/proc/self/mountinfo").is_ok_and(|t| {
+        t.split(|&b| b == b'\n')
+            .any(|l| l.split(|&b| b == b' ').nth(4) == Some(want))
+    })
+}
+
+fn wait_child(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let t0 = Instant::now();
+    loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Some(st);
+        }
+        if t0.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A running `rext4 mount -f IMAGE MNT`; unmounted and reaped on drop.
+struct Mounted {
+    child: Option<Child>,
+    mnt: TempDir,
+    log: PathBuf,
+}
+
+impl Mounted {
+    fn new(img: &Path, opts: &[&str]) -> Mounted {
+        let mnt = TempDir::new("fusemnt").expect("mount point");
+        let log = mnt.path().with_extension("log");
+        let mut cmd = Command::new(bin());
+        cmd.arg("mount").arg("-f");
+        for o in opts {
+            cmd.args(["-o", o]);
+        }
+        let child = cmd
+            .arg(img)
+            .arg(mnt.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&log).expect("log file"))
+            .spawn()
+            .expect("spawn rext4 mount");
+        let mut m = Mounted {
+            child: Some(child),
+            mnt,
+            log,
+        };
+        let t0 = Instant::now();
+        while !is_mounted(m.path()) {
+            if let Some(c) = m.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    panic!("rext4 mount exited ({st}) before mounting: {}", m.stderr());
+                }
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(15),
+                "mount did not appear: {}",
+                m.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        m
+    }
+
+    fn path(&self) -> &Path {
+        self.mnt.path()
+    }
+
+    fn join(&self, p: &str) -> PathBuf {
+        self.mnt.join(p)
+    }
+
+    fn stderr(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |c| c.id() as i32)
+    }
+
+    /// Unmount, wait for the server to commit and exit; returns its exit status.
+    fn unmount(&mut self) -> ExitStatus {
+        let st = self.stop();
+        assert!(!is_mounted(self.path()), "still mounted after unmount");
+        st.unwrap_or_else(|| panic!("rext4 mount did not exit: {}", self.stderr()))
+    }
+
+    /// Wait for the server to exit by itself (after a signal).
+    fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let st = wait_child(self.child.as_mut()?, limit);
+        if st.is_some() {
+            self.child = None;
+        }
+        st
+    }
+
+    fn stop(&mut self) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        for attempt in 0..50 {
+            if !is_mounted(self.path()) {
+                break;
+            }
+            let ok = Command::new("fusermount3")
+                .arg("-u")
+                .arg(self.path())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(if attempt < 10 { 20 } else { 100 }));
+        }
+        if is_mounted(self.path()) {
+            let _ = Command::new("umount").arg("-l").arg(self.path()).status();
+        }
+        let st = wait_child(&mut child, Duration::from_secs(30));
+        if st.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        st
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        self.stop();
+        if is_mounted(self.path()) {
+            self.mnt.leak();
+        }
+        let _ = fs::remove_file(&self.log);
+    }
+}
+
+fn image() -> Image {
+    mkfs(&MkfsOptions::new(4096, 128 << 20)).expect("mkfs.ext4")
+}
+
+fn fsck_clean(img: &Path) {
+    let r = e2fsck_fn(img);
+    assert!(r.clean, "e2fsck -fn not clean:\n{}", r.output);
+}
+
+/// Ignore atime and inode numbers (hard links compared as path groups).
+fn cmp() -> Compare {
+    Compare {
+        ignore_atime: true,
+        ignore_ino: true,
+        hardlinks_by_paths: true,
+        ..Compare::default()
+    }
+}
+
+/// What the kernel's ext4 sees on `img`, read-only. `None` when loop mounts are not
+/// possible here (printed).
+fn kernel_tree(img: &Path) -> Option<Tree> {
+    match LoopMount::new(img, true, "") {
+        Ok(m) => Some(snapshot_dir(m.path()).expect("snapshot kernel mount")),
+        Err(e) => {
+            skip(&format!("kernel comparison: {e}"));
+            None
+        }
+    }
+}
+
+fn check_same_tree(fuse: &Tree, img: &Path) {
+    if let Some(k) = kernel_tree(img) {
+        let d = diff_trees(fuse, &k, &cmp());
+        assert!(d.is_empty(), "FUSE view != kernel view:\n{}", d.join("\n"));
+    }
+}
+
+fn cstr(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).expect("no NUL in path")
+}
+
+fn set_xattr(p: &Path, name: &str, v: &[u8], flags: i32) -> std::io::Result<()> {
+    let n = CString::new(name).expect("name");
+    // SAFETY: valid C strings and a buffer of the given length.
+    let r = unsafe {
+        libc::lsetxattr(
+            cstr(p).as_ptr(),
+            n.as_ptr(),
+            v.as_ptr().cast(),
+            v.len(),
+            flags,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn get_xattr(p: &Path, name: &str) -> std::io::Result<Vec<u8>> {
+    let n = CString::new(name).expect("name");
+    let c = cstr(p);
+    // SAFETY: size probe with a null buffer of length 0.
+    let len = unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
+    if len < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut buf = vec![0u8; len as usize];
+    if len > 1 {
+        // A buffer one byte short must fail with ERANGE.
+        // SAFETY: buffer of len-1 bytes.
+        let r = unsafe {
+            libc::lgetxattr(
+                c.as_ptr(),
+                n.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len() - 1,
+            )
+        };
+        assert_eq!(r, -1);
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::ERANGE)
+        );
+    }
+    // SAFETY: buffer of buf.len() bytes.
+    let r = unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(r as usize);
+    Ok(buf)
+}
+
+fn list_xattrs(p: &Path) -> Vec<String> {
+    let c = cstr(p);
+    // SAFETY: size probe.
+    let len = unsafe { libc::llistxattr(c.as_ptr(), std::ptr::null_mut(), 0) };
+    assert!(len >= 0, "llistxattr: {}", std::io::Error::last_os_error());
+    let mut buf = vec![0u8; len as usize];
+    // SAFETY: buffer of buf.len() bytes.
+    let r = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(r >= 0);
+    buf.truncate(r as usize);
+    buf.split(|&b| b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect()
+}
+
+fn errno_of<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
+    r.expect_err("expected an error")
+        .raw_os_error()
+        .unwrap_or(0)
+}
+
+fn renameat2(a: &Path, b: &Path, flags: u32) -> std::io::Result<()> {
+    let (a, b) = (cstr(a), cstr(b));
+    // SAFETY: valid C strings; AT_FDCWD.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            flags,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The namespace and data operations through std::fs and libc.
+fn exercise(m: &Mounted) {
+    let p = |s: &str| m.join(s);
+    // create / write / read
+    fs::write(p("a.txt"), b"hello\n").expect("create");
+    assert_eq!(fs::read(p("a.txt")).expect("read"), b"hello\n");
+    // append (O_APPEND) from two handles
+    {
+        let mut f1 = OpenOptions::new()
+            .append(true)
+            .open(p("a.txt"))
+            .expect("append");
+        let mut f2 = OpenOptions::new()
+            .append(true)
+            .open(p("a.txt"))
+            .expect("append");
+        f1.write_all(b"one\n").expect("w1");
+        f2.write_all(b"two\n").expect("w2");
+        f1.write_all(b"three\n").expect("w3");
+    }
+    assert_eq!(
+        fs::read_to_string(p("a.txt")).expect("read"),
+        "hello\none\ntwo\nthree\n"
+    );
+    // a bigger file written in odd chunks, read back at offsets
+    let big: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i * 7 + i / 4096) as u8)
+        .collect();
+    {
+        let mut f = File::create(p("big")).expect("create big");
+        for c in big.chunks(123_457) {
+            f.write_all(c).expect("write big");
+        }
+        f.sync_all().expect("fsync");
+    }
+    let mut f = File::open(p("big")).expect("open big");
+    let mut buf = vec![0u8; 70_000];
+    f.read_exact_at(&mut buf, 1_000_001).expect("pread");
+    assert_eq!(buf, big[1_000_001..1_070_001]);
+    let mut all = Vec::new();
+    f.read_to_end(&mut all).expect("read all");
+    assert!(all == big, "big file differs");
+    drop(f);
+    // overwrite in the middle, read-modify-write on a write-only handle
+    {
+        let f = OpenOptions::new()
+            .write(true)
+            .open(p("big"))
+            .expect("open wo");
+        f.write_all_at(b"XYZ", 4095).expect("pwrite");
+    }
+    let mut got = fs::read(p("big")).expect("read");
+    let mut want = big.clone();
+    want[4095..4098].copy_from_slice(b"XYZ");
+    assert!(got == want, "overwrite");
+    // truncate down and up (zeros past the old end), O_TRUNC
+    {
+        let f = OpenOptions::new().write(true).open(p("big")).expect("open");
+        f.set_len(5000).expect("shrink");
+        f.set_len(9000).expect("grow");
+    }
+    got = fs::read(p("big")).expect("read");
+    assert_eq!(got.len(), 9000);
+    assert_eq!(got[..5000], want[..5000]);
+    assert!(got[5000..].iter().all(|&b| b == 0), "stale bytes past EOF");
+    fs::write(p("trunc"), b"0123456789").expect("w");
+    fs::write(p("trunc"), b"ab").expect("O_TRUNC rewrite");
+    assert_eq!(fs::read(p("trunc")).expect("r"), b"ab");
+    // a sparse file: write past EOF, fallocate punch, SEEK_DATA/SEEK_HOLE
+    {
+        let f = File::create(p("sparse")).expect("create");
+        f.write_all_at(b"tail", 10 << 20).expect("write far");
+        f.write_all_at(&[7u8; 8192], 0).expect("write head");
+        // SAFETY: fallocate on an open fd.
+        let r = unsafe {
+            libc::fallocate(
+                f.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                4096,
+            )
+        };
+        assert_eq!(r, 0, "punch: {}", std::io::Error::last_os_error());
+    }
+    let s = fs::read(p("sparse")).expect("read sparse");
+    assert_eq!(s.len(), (10 << 20) + 4);
+    assert!(s[..4096].iter().all(|&b| b == 0));
+    assert!(s[4096..8192].iter().all(|&b| b == 7));
+    assert!(s[8192..10 << 20].iter().all(|&b| b == 0));
+    assert_eq!(&s[10 << 20..], b"tail");
+    {
+        let mut f = File::open(p("sparse")).expect("open");
+        // Data starts at or before 4096 (exactly 4096 when holes are reported).
+        let d = f.seek(SeekFrom::Start(0)).and_then(|_| seek_data(&f, 0));
+        let d = d.expect("SEEK_DATA");
+        assert!(d <= 4096, "SEEK_DATA {d}");
+        let st = f.metadata().expect("fstat");
+        assert!(
+            st.blocks() * 512 < 1 << 20,
+            "not sparse: {} blocks",
+            st.blocks()
+        );
+    }
+    // mkdir / rmdir / rename / link / symlink / unlink / chmod
+    fs::create_dir(p("d")).expect("mkdir");
+    fs::create_dir_all(p("d/e/f")).expect("mkdir -p");
+    assert_eq!(errno_of(fs::create_dir(p("d"))), libc::EEXIST);
+    assert_eq!(errno_of(fs::remove_dir(p("d/e"))), libc::ENOTEMPTY);
+    fs::remove_dir(p("d/e/f")).expect("rmdir");
+    fs::rename(p("a.txt"), p("d/b.txt")).expect("rename");
+    assert!(!p("a.txt").exists());
+    fs::hard_link(p("d/b.txt"), p("hard")).expect("link");
+    assert_eq!(fs::metadata(p("hard")).expect("stat").nlink(), 2);
+    symlink("d/b.txt", p("sym")).expect("symlink");
+    assert_eq!(
+        fs::read_link(p("sym")).expect("readlink"),
+        Path::new("d/b.txt")
+    );
+    let long_target = "t/".repeat(100);
+    symlink(&long_target, p("longsym")).expect("slow symlink");
+    assert_eq!(
+        fs::read_link(p("longsym")).expect("readlink"),
+        Path::new(&long_target)
+    );
+    assert_eq!(
+        fs::read_to_string(p("sym")).expect("follow"),
+        "hello\none\ntwo\nthree\n"
+    );
+    fs::write(p("victim"), b"v").expect("w");
+    renameat2(&p("trunc"), &p("victim"), libc::RENAME_NOREPLACE).map_or_else(
+        |e| assert_eq!(e.raw_os_error(), Some(libc::EEXIST)),
+        |_| panic!("RENAME_NOREPLACE replaced"),
+    );
+    renameat2(&p("trunc"), &p("victim"), libc::RENAME_EXCHANGE).expect("exchange");
+    assert_eq!(fs::read(p("victim")).expect("r"), b"ab");
+    assert_eq!(fs::read(p("trunc")).expect("r"), b"v");
+    fs::rename(p("trunc"), p("victim")).expect("rename over");
+    assert_eq!(fs::read(p("victim")).expect("r"), b"v");
+    fs::set_permissions(p("victim"), fs::Permissions::from_mode(0o640)).expect("chmod");
+    assert_eq!(
+        fs::metadata(p("victim")).expect("st").mode() & 0o7777,
+        0o640
+    );
+    std::os::unix::fs::chown(p("victim"), Some(1234), Some(5678)).expect("chown");
+    let st = fs::metadata(p("victim")).expect("st");
+    assert_eq!((st.uid(), st.gid()), (1234, 5678));
+    // utimens, including UTIME_NOW
+    let f = File::options().write(true).open(p("victim")).expect("open");
+    let t = std::time::UNIX_EPOCH + Duration::new(1_234_567_890, 123_456_789);
+    f.set_times(fs::FileTimes::new().set_modified(t).set_accessed(t))
+        .expect("utimens");
+    drop(f);
+    let st = fs::metadata(p("victim")).expect("st");
+    assert_eq!((st.mtime(), st.mtime_nsec()), (1_234_567_890, 123_456_789));
+    // mknod: fifo
+    let fifo = cstr(&p("fifo"));
+    // SAFETY: valid path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    assert!(fs::symlink_metadata(p("fifo"))
+        .expect("st")
+        .file_type()
+        .is_fifo());
+    fs::remove_file(p("hard")).expect("unlink");
+    assert_eq!(fs::metadata(p("d/b.txt")).expect("stat").nlink(), 1);
+    assert_eq!(errno_of(fs::remove_file(p("d"))), libc::EISDIR);
+    assert_eq!(errno_of(fs::read(p("nope"))), libc::ENOENT);
+    // xattrs
+    set_xattr(&p("d/b.txt"), "user.color", b"blue", 0).expect("setxattr");
+    set_xattr(&p("d"), "user.empty", b"", 0).expect("setxattr empty");
+    assert_eq!(
+        get_xattr(&p("d/b.txt"), "user.color").expect("get"),
+        b"blue"
+    );
+    assert_eq!(
+        errno_of(set_xattr(
+            &p("d/b.txt"),
+            "user.color",
+            b"x",
+            libc::XATTR_CREATE
+        )),
+        libc::EEXIST
+    );
+    assert_eq!(
+        errno_of(set_xattr(
+            &p("d/b.txt"),
+            "user.none",
+            b"x",
+            libc::XATTR_REPLACE
+        )),
+        libc::ENODATA
+    );
+    set_xattr(&p("d/b.txt"), "user.color", b"green!", libc::XATTR_REPLACE).expect("replace");
+    set_xattr(&p("d/b.txt"), "trusted.t", &[0u8, 1, 2], 0).expect("trusted");
+    let mut names = list_xattrs(&p("d/b.txt"));
+    names.sort();
+    assert_eq!(names, ["trusted.t", "user.color"]);
+    assert_eq!(
+        errno_of(get_xattr(&p("d/b.txt"), "user.none")),
+        libc::ENODATA
+    );
+    set_xattr(&p("victim"), "user.gone", b"1", 0).expect("set");
+    let c = cstr(&p("victim"));
+    let n = CString::new("user.gone").expect("n");
+    // SAFETY: valid C strings.
+    assert_eq!(unsafe { libc::lremovexattr(c.as_ptr(), n.as_ptr()) }, 0);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::lremovexattr(c.as_ptr(), n.as_ptr()) }, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::ENODATA)
+    );
+    // many entries: readdir across several replies, stable
+    fs::create_dir(p("many")).expect("mkdir");
+    for i in 0..600 {
+        fs::write(
+            p(&format!("many/file-with-a-longish-name-{i:04}")),
+            i.to_string(),
+        )
+        .expect("create");
+    }
+    let mut names: Vec<String> = fs::read_dir(p("many"))
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 600);
+    assert_eq!(names[599], "file-with-a-longish-name-0599");
+    for i in (0..600).step_by(3) {
+        fs::remove_file(p(&format!("many/file-with-a-longish-name-{i:04}"))).expect("rm");
+    }
+    assert_eq!(fs::read_dir(p("many")).expect("readdir").count(), 400);
+    // statfs
+    let c = cstr(m.path());
+    // SAFETY: statvfs into a zeroed struct.
+    let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path and out pointer.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut sv) }, 0);
+    assert_eq!(sv.f_bsize, 4096);
+    assert!(sv.f_blocks > 20_000 && sv.f_bfree < sv.f_blocks && sv.f_ffree > 0);
+}
+
+fn seek_data(f: &File, off: i64) -> std::io::Result<u64> {
+    // SAFETY: lseek on an open fd.
+    let r = unsafe { libc::lseek(f.as_raw_fd(), off, libc::SEEK_DATA) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r as u64)
+    }
+}
+
+/// Files unlinked while open stay readable (and writable) until closed; several at
+/// once, so the orphan list has more than one entry. `write_all`: write to every one
+/// (else only to the first unlinked, which ends the legacy orphan chain: see
+/// `writes_to_several_unlinked_files_on_the_legacy_orphan_list`).
+fn unlinked_while_open(m: &Mounted, write_all: bool) {
+    let mut open = Vec::new();
+    for i in 0..3 {
+        let path = m.join(&format!("orphan{i}"));
+        let data = vec![b'a' + i as u8; 100_000 + i * 5000];
+        fs::write(&path, &data).expect("write");
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .expect("open");
+        fs::remove_file(&path).expect("unlink");
+        assert!(!path.exists());
+        open.push((f, data));
+    }
+    for (n, (f, data)) in open.iter_mut().enumerate() {
+        let mut got = Vec::new();
+        f.seek(SeekFrom::Start(0)).expect("seek");
+        f.read_to_end(&mut got).expect("read unlinked");
+        assert!(got == *data, "unlinked file content");
+        assert_eq!(f.metadata().expect("fstat").nlink(), 0);
+        if n > 0 && !write_all {
+            continue;
+        }
+        f.write_all_at(b"more", data.len() as u64)
+            .expect("write unlinked");
+        f.sync_all().expect("fsync unlinked");
+    }
+    drop(open);
+}
+
+/// `upstream`: an image with e2fsprogs' upstream defaults (orphan_file), else Debian's
+/// (the legacy orphan list).
+fn basic(opts: &[&str], upstream: bool) {
+    if let Some(why) = cannot_mount() {
+        skip(&why);
+        return;
+    }
+    let img = if upstream {
+        mkfs(&MkfsOptions::new(4096, 128 << 20).upstream(true)).expect("mkfs.ext4")
+    } else {
+        image()
+    };
+    let mut m = Mounted::new(img.path(), opts);
+    exercise(&m);
+    unlinked_while_open(&m, upstream);
+    let fuse = snapshot_dir(m.path()).expect("snapshot FUSE mount");
+    let st = m.unmount();
+    assert!(st.success(), "rext4 mount exit {st}: {}", m.stderr());
+    fsck_clean(img.path());
+    check_same_tree(&fuse, img.path());
+    // The tree survives a second mount (journal committed, image clean).
+    let mut m2 = Mounted::new(img.path(), opts);
+    let again = snapshot_dir(m2.path()).expect("snapshot");
+    let d = diff_trees(&fuse, &again, &cmp());
+    assert!(d.is_empty(), "remount differs:\n{}", d.join("\n"));
+    assert!(m2.unmount().success());
+    fsck_clean(img.path());
+}
+
+#[test]
+fn operations_with_writeback_cache() {
+    basic(&[], false);
+}
+
+#[test]
+fn operations_without_writeback_cache_orphan_file() {
+    basic(&["nowriteback_cache,threads=3"], true);
+}
+
+/// Regression: `read_live_inode` took "links_count 0, dtime set" for a deleted inode,
+/// but on the legacy orphan list i_dtime of an open unlinked inode is the next orphan,
+/// so writes to all but the last such file failed with EBADMSG.
+#[test]
+fn writes_to_several_unlinked_files_on_the_legacy_orphan_list() {
+    if let Some(why) = cannot_mount() {
+        skip(&why);
+        return;
+    }
+    let img = image();
+    let mut m = Mounted::new(img.path(), &["nowriteback_cache"]);
+    unlinked_while_open(&m, true);
+    assert!(m.unmount().success());
+    fsck_clean(img.path());
+}
+
+fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("run tool");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn make_source_tree(root: &Path) {
+    fs::create_dir_all(root.join("sub/deeper")).expect("mkdir");
+    fs::write(root.join("small"), b"small file\n").expect("w");
+    fs::write(
+        root.join("sub/medium"),
+        (0..200_000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>(),
+    )
+    .expect("w");
+    fs::write(root.join("sub/deeper/empty"), b"").expect("w");
+    symlink("../small", root.join("sub/link")).expect("symlink");
+    fs::hard_link(root.join("small"), root.join("sub/deeper/hard")).expect("link");
+    fs::set_permissions(root.join("sub/medium"), fs::Permissions::from_mode(0o600)).expect("chmod");
+    let f = File::options()
+        .write(true)
+        .open(root.join("small"))
+        .expect("open");
+    f.set_modified(std::time::UNIX_EPOCH + Duration::from_secs(1_000_000_000))
+        .expect("mtime");
+    let _ = set_xattr(&root.join("sub/medium"), "user.k", b"v", 0);
+}
+
+#[test]
+fn tools_work_on_the_mount() {
+    if let Some(why) = cannot_mount() {
+        skip(&why);
+        return;
+    }
+    let img = image();
+    let host = TempDir::new("fusesrc").expect("tempdir");
+    let src = host.join("src");
+    make_source_tree(&src);
+    let mut m = Mounted::new(img.path(), &[]);
+    // cp -a in and out
+    run_ok(Command::new("cp").arg("-a").arg(&src).arg(m.join("copy")));
+    let out = host.join("out");
+    run_ok(Command::new("cp").arg("-a").arg(m.join("copy")).arg(&out));
+    let a = snapshot_dir(&src).expect("snap src");
+    let b = snapshot_dir(&m.join("copy")).expect("snap copy");
+    let c = snapshot_dir(&out).expect("snap out");
+    let mut sem = Compare::semantic();
+    sem.ignore_dir_size = true;
+    let d = diff_trees(&a, &b, &sem);
+    assert!(d.is_empty(), "cp -a into the mount:\n{}", d.join("\n"));
+    let d = diff_trees(&a, &c, &sem);
+    assert!(d.is_empty(), "cp -a out of the mount:\n{}", d.join("\n"));
+    // tar out of and into the mount
+    let tarball = host.join("t.tar");
+    run_ok(
+        Command::new("tar")
+            .arg("-C")
+            .arg(m.path())
+            .args(["--format=posix", "--xattrs", "-cf"])
+            .arg(&tarball)
+            .arg("copy"),
+    );
+    fs::create_dir(m.join("untar")).expect("mkdir");
+    run_ok(
+        Command::new("tar")
+            .arg("-C")
+            .arg(m.join("untar"))
+            .args(["--xattrs", "-xpf"])
+            .arg(&tarball),
+    );
+    let t = snapshot_dir(&m.join("untar/copy")).expect("snap untar");
+    let d = diff_trees(&b, &t, &sem);
+    assert!(d.is_empty(), "tar round trip:\n{}", d.join("\n"));
+    // a tiny C program built and run on the mount
+    if Command::new("cc").arg("--version").output().is_ok() {
+        fs::write(
+            m.join("hello.c"),
+            "#include <stdio.h>\nint main(void){puts(\"hello from rext4\");return 0;}\n",
+        )
+        .expect("write hello.c");
+        run_ok(
+            Command::new("cc")
+                .current_dir(m.path())
+                .args(["-o", "hello", "hello.c"]),
+        );
+        let out = run_ok(&mut Command::new(m.join("hello")));
+        assert_eq!(out, "hello from rext4\n");
+    } else {
+        skip("no cc: C build step");
+    }
+    let fuse = snapshot_dir(m.path()).expect("snapshot");
+    assert!(m.unmount().success(), "{}", m.stderr());
+    fsck_clean(img.path());
+    check_same_tree(&fuse, img.path());
+}
+
+#[test]
+fn sigterm_unmounts_and_leaves_a_clean_image() {
+    if let Some(why) = cannot_mount() {
+        skip(&why);
+        return;
+    }
+    let img = image();
+    let mut m = Mounted::new(img.path(), &[]);
+    fs::create_dir(m.join("dir")).expect("mkdir");
+    fs::write(m.join("dir/file"), vec![42u8; 300_000]).expect("write");
+    let fuse = snapshot_dir(m.path()).expect("snapshot");
+    // SAFETY: signalling our own child.
+    assert_eq!(unsafe { libc::kill(m.pid(), libc::SIGTERM) }, 0);
+    let st = m
+        .wait_exit(Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("no exit after SIGTERM: {}", m.stderr()));
+    assert!(st.success(), "exit after SIGTERM: {st}: {}", m.stderr());
+    assert!(!is_mounted(m.path()), "still mounted after SIGTERM");
+    fsck_clean(img.path());
+    check_same_tree(&fuse, img.path());
+}
+
+#[test]
+fn a_second_mount_of_the_same_image_is_refused() {
+    if let Some(why) = cannot_mount() {
+        skip(&why);
+        return;
+    }
+    let img = image();
+    let mut m = Mounted::new(img.path(), &[]);
+    let other = TempDir::new("fusemnt2").expect("tempdir");
+    let out = Command::new(bin())
+        .args(["mount", "-f"])
+        .arg(img.path())
+        .arg(other.path())
+        .output()
+        .expect("run second mount");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "second mount: {err}");
+    assert!(err.contains("in use"), "second mount stderr: {err}");
+    assert!(!is_mounted(other.path()));
+    // A read-only mount is refused as well while a read-write one is up.
+    let out = Command::new(bin())
+        .args(["mount", "-f", "-o", "ro"])
+        .arg(img.path())
+        .arg(other.path())
+        .output()
+        .expect("run ro mount");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in use"));
+    // Unknown options are named.
+    let out = Command::new(bin())
+        .args(["mount", "-f", "-o", "rw,bogus_opt"])
+        .arg(img.path())
+        .arg(other.path())
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bogus_opt"));
+    assert!(m.unmount().success());
+    fsck_clean(img.path());
+}
+
+#[test]
+fn read_only_mount_refuses_changes() {
+    if let Some(why) = cannot_mount() {
+        skip(&why);
+        return;
+    }
+    let img = image();
+    {
+        let mut m = Mounted::new(img.path(), &[]);
+        fs::write(m.join("f"), b"data").expect("write");
+        assert!(m.unmount().success());
+    }
+    let mut m = Mounted::new(img.path(), &["ro"]);
+    assert_eq!(fs::read(m.join("f")).expect("read"), b"data");
+    assert_eq!(errno_of(fs::write(m.join("g"), b"x")), libc::EROFS);
+    assert_eq!(errno_of(fs::remove_file(m.join("f"))), libc::EROFS);
+    assert!(m.unmount().success());
+    fsck_clean(img.path());
+}

@@ -1,0 +1,1367 @@
+//! The `fuser::Filesystem` implementation: FUSE requests in, engine calls out.
+//!
+//! Owns: the FUSE inode-number mapping (FUSE's root is 1, ext4's is 2; every other
+//! number is the ext4 inode number), the kernel's lookup counts, the open-handle table,
+//! directory snapshots for readdir, and the translation of engine errors to errno.
+//!
+//! Must hold:
+//! - Lookup counts (FUSE-NOTES pitfall 1): every successful LOOKUP/CREATE/MKNOD/MKDIR/
+//!   SYMLINK/LINK reply and every READDIRPLUS entry other than "." and ".." adds one;
+//!   FORGET/BATCH_FORGET subtract. The first reference pins the inode in the engine
+//!   (`Fs::pin`), the count reaching 0 unpins it, so an unlinked inode the kernel still
+//!   knows stays valid (an orphan) until the kernel forgets it. Open file handles hold
+//!   their own pin. Whatever is left at unmount is released by [`Shared::release_all`].
+//! - Reads and writes go by inode number, never by handle: with the writeback cache the
+//!   kernel sends WRITEs (and read-modify-write READs) on any handle, even after close.
+//! - Readdir offsets are indices into a snapshot of the directory taken at opendir (and
+//!   refreshed when a reader starts again at offset 0), "." and ".." first: stable for
+//!   the life of a handle.
+//! - Every request gets exactly one reply.
+//!
+//! Concurrency: fuser calls these methods from several worker threads at once. The
+//! engine serializes its own changes (its write lock) and reads without locks; the
+//! maps here are behind short-lived mutexes that are never held across engine calls
+//! except `lookups`, held while pinning (a map update plus the engine's pin counter).
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::acl;
+use fuser::{
+    AccessFlags, BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags,
+    RenameFlags as FuseRenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use rext4::format::inode::Inode;
+use rext4::format::superblock::feature;
+use rext4::{Error, FallocMode, Fs, Ino, Mapping, RenameFlags, SetAttr, Timestamp, XattrFlags};
+
+/// How long the kernel may trust attributes and entries we return.
+const TTL: Duration = Duration::from_secs(1);
+/// Largest READ/WRITE request we ask for (FUSE_MAX_PAGES; the kernel's limit here is
+/// 256 pages).
+pub(crate) const MAX_IO: u32 = 1 << 20;
+
+const S_IFMT: u16 = 0o170_000;
+const S_ISGID: u32 = 0o2000;
+const XATTR_CREATE: i32 = 1;
+const XATTR_REPLACE: i32 = 2;
+const FALLOC_FL_KEEP_SIZE: i32 = 0x01;
+const FALLOC_FL_PUNCH_HOLE: i32 = 0x02;
+const FALLOC_FL_ZERO_RANGE: i32 = 0x10;
+const SEEK_DATA: i32 = 3;
+const SEEK_HOLE: i32 = 4;
+
+/// What the adapter needs from the mount options.
+#[derive(Debug, Clone)]
+pub(crate) struct AdapterConfig {
+    pub(crate) writeback_cache: bool,
+    pub(crate) default_permissions: bool,
+    /// errors=remount-ro: after an I/O or corruption error, refuse further changes.
+    pub(crate) remount_ro_on_error: bool,
+    pub(crate) debug: bool,
+}
+
+/// One open file or directory.
+enum Handle {
+    File { ino: Ino, append: bool },
+    Dir(Arc<Mutex<DirSnap>>),
+}
+
+/// A directory's entries as of opendir (or the last rewind): "." and ".." first.
+struct DirSnap {
+    entries: Vec<(Vec<u8>, Ino, Option<FileType>)>,
+}
+
+/// State shared by the worker threads and by `mount` (which releases what is left
+/// after the session ends).
+pub(crate) struct Shared {
+    pub(crate) fs: Fs,
+    cfg: AdapterConfig,
+    /// Kernel lookup count per inode (root excluded: the kernel never forgets it).
+    lookups: Mutex<HashMap<Ino, u64>>,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_fh: AtomicU64,
+    huge_file: bool,
+    block_size: u32,
+    /// errors=remount-ro latched.
+    latched_ro: AtomicBool,
+    /// Whether the kernel accepted FUSE_WRITEBACK_CACHE.
+    writeback: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// FUSE node id -> ext4 inode number.
+fn to_ext4(n: INodeNo) -> Ino {
+    match n.0 {
+        1 => Ino::ROOT,
+        // 0 is never a valid inode; the engine rejects it.
+        x => Ino(u32::try_from(x).unwrap_or(0)),
+    }
+}
+
+/// ext4 inode number -> FUSE node id.
+fn to_fuse(i: Ino) -> INodeNo {
+    if i == Ino::ROOT {
+        INodeNo(1)
+    } else {
+        INodeNo(u64::from(i.0))
+    }
+}
+
+fn kind_of(mode: u16) -> Option<FileType> {
+    Some(match mode & S_IFMT {
+        0o100_000 => FileType::RegularFile,
+        0o040_000 => FileType::Directory,
+        0o120_000 => FileType::Symlink,
+        0o020_000 => FileType::CharDevice,
+        0o060_000 => FileType::BlockDevice,
+        0o010_000 => FileType::NamedPipe,
+        0o140_000 => FileType::Socket,
+        _ => return None,
+    })
+}
+
+fn kind_of_entry(t: rext4::FileType) -> Option<FileType> {
+    use rext4::FileType as T;
+    Some(match t {
+        T::File => FileType::RegularFile,
+        T::Dir => FileType::Directory,
+        T::Symlink => FileType::Symlink,
+        T::CharDevice => FileType::CharDevice,
+        T::BlockDevice => FileType::BlockDevice,
+        T::Fifo => FileType::NamedPipe,
+        T::Socket => FileType::Socket,
+        T::Unknown => return None,
+    })
+}
+
+pub(crate) fn system_time(t: Timestamp) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec.min(999_999_999))
+    } else {
+        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs())
+            + Duration::from_nanos(u64::from(t.nsec.min(999_999_999)))
+    }
+}
+
+pub(crate) fn timestamp(t: SystemTime) -> Timestamp {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Timestamp {
+            sec: d.as_secs() as i64,
+            nsec: d.subsec_nanos(),
+        },
+        Err(e) => {
+            let d = e.duration();
+            if d.subsec_nanos() == 0 {
+                Timestamp {
+                    sec: -(d.as_secs() as i64),
+                    nsec: 0,
+                }
+            } else {
+                Timestamp {
+                    sec: -(d.as_secs() as i64) - 1,
+                    nsec: 1_000_000_000 - d.subsec_nanos(),
+                }
+            }
+        }
+    }
+}
+
+fn time_or_now(t: TimeOrNow) -> Timestamp {
+    match t {
+        TimeOrNow::SpecificTime(t) => timestamp(t),
+        TimeOrNow::Now => timestamp(SystemTime::now()),
+    }
+}
+
+/// Linux's `new_encode_dev`, the dev_t encoding FUSE attributes carry.
+fn encode_dev(major: u32, minor: u32) -> u32 {
+    (minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)
+}
+
+fn decode_dev(dev: u32) -> (u32, u32) {
+    ((dev & 0xfff00) >> 8, (dev & 0xff) | ((dev >> 12) & 0xfff00))
+}
+
+fn errno(e: &Error) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn name_bytes(n: &OsStr) -> &[u8] {
+    n.as_bytes()
+}
+
+impl Shared {
+    pub(crate) fn new(fs: Fs, cfg: AdapterConfig) -> Shared {
+        let sb = fs.superblock();
+        Shared {
+            huge_file: sb.has_ro_compat(feature::RO_COMPAT_HUGE_FILE),
+            block_size: fs.block_size(),
+            fs,
+            cfg,
+            lookups: Mutex::new(HashMap::new()),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            latched_ro: AtomicBool::new(false),
+            writeback: AtomicBool::new(false),
+        }
+    }
+
+    fn debug(&self, f: impl FnOnce() -> String) {
+        if self.cfg.debug {
+            eprintln!("rext4-fuse: {}", f());
+        }
+    }
+
+    /// The errno for an engine error; latches errors=remount-ro on I/O and corruption.
+    fn fail(&self, what: &str, e: &Error) -> Errno {
+        if self.cfg.remount_ro_on_error
+            && matches!(
+                e,
+                Error::Io(_) | Error::Corrupted { .. } | Error::ShutDown(_)
+            )
+            && !self.latched_ro.swap(true, Ordering::SeqCst)
+        {
+            eprintln!("rext4: {what}: {e}; errors=remount-ro: refusing further changes");
+        }
+        if self.cfg.debug || matches!(e, Error::Io(_) | Error::Corrupted { .. }) {
+            eprintln!("rext4-fuse: {what}: {e}");
+        }
+        errno(e)
+    }
+
+    /// Refuse changes once errors=remount-ro has latched.
+    fn writable(&self) -> Result<(), Errno> {
+        if self.latched_ro.load(Ordering::SeqCst) {
+            Err(Errno::EROFS)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The inode record as it is now, whatever its link count (an orphan the kernel
+    /// still holds is served like any other inode). A freed record is ENOENT.
+    fn load(&self, ino: Ino) -> Result<Inode, Errno> {
+        if ino.0 < 2 {
+            return Err(Errno::ENOENT);
+        }
+        let i = self
+            .fs
+            .read_inode(ino)
+            .map_err(|e| self.fail("read inode", &e))?;
+        if i.mode == 0 {
+            return Err(Errno::ENOENT);
+        }
+        Ok(i)
+    }
+
+    fn attr_of(&self, ino: Ino, i: &Inode) -> Result<FileAttr, Errno> {
+        let kind = kind_of(i.mode).ok_or_else(|| {
+            eprintln!("rext4-fuse: inode {} has an unknown file type", ino.0);
+            Errno::EIO
+        })?;
+        let rdev = match kind {
+            FileType::CharDevice | FileType::BlockDevice => {
+                let (ma, mi) = i.device();
+                encode_dev(ma, mi)
+            }
+            _ => 0,
+        };
+        Ok(FileAttr {
+            ino: to_fuse(ino),
+            size: i.size,
+            blocks: i.blocks_512(self.huge_file, self.block_size),
+            atime: system_time(i.atime),
+            mtime: system_time(i.mtime),
+            ctime: system_time(i.ctime),
+            crtime: i.crtime.map_or(UNIX_EPOCH, system_time),
+            kind,
+            perm: i.mode & 0o7777,
+            nlink: u32::from(i.links_count),
+            uid: i.uid,
+            gid: i.gid,
+            rdev,
+            blksize: self.block_size,
+            flags: 0,
+        })
+    }
+
+    fn getattr_ino(&self, ino: Ino) -> Result<FileAttr, Errno> {
+        let i = self.load(ino)?;
+        self.attr_of(ino, &i)
+    }
+
+    /// Add `n` kernel references to `ino`, pinning it on the first.
+    fn add_lookup(&self, ino: Ino, n: u64) {
+        if ino == Ino::ROOT || n == 0 {
+            return;
+        }
+        let mut l = lock(&self.lookups);
+        let c = l.entry(ino).or_insert(0);
+        if *c == 0 {
+            self.fs.pin(ino);
+        }
+        *c += n;
+    }
+
+    /// Drop `n` kernel references; the last one unpins (and may free an orphan).
+    fn forget_ino(&self, ino: Ino, n: u64) {
+        if ino == Ino::ROOT {
+            return;
+        }
+        let last = {
+            let mut l = lock(&self.lookups);
+            match l.get_mut(&ino) {
+                Some(c) if *c > n => {
+                    *c -= n;
+                    false
+                }
+                Some(_) => {
+                    l.remove(&ino);
+                    true
+                }
+                None => false,
+            }
+        };
+        if last {
+            if let Err(e) = self.fs.unpin(ino) {
+                self.fail("forget", &e);
+            }
+        }
+    }
+
+    /// Reply material for a new kernel reference to `ino` (counted here).
+    fn entry(&self, ino: Ino) -> Result<(FileAttr, Generation), Errno> {
+        if ino.0 < 2 {
+            return Err(Errno::EIO);
+        }
+        self.add_lookup(ino, 1);
+        let r = self.load(ino).and_then(|i| {
+            let a = self.attr_of(ino, &i)?;
+            Ok((a, Generation(u64::from(i.generation))))
+        });
+        if r.is_err() {
+            self.forget_ino(ino, 1);
+        }
+        r
+    }
+
+    fn new_fh(&self, h: Handle) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        lock(&self.handles).insert(fh, h);
+        fh
+    }
+
+    /// Owner and group for a new inode in `parent` (a set-group-ID directory passes
+    /// its group on, and its set-group-ID bit to new directories).
+    fn new_owner(&self, req: &Request, parent: Ino) -> Result<(u32, u32, bool), Errno> {
+        let p = self.load(parent)?;
+        if u32::from(p.mode) & S_ISGID != 0 {
+            Ok((req.uid(), p.gid, true))
+        } else {
+            Ok((req.uid(), req.gid(), false))
+        }
+    }
+
+    /// Open `ino` for I/O: pin it and make a handle.
+    fn open_file(&self, ino: Ino, flags: i32) -> Result<(u64, FopenFlags), Errno> {
+        let i = self.load(ino)?;
+        let write = matches!(
+            OpenFlags(flags).acc_mode(),
+            OpenAccMode::O_WRONLY | OpenAccMode::O_RDWR
+        );
+        if write {
+            self.writable()?;
+            if kind_of(i.mode) == Some(FileType::Directory) {
+                return Err(Errno::EISDIR);
+            }
+        }
+        if flags & libc::O_TRUNC != 0 && write && kind_of(i.mode) == Some(FileType::RegularFile) {
+            self.fs
+                .truncate_ino(ino, 0)
+                .map_err(|e| self.fail("open O_TRUNC", &e))?;
+        }
+        self.fs.pin(ino);
+        let fh = self.new_fh(Handle::File {
+            ino,
+            append: flags & libc::O_APPEND != 0,
+        });
+        let fl = if flags & libc::O_DIRECT != 0 {
+            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+        } else {
+            // Every change goes through this mount, so cached pages stay valid.
+            FopenFlags::FOPEN_KEEP_CACHE
+        };
+        Ok((fh, fl))
+    }
+
+    fn snapshot(&self, ino: Ino) -> Result<DirSnap, Errno> {
+        let list = self
+            .fs
+            .read_dir_ino(ino)
+            .map_err(|e| self.fail("readdir", &e))?;
+        let parent = match self.fs.lookup(ino, b"..") {
+            Ok(Some(e)) if e.ino.0 >= 2 => e.ino,
+            _ => ino,
+        };
+        let mut entries = Vec::with_capacity(list.len() + 2);
+        entries.push((b".".to_vec(), ino, Some(FileType::Directory)));
+        entries.push((b"..".to_vec(), parent, Some(FileType::Directory)));
+        for e in list {
+            // Inode 1 (bad blocks) would alias FUSE's root id; never expose it.
+            if e.ino.0 < 2 {
+                continue;
+            }
+            let k = kind_of_entry(e.file_type);
+            entries.push((e.name, e.ino, k));
+        }
+        Ok(DirSnap { entries })
+    }
+
+    fn dir_handle(&self, fh: FileHandle) -> Option<Arc<Mutex<DirSnap>>> {
+        match lock(&self.handles).get(&fh.0) {
+            Some(Handle::Dir(d)) => Some(d.clone()),
+            _ => None,
+        }
+    }
+
+    /// The snapshot for a readdir at `offset`: the handle's, refreshed at offset 0, or
+    /// a fresh one when the handle is unknown.
+    fn dir_for(&self, ino: Ino, fh: FileHandle, offset: u64) -> Result<Arc<Mutex<DirSnap>>, Errno> {
+        match self.dir_handle(fh) {
+            Some(d) => {
+                if offset == 0 {
+                    let fresh = self.snapshot(ino)?;
+                    *lock(&d) = fresh;
+                }
+                Ok(d)
+            }
+            None => Ok(Arc::new(Mutex::new(self.snapshot(ino)?))),
+        }
+    }
+
+    /// Release every pin this session still holds (lookup counts the kernel never
+    /// forgot, handles never released): called after the session ends, before close.
+    pub(crate) fn release_all(&self) {
+        let handles: Vec<Handle> = lock(&self.handles).drain().map(|(_, h)| h).collect();
+        for h in handles {
+            if let Handle::File { ino, .. } = h {
+                if let Err(e) = self.fs.unpin(ino) {
+                    self.fail("release at unmount", &e);
+                }
+            }
+        }
+        let lookups: Vec<Ino> = lock(&self.lookups).drain().map(|(i, _)| i).collect();
+        for ino in lookups {
+            if let Err(e) = self.fs.unpin(ino) {
+                self.fail("forget at unmount", &e);
+            }
+        }
+    }
+
+    /// SEEK_DATA / SEEK_HOLE from the block mapping (unwritten extents read as holes).
+    fn seek(&self, ino: Ino, offset: u64, whence: i32) -> Result<u64, Errno> {
+        let i = self.load(ino)?;
+        let size = i.size;
+        if offset >= size {
+            return Err(Errno::ENXIO);
+        }
+        let bs = u64::from(self.block_size);
+        let end_blk = size.div_ceil(bs);
+        let mut l = offset / bs;
+        while l < end_blk {
+            let m = self
+                .fs
+                .map_block(ino, &i, l)
+                .map_err(|e| self.fail("lseek", &e))?;
+            let (len, data) = match m {
+                Mapping::Hole { len } => (len, false),
+                Mapping::Mapped { len, unwritten, .. } => (len, !unwritten),
+            };
+            if data == (whence == SEEK_DATA) {
+                return Ok((l * bs).max(offset).min(size));
+            }
+            l = l.saturating_add(len.max(1));
+        }
+        if whence == SEEK_DATA {
+            Err(Errno::ENXIO)
+        } else {
+            Ok(size)
+        }
+    }
+
+    /// setxattr of system.posix_acl_access: the ACL sets the permission bits, and is
+    /// only stored when it says more than they do (posix_acl_update_mode).
+    fn set_access_acl(&self, ino: Ino, value: &[u8], fl: XattrFlags) -> Result<(), Error> {
+        let (bits, equiv) = acl::mode_from_acl(value)
+            .ok_or_else(|| Error::InvalidInput("invalid POSIX ACL".into()))?;
+        let i = self.fs.read_inode(ino)?;
+        if equiv {
+            let had = self.fs.get_xattr_ino(ino, acl::ACCESS)?.is_some();
+            if fl.replace && !had {
+                return Err(Error::NotFound);
+            }
+            if fl.create && had {
+                return Err(Error::Exists);
+            }
+            if had {
+                self.fs.remove_xattr_ino(ino, acl::ACCESS)?;
+            }
+        } else {
+            self.fs.set_xattr_ino(ino, acl::ACCESS, value, fl)?;
+        }
+        let mode = (u32::from(i.mode) & 0o7000) | bits;
+        let a = SetAttr {
+            mode: Some(mode),
+            ..SetAttr::default()
+        };
+        self.fs.setattr_ino(ino, &a).map(|_| ())
+    }
+
+    /// After chmod: rewrite a stored access ACL to match (posix_acl_chmod).
+    fn chmod_acl(&self, ino: Ino, mode: u32) -> Result<(), Errno> {
+        let old = match self.fs.get_xattr_ino(ino, acl::ACCESS) {
+            Ok(Some(v)) => v,
+            Ok(None) | Err(Error::NotFound) => return Ok(()),
+            Err(e) => return Err(self.fail("chmod acl", &e)),
+        };
+        let Some(new) = acl::chmod_acl(&old, mode) else {
+            return Ok(());
+        };
+        if new != old {
+            self.fs
+                .set_xattr_ino(ino, acl::ACCESS, &new, XattrFlags::default())
+                .map_err(|e| self.fail("chmod acl", &e))?;
+        }
+        Ok(())
+    }
+
+    fn access_check(&self, req: &Request, ino: Ino, mask: AccessFlags) -> Result<(), Errno> {
+        let i = self.load(ino)?;
+        if self.cfg.default_permissions {
+            // The kernel checked already (it does not even send ACCESS then).
+            return Ok(());
+        }
+        let want = mask.bits() & 7;
+        if want == 0 {
+            return Ok(());
+        }
+        let mode = u32::from(i.mode);
+        if req.uid() == 0 {
+            // Root may do anything but execute a file nobody may execute.
+            let is_dir = kind_of(i.mode) == Some(FileType::Directory);
+            if want & 1 != 0 && !is_dir && mode & 0o111 == 0 {
+                return Err(Errno::EACCES);
+            }
+            return Ok(());
+        }
+        let bits = if req.uid() == i.uid {
+            (mode >> 6) & 7
+        } else if req.gid() == i.gid {
+            (mode >> 3) & 7
+        } else {
+            mode & 7
+        } as i32;
+        if bits & want == want {
+            Ok(())
+        } else {
+            Err(Errno::EACCES)
+        }
+    }
+}
+
+/// The FUSE filesystem: a handle on the shared state.
+pub(crate) struct Adapter {
+    pub(crate) s: Arc<Shared>,
+}
+
+macro_rules! tri {
+    ($reply:ident, $e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(err) => {
+                $reply.error(err);
+                return;
+            }
+        }
+    };
+}
+
+impl Filesystem for Adapter {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let caps = config.capabilities();
+        let mut want = InitFlags::FUSE_ASYNC_READ
+            | InitFlags::FUSE_BIG_WRITES
+            | InitFlags::FUSE_MAX_PAGES
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_ATOMIC_O_TRUNC
+            | InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_ASYNC_DIO
+            | InitFlags::FUSE_CACHE_SYMLINKS;
+        if self.s.cfg.writeback_cache && !self.s.fs.is_read_only() {
+            want |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
+        let got = want & caps;
+        if config.add_capabilities(got).is_err() {
+            eprintln!("rext4-fuse: kernel refused capabilities {got:?}");
+        }
+        self.s.writeback.store(
+            got.contains(InitFlags::FUSE_WRITEBACK_CACHE),
+            Ordering::SeqCst,
+        );
+        let _ = config.set_max_write(MAX_IO);
+        if let Err(max) = config.set_max_readahead(MAX_IO) {
+            let _ = config.set_max_readahead(max);
+        }
+        let _ = config.set_max_background(64);
+        let _ = config.set_time_granularity(Duration::from_nanos(1));
+        self.s
+            .debug(|| format!("init: kernel caps {caps:?}, using {got:?}"));
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let s = &self.s;
+        let p = to_ext4(parent);
+        s.debug(|| format!("lookup {} {name:?}", p.0));
+        let e = tri!(
+            reply,
+            s.fs.lookup(p, name_bytes(name))
+                .map_err(|e| s.fail("lookup", &e))
+        );
+        let Some(e) = e else {
+            reply.error(Errno::ENOENT);
+            return;
+        };
+        let (attr, generation) = tri!(reply, s.entry(e.ino));
+        reply.entry(&TTL, &attr, generation);
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.s.forget_ino(to_ext4(ino), nlookup);
+    }
+
+    // BATCH_FORGET: fuser's default calls `forget` per node (its ForgetOne type is
+    // not exported, so it cannot be overridden).
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let attr = tri!(reply, self.s.getattr_ino(to_ext4(ino)));
+        reply.attr(&TTL, &attr);
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let s = &self.s;
+        let ino = to_ext4(ino);
+        s.debug(|| {
+            format!(
+                "setattr {} mode {mode:?} uid {uid:?} gid {gid:?} size {size:?} \
+                 atime {atime:?} mtime {mtime:?} ctime {ctime:?}",
+                ino.0
+            )
+        });
+        let a = SetAttr {
+            mode: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_or_now),
+            mtime: mtime.map(time_or_now),
+            ctime: ctime.map(timestamp),
+        };
+        let any = a.mode.is_some()
+            || a.uid.is_some()
+            || a.gid.is_some()
+            || a.size.is_some()
+            || a.atime.is_some()
+            || a.mtime.is_some()
+            || a.ctime.is_some();
+        if any {
+            tri!(reply, s.writable());
+            tri!(
+                reply,
+                s.fs.setattr_ino(ino, &a).map_err(|e| s.fail("setattr", &e))
+            );
+            if let Some(mode) = a.mode {
+                tri!(reply, s.chmod_acl(ino, mode));
+            }
+        }
+        let attr = tri!(reply, s.getattr_ino(ino));
+        reply.attr(&TTL, &attr);
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let s = &self.s;
+        let t = tri!(
+            reply,
+            s.fs.read_link_ino(to_ext4(ino))
+                .map_err(|e| s.fail("readlink", &e))
+        );
+        reply.data(&t);
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let s = &self.s;
+        let p = to_ext4(parent);
+        tri!(reply, s.writable());
+        let (uid, gid, _) = tri!(reply, s.new_owner(req, p));
+        let ino = tri!(
+            reply,
+            s.fs.mknod_ino(p, name_bytes(name), mode, uid, gid, decode_dev(rdev))
+                .map_err(|e| s.fail("mknod", &e))
+        );
+        let (attr, generation) = tri!(reply, s.entry(ino));
+        reply.entry(&TTL, &attr, generation);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let s = &self.s;
+        let p = to_ext4(parent);
+        tri!(reply, s.writable());
+        let (uid, gid, sgid) = tri!(reply, s.new_owner(req, p));
+        let perm = (mode & 0o7777) | if sgid { S_ISGID } else { 0 };
+        let ino = tri!(
+            reply,
+            s.fs.mkdir_ino(p, name_bytes(name), perm, uid, gid)
+                .map_err(|e| s.fail("mkdir", &e))
+        );
+        let (attr, generation) = tri!(reply, s.entry(ino));
+        reply.entry(&TTL, &attr, generation);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let s = &self.s;
+        tri!(reply, s.writable());
+        tri!(
+            reply,
+            s.fs.unlink_ino(to_ext4(parent), name_bytes(name))
+                .map_err(|e| s.fail("unlink", &e))
+        );
+        reply.ok();
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let s = &self.s;
+        tri!(reply, s.writable());
+        tri!(
+            reply,
+            s.fs.rmdir_ino(to_ext4(parent), name_bytes(name))
+                .map_err(|e| s.fail("rmdir", &e))
+        );
+        reply.ok();
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let s = &self.s;
+        let p = to_ext4(parent);
+        tri!(reply, s.writable());
+        let (uid, gid, _) = tri!(reply, s.new_owner(req, p));
+        let ino = tri!(
+            reply,
+            s.fs.symlink_ino(
+                p,
+                name_bytes(link_name),
+                target.as_os_str().as_bytes(),
+                uid,
+                gid
+            )
+            .map_err(|e| s.fail("symlink", &e))
+        );
+        let (attr, generation) = tri!(reply, s.entry(ino));
+        reply.entry(&TTL, &attr, generation);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: FuseRenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let s = &self.s;
+        let known = FuseRenameFlags::RENAME_NOREPLACE | FuseRenameFlags::RENAME_EXCHANGE;
+        if !(flags - known).is_empty() {
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        tri!(reply, s.writable());
+        let fl = RenameFlags {
+            noreplace: flags.contains(FuseRenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(FuseRenameFlags::RENAME_EXCHANGE),
+        };
+        tri!(
+            reply,
+            s.fs.rename_ino(
+                to_ext4(parent),
+                name_bytes(name),
+                to_ext4(newparent),
+                name_bytes(newname),
+                fl
+            )
+            .map_err(|e| s.fail("rename", &e))
+        );
+        reply.ok();
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let s = &self.s;
+        let ino = to_ext4(ino);
+        tri!(reply, s.writable());
+        tri!(
+            reply,
+            s.fs.link_ino(ino, to_ext4(newparent), name_bytes(newname))
+                .map_err(|e| s.fail("link", &e))
+        );
+        let (attr, generation) = tri!(reply, s.entry(ino));
+        reply.entry(&TTL, &attr, generation);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let (fh, fl) = tri!(reply, self.s.open_file(to_ext4(ino), flags.0));
+        reply.opened(FileHandle(fh), fl);
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let s = &self.s;
+        let ino = to_ext4(ino);
+        let i = tri!(reply, s.load(ino));
+        if kind_of(i.mode) == Some(FileType::Directory) {
+            reply.error(Errno::EISDIR);
+            return;
+        }
+        let want = size.min(MAX_IO) as u64;
+        let n = i.size.saturating_sub(offset).min(want) as usize;
+        let mut buf = vec![0u8; n];
+        let got = tri!(
+            reply,
+            s.fs.read_ino_at(ino, &i, &mut buf, offset)
+                .map_err(|e| s.fail("read", &e))
+        );
+        reply.data(&buf[..got.min(n)]);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let s = &self.s;
+        let ino = to_ext4(ino);
+        tri!(reply, s.writable());
+        let append = matches!(
+            lock(&s.handles).get(&fh.0),
+            Some(Handle::File { append: true, .. })
+        );
+        // With the writeback cache the kernel places O_APPEND writes itself (and may
+        // send them on another handle); otherwise append at the engine's EOF.
+        let off = if append && !s.writeback.load(Ordering::Relaxed) {
+            tri!(reply, s.load(ino)).size
+        } else {
+            offset
+        };
+        let n = tri!(
+            reply,
+            s.fs.write_ino_at(ino, data, off)
+                .map_err(|e| s.fail("write", &e))
+        );
+        reply.written(n as u32);
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let s = &self.s;
+        let h = lock(&s.handles).remove(&fh.0);
+        if let Some(Handle::File { ino, .. }) = h {
+            if let Err(e) = s.fs.unpin(ino) {
+                reply.error(s.fail("release", &e));
+                return;
+            }
+        }
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let s = &self.s;
+        tri!(reply, s.fs.sync().map_err(|e| s.fail("fsync", &e)));
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let s = &self.s;
+        let snap = tri!(reply, s.snapshot(to_ext4(ino)));
+        let fh = s.new_fh(Handle::Dir(Arc::new(Mutex::new(snap))));
+        reply.opened(FileHandle(fh), FopenFlags::empty());
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let s = &self.s;
+        let d = tri!(reply, s.dir_for(to_ext4(ino), fh, offset));
+        let snap = lock(&d);
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        for (idx, (name, e_ino, kind)) in snap.entries.iter().enumerate().skip(start) {
+            let kind = match kind {
+                Some(k) => *k,
+                None => match s.load(*e_ino).ok().and_then(|i| kind_of(i.mode)) {
+                    Some(k) => k,
+                    None => continue,
+                },
+            };
+            if reply.add(
+                to_fuse(*e_ino),
+                idx as u64 + 1,
+                kind,
+                OsStr::from_bytes(name),
+            ) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let s = &self.s;
+        let d = tri!(reply, s.dir_for(to_ext4(ino), fh, offset));
+        let snap = lock(&d);
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        for (idx, (name, e_ino, _)) in snap.entries.iter().enumerate().skip(start) {
+            let dot = name == b"." || name == b"..";
+            let Ok(i) = s.load(*e_ino) else { continue };
+            let Ok(attr) = s.attr_of(*e_ino, &i) else {
+                continue;
+            };
+            // Count before the kernel can forget: the entry may be linked as soon as
+            // the reply is out.
+            if !dot {
+                s.add_lookup(*e_ino, 1);
+            }
+            let full = reply.add(
+                to_fuse(*e_ino),
+                idx as u64 + 1,
+                OsStr::from_bytes(name),
+                &TTL,
+                &attr,
+                Generation(u64::from(i.generation)),
+            );
+            if full {
+                if !dot {
+                    s.forget_ino(*e_ino, 1);
+                }
+                break;
+            }
+        }
+        drop(snap);
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        lock(&self.s.handles).remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let s = &self.s;
+        tri!(reply, s.fs.sync().map_err(|e| s.fail("fsyncdir", &e)));
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let st = self.s.fs.statfs();
+        reply.statfs(
+            st.blocks,
+            st.blocks_free,
+            st.blocks_available,
+            st.inodes,
+            st.inodes_free,
+            st.block_size,
+            st.name_max,
+            st.block_size,
+        );
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let s = &self.s;
+        if position != 0 || flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        tri!(reply, s.writable());
+        let fl = XattrFlags {
+            create: flags & XATTR_CREATE != 0,
+            replace: flags & XATTR_REPLACE != 0,
+        };
+        let ino = to_ext4(ino);
+        let name = name_bytes(name);
+        let r = if name == acl::ACCESS {
+            s.set_access_acl(ino, value, fl)
+        } else {
+            if name == acl::DEFAULT {
+                let i = tri!(reply, s.load(ino));
+                if kind_of(i.mode) != Some(FileType::Directory) {
+                    reply.error(Errno::EACCES);
+                    return;
+                }
+            }
+            s.fs.set_xattr_ino(ino, name, value, fl)
+        };
+        match r {
+            Ok(()) => reply.ok(),
+            // XATTR_REPLACE of a missing attribute.
+            Err(Error::NotFound) => reply.error(Errno::NO_XATTR),
+            Err(e) => reply.error(s.fail("setxattr", &e)),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let s = &self.s;
+        let v = match s.fs.get_xattr_ino(to_ext4(ino), name_bytes(name)) {
+            Ok(Some(v)) => v,
+            Ok(None) | Err(Error::NotFound) => {
+                reply.error(Errno::NO_XATTR);
+                return;
+            }
+            Err(e) => {
+                reply.error(s.fail("getxattr", &e));
+                return;
+            }
+        };
+        xattr_reply(reply, &v, size);
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let s = &self.s;
+        let all = tri!(
+            reply,
+            s.fs.xattrs_ino(to_ext4(ino))
+                .map_err(|e| s.fail("listxattr", &e))
+        );
+        let mut names = Vec::new();
+        for (n, _) in all {
+            names.extend_from_slice(&n);
+            names.push(0);
+        }
+        xattr_reply(reply, &names, size);
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let s = &self.s;
+        tri!(reply, s.writable());
+        match s.fs.remove_xattr_ino(to_ext4(ino), name_bytes(name)) {
+            Ok(()) => reply.ok(),
+            Err(Error::NotFound) => reply.error(Errno::NO_XATTR),
+            Err(e) => reply.error(s.fail("removexattr", &e)),
+        }
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        tri!(reply, self.s.access_check(req, to_ext4(ino), mask));
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let s = &self.s;
+        let p = to_ext4(parent);
+        tri!(reply, s.writable());
+        let (uid, gid, _) = tri!(reply, s.new_owner(req, p));
+        let mode = if u32::from(S_IFMT) & mode == 0 {
+            mode | 0o100_000
+        } else {
+            mode
+        };
+        let ino = match s.fs.mknod_ino(p, name_bytes(name), mode, uid, gid, (0, 0)) {
+            Ok(ino) => ino,
+            // Created by someone else since the kernel's lookup: open it, unless O_EXCL.
+            Err(Error::Exists) if flags & libc::O_EXCL == 0 => {
+                match s.fs.lookup(p, name_bytes(name)) {
+                    Ok(Some(e)) => e.ino,
+                    Ok(None) => {
+                        reply.error(Errno::ENOENT);
+                        return;
+                    }
+                    Err(e) => {
+                        reply.error(s.fail("create", &e));
+                        return;
+                    }
+                }
+            }
+            Err(e) => {
+                reply.error(s.fail("create", &e));
+                return;
+            }
+        };
+        let (fh, fl) = tri!(reply, s.open_file(ino, flags));
+        let (attr, generation) = match s.entry(ino) {
+            Ok(v) => v,
+            Err(e) => {
+                if let Some(Handle::File { ino, .. }) = lock(&s.handles).remove(&fh) {
+                    let _ = s.fs.unpin(ino);
+                }
+                reply.error(e);
+                return;
+            }
+        };
+        reply.created(&TTL, &attr, generation, FileHandle(fh), fl);
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let s = &self.s;
+        let keep = mode & FALLOC_FL_KEEP_SIZE != 0;
+        let m = match mode & !FALLOC_FL_KEEP_SIZE {
+            0 if keep => FallocMode::KeepSize,
+            0 => FallocMode::Allocate,
+            FALLOC_FL_PUNCH_HOLE if keep => FallocMode::PunchHole,
+            FALLOC_FL_ZERO_RANGE => FallocMode::ZeroRange { keep_size: keep },
+            _ => {
+                reply.error(Errno::EOPNOTSUPP);
+                return;
+            }
+        };
+        tri!(reply, s.writable());
+        tri!(
+            reply,
+            s.fs.fallocate_ino(to_ext4(ino), m, offset, length)
+                .map_err(|e| s.fail("fallocate", &e))
+        );
+        reply.ok();
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let s = &self.s;
+        if whence != SEEK_DATA && whence != SEEK_HOLE {
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        // With the writeback cache, data may still sit in dirty kernel pages that the
+        // engine has not seen: let the kernel fall back to "all data" (always correct).
+        if s.writeback.load(Ordering::Relaxed) {
+            reply.error(Errno::ENOSYS);
+            return;
+        }
+        let Ok(off) = u64::try_from(offset) else {
+            reply.error(Errno::ENXIO);
+            return;
+        };
+        let r = tri!(reply, s.seek(to_ext4(ino), off, whence));
+        reply.offset(r as i64);
+    }
+}
+
+/// The size-probe / ERANGE protocol of getxattr and listxattr.
+fn xattr_reply(reply: ReplyXattr, v: &[u8], size: u32) {
+    if size == 0 {
+        reply.size(v.len() as u32);
+    } else if v.len() > size as usize {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dev_encoding_round_trips() {
+        for (ma, mi) in [(0, 0), (1, 3), (8, 1), (259, 65_536), (4095, 0xfffff)] {
+            let d = encode_dev(ma, mi);
+            assert_eq!(decode_dev(d), (ma, mi), "{ma}:{mi}");
+        }
+        // Linux's makedev(8, 1) in the old 16-bit space is 0x801.
+        assert_eq!(encode_dev(8, 1), 0x801);
+    }
+
+    #[test]
+    fn timestamps_round_trip_both_sides_of_the_epoch() {
+        for t in [
+            Timestamp { sec: 0, nsec: 0 },
+            Timestamp {
+                sec: 1_700_000_000,
+                nsec: 123_456_789,
+            },
+            Timestamp { sec: -1, nsec: 5 },
+            Timestamp {
+                sec: -2_000_000_000,
+                nsec: 999_999_999,
+            },
+        ] {
+            assert_eq!(timestamp(system_time(t)), t);
+        }
+    }
+
+    #[test]
+    fn root_maps_both_ways() {
+        assert_eq!(to_ext4(INodeNo(1)), Ino::ROOT);
+        assert_eq!(to_fuse(Ino::ROOT), INodeNo(1));
+        assert_eq!(to_ext4(INodeNo(12)), Ino(12));
+        assert_eq!(to_fuse(Ino(12)), INodeNo(12));
+        assert_eq!(to_ext4(INodeNo(u64::MAX)), Ino(0));
+    }
+}

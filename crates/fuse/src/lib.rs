@@ -1,0 +1,595 @@
+//! # rext4-fuse: mount an ext4 image through FUSE with the rext4 engine
+//!
+//! Owns: mount options (`parse_options`, mount(8)-style comma lists), the mount's
+//! lifetime (`mount`: lock the image, open the engine, mount with fuser, serve, unmount,
+//! close), and — in `adapter` — the translation of FUSE requests to engine calls.
+//! errno values appear here and in the CLI only.
+//!
+//! Lifetime of a mount:
+//! 1. The image file gets a `flock` (exclusive for read-write, shared for read-only,
+//!    non-blocking): a second rext4 mount of an image in use fails with "image is in
+//!    use" instead of two engines writing one journal.
+//! 2. Without `-f` the process forks first (before any thread exists); the parent waits
+//!    on a pipe until the child reports the mount up (or its error) and returns.
+//! 3. SIGINT, SIGTERM and SIGHUP are blocked in every thread and taken by one signal
+//!    thread (`sigwait`), which unmounts the mount point (`umount`, and `umount -l` when
+//!    it is busy). Unmounting ends the session: the kernel aborts the connection, the
+//!    fuser workers see ENODEV and return.
+//! 4. After the session ends — whether by signal, `fusermount3 -u` or `umount` — the
+//!    pins the kernel never released (no FORGETs arrive at unmount, FUSE-NOTES
+//!    pitfalls 1 and 8) are dropped, so orphans are freed, and `Fs::close` commits the
+//!    journal and marks the image clean.
+//!
+//! Permissions: `default_permissions` is on unless `nodefault_permissions` is given,
+//! so the kernel checks modes against the attributes we return (the adapter's
+//! `access` is a minimal owner/group/other check for the other case; without
+//! `default_permissions` no other operation is checked). POSIX ACLs are stored as
+//! xattrs and kept in step with the mode (setting an access ACL sets the permission
+//! bits, an ACL equal to them is not stored, chmod rewrites the ACL), but the kernel
+//! does not enforce them and new files do not inherit default ACLs: FUSE_POSIX_ACL is
+//! not requested in this version.
+//!
+//! Workers: `threads` fuser worker threads (default 2x CPUs, at least 2), each reading
+//! its own cloned /dev/fuse descriptor (FUSE_DEV_IOC_CLONE), all calling one shared
+//! `rext4::Fs`.
+
+mod acl;
+mod adapter;
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::thread::JoinHandleExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use fuser::{Config, MountOption, Session, SessionACL};
+use rext4::{Fs, FsOptions};
+
+use adapter::{Adapter, AdapterConfig, Shared};
+
+/// What to do after an I/O error or detected corruption (ext4's errors=).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorsPolicy {
+    /// Report the error and carry on.
+    Continue,
+    /// Report it and refuse every further change (EROFS).
+    RemountRo,
+}
+
+/// Options of `rext4 mount -o ...`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountOptions {
+    /// Read-only (the image is opened read-only and the mount is `ro`).
+    pub ro: bool,
+    /// Read-write (the default; `rw` after `ro` wins, as in mount(8)).
+    pub rw: bool,
+    pub errors: ErrorsPolicy,
+    /// Journal commit interval in seconds (ext4's commit=; 0 disables periodic commits).
+    pub commit_secs: u64,
+    /// Metadata cache size in MiB (engine default when `None`).
+    pub cache_mb: Option<u64>,
+    /// Let other users use the mount (FUSE allow_other).
+    pub allow_other: bool,
+    /// Let the kernel check permissions (default on; `nodefault_permissions` turns it off).
+    pub default_permissions: bool,
+    /// Log every request and error to stderr (implies foreground).
+    pub debug: bool,
+    /// Serve in the calling process instead of forking a daemon.
+    pub foreground: bool,
+    /// FUSE worker threads; 0 = 2x the number of CPUs (at least 2).
+    pub threads: usize,
+    /// Ask for the kernel's writeback cache (FUSE_WRITEBACK_CACHE); default on.
+    pub writeback_cache: bool,
+    /// Honour device files (default `nodev`).
+    pub dev: bool,
+    /// Honour set-user-ID bits (default `nosuid`).
+    pub suid: bool,
+    /// Allow execution (default `exec`).
+    pub exec: bool,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            ro: false,
+            rw: true,
+            errors: ErrorsPolicy::Continue,
+            commit_secs: 5,
+            cache_mb: None,
+            allow_other: false,
+            default_permissions: true,
+            debug: false,
+            foreground: false,
+            threads: 0,
+            writeback_cache: true,
+            dev: false,
+            suid: false,
+            exec: true,
+        }
+    }
+}
+
+fn parse_num(opt: &str, v: &str) -> Result<u64, String> {
+    v.parse::<u64>()
+        .map_err(|_| format!("bad value for mount option {opt}: {v:?}"))
+}
+
+/// Parse a mount(8)-style comma-separated option list (later options override
+/// earlier ones). Known: ro, rw, errors=continue|remount-ro, commit=N, cache_mb=N,
+/// threads=N, allow_other, default_permissions, nodefault_permissions, debug,
+/// writeback_cache, nowriteback_cache, dev, nodev, suid, nosuid, exec, noexec, and the
+/// no-ops defaults, async, atime, noatime, relatime, auto, noauto.
+pub fn parse_options(s: &str) -> Result<MountOptions, String> {
+    let mut o = MountOptions::default();
+    apply_options(&mut o, s)?;
+    Ok(o)
+}
+
+/// Apply an option list to `o` (see [`parse_options`]).
+pub fn apply_options(o: &mut MountOptions, s: &str) -> Result<(), String> {
+    for opt in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+        let (k, v) = match opt.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (opt, None),
+        };
+        let flag = |o: &mut MountOptions, f: fn(&mut MountOptions)| -> Result<(), String> {
+            if v.is_some() {
+                return Err(format!("mount option {k} takes no value"));
+            }
+            f(o);
+            Ok(())
+        };
+        match (k, v) {
+            ("ro", _) => flag(o, |o| {
+                o.ro = true;
+                o.rw = false;
+            })?,
+            ("rw", _) => flag(o, |o| {
+                o.rw = true;
+                o.ro = false;
+            })?,
+            ("errors", Some("continue")) => o.errors = ErrorsPolicy::Continue,
+            ("errors", Some("remount-ro")) => o.errors = ErrorsPolicy::RemountRo,
+            ("errors", Some(x)) => {
+                return Err(format!(
+                    "bad value for mount option errors: {x:?} (continue or remount-ro)"
+                ))
+            }
+            ("commit", Some(x)) => o.commit_secs = parse_num(k, x)?,
+            ("cache_mb", Some(x)) => o.cache_mb = Some(parse_num(k, x)?),
+            ("threads", Some(x)) => {
+                let n = parse_num(k, x)?;
+                if n == 0 || n > 256 {
+                    return Err(format!("threads must be 1..=256, not {n}"));
+                }
+                o.threads = n as usize;
+            }
+            ("errors" | "commit" | "cache_mb" | "threads", None) => {
+                return Err(format!("mount option {k} needs a value ({k}=...)"))
+            }
+            ("allow_other", _) => flag(o, |o| o.allow_other = true)?,
+            ("default_permissions", _) => flag(o, |o| o.default_permissions = true)?,
+            ("nodefault_permissions", _) => flag(o, |o| o.default_permissions = false)?,
+            ("debug", _) => flag(o, |o| {
+                o.debug = true;
+                o.foreground = true;
+            })?,
+            ("writeback_cache", _) => flag(o, |o| o.writeback_cache = true)?,
+            ("nowriteback_cache", _) => flag(o, |o| o.writeback_cache = false)?,
+            ("dev", _) => flag(o, |o| o.dev = true)?,
+            ("nodev", _) => flag(o, |o| o.dev = false)?,
+            ("suid", _) => flag(o, |o| o.suid = true)?,
+            ("nosuid", _) => flag(o, |o| o.suid = false)?,
+            ("exec", _) => flag(o, |o| o.exec = true)?,
+            ("noexec", _) => flag(o, |o| o.exec = false)?,
+            ("defaults" | "async" | "atime" | "noatime" | "relatime" | "auto" | "noauto", _) => {
+                flag(o, |_| {})?
+            }
+            _ => return Err(format!("unknown mount option: {opt}")),
+        }
+    }
+    Ok(())
+}
+
+/// Mount `image` at `mountpoint` and serve it until it is unmounted (`fusermount3 -u`,
+/// `umount`) or the server gets SIGINT/SIGTERM/SIGHUP. With `opts.foreground` this
+/// returns when the mount is gone and the image is closed; otherwise the process forks,
+/// the child serves, and this returns in the parent once the mount is up.
+pub fn mount(image: &Path, mountpoint: &Path, opts: &MountOptions) -> Result<(), String> {
+    let image = image
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", image.display()))?;
+    let mnt = mountpoint
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    if !mnt.is_dir() {
+        return Err(format!("{}: not a directory", mnt.display()));
+    }
+    if opts.foreground || opts.debug {
+        return serve(&image, &mnt, opts, None);
+    }
+    daemonize(&image, &mnt, opts)
+}
+
+/// Take a non-blocking flock on the image: exclusive for read-write, shared for ro.
+fn lock_image(image: &Path, exclusive: bool) -> Result<File, String> {
+    let f = File::open(image).map_err(|e| format!("{}: {e}", image.display()))?;
+    let op = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    } | libc::LOCK_NB;
+    // SAFETY: flock on a descriptor we own; no memory is passed.
+    if unsafe { libc::flock(f.as_raw_fd(), op) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(format!(
+                "{}: image is in use (mounted by another rext4 process)",
+                image.display()
+            ));
+        }
+        return Err(format!("{}: cannot lock the image: {e}", image.display()));
+    }
+    Ok(f)
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, |n| n.get() * 2)
+        .clamp(2, 64)
+}
+
+/// The signals that end a mount.
+fn stop_signals() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset only write the set we own.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
+        set
+    }
+}
+
+/// Blocks the stop signals in this thread (and so in every thread it starts from now
+/// on); restores the previous mask on drop.
+struct SignalMask {
+    old: libc::sigset_t,
+}
+
+impl SignalMask {
+    fn block() -> SignalMask {
+        let set = stop_signals();
+        // SAFETY: pthread_sigmask with valid set pointers.
+        unsafe {
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            SignalMask { old }
+        }
+    }
+}
+
+impl Drop for SignalMask {
+    fn drop(&mut self) {
+        // SAFETY: restores a mask obtained from pthread_sigmask.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Unmount `mnt`: umount(2), lazily when busy, else `fusermount3 -u -z` (not root).
+fn unmount(mnt: &Path) -> Result<(), String> {
+    let c = CString::new(mnt.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+    // SAFETY: umount2 with a valid NUL-terminated path.
+    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EBUSY) => {
+            // SAFETY: as above.
+            if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+                eprintln!(
+                    "rext4: {} is busy: detached; the image is closed when the last user goes",
+                    mnt.display()
+                );
+                return Ok(());
+            }
+            Err(format!(
+                "umount -l {}: {}",
+                mnt.display(),
+                std::io::Error::last_os_error()
+            ))
+        }
+        Some(libc::EPERM) => {
+            let st = std::process::Command::new("fusermount3")
+                .args(["-u", "-z", "--"])
+                .arg(mnt)
+                .status()
+                .map_err(|e| format!("fusermount3: {e}"))?;
+            if st.success() {
+                Ok(())
+            } else {
+                Err(format!("fusermount3 -u -z {} failed", mnt.display()))
+            }
+        }
+        _ => Err(format!("umount {}: {e}", mnt.display())),
+    }
+}
+
+/// Report from the serving process to a waiting parent (daemon mode).
+struct Ready(Option<File>);
+
+impl Ready {
+    fn ok(&mut self) {
+        if let Some(mut f) = self.0.take() {
+            let _ = f.write_all(b"0");
+        }
+    }
+    fn err(&mut self, msg: &str) {
+        if let Some(mut f) = self.0.take() {
+            let _ = f.write_all(format!("1{msg}").as_bytes());
+        }
+    }
+}
+
+fn daemonize(image: &Path, mnt: &Path, opts: &MountOptions) -> Result<(), String> {
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe2 writes two descriptors into the array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: the descriptors were just created and are owned here.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: fork; the child only runs Rust code of this process (no thread exists
+    // yet in a CLI that calls mount before starting any).
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(format!("fork: {}", std::io::Error::last_os_error()));
+    }
+    if pid == 0 {
+        drop(r);
+        // SAFETY: setsid/chdir have no memory preconditions.
+        unsafe {
+            libc::setsid();
+            libc::chdir(c"/".as_ptr());
+        }
+        // Errors go to the parent through the pipe (before the mount is up) or to
+        // /dev/null (after it: stdio is detached then).
+        let code = i32::from(serve(image, mnt, opts, Some(File::from(w))).is_err());
+        std::process::exit(code);
+    }
+    drop(w);
+    let mut msg = Vec::new();
+    let _ = File::from(r).read_to_end(&mut msg);
+    match msg.split_first() {
+        Some((b'0', _)) => Ok(()),
+        Some((_, m)) => Err(String::from_utf8_lossy(m).into_owned()),
+        None => {
+            let mut st = 0;
+            // SAFETY: waits for our own child.
+            unsafe { libc::waitpid(pid, &mut st, 0) };
+            Err("the mount daemon exited before the mount was up".into())
+        }
+    }
+}
+
+/// Redirect stdin/stdout/stderr to /dev/null (a daemon after start-up).
+fn detach_stdio() {
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        for fd in 0..3 {
+            // SAFETY: dup2 onto the standard descriptors.
+            unsafe { libc::dup2(null.as_raw_fd(), fd) };
+        }
+    }
+}
+
+fn serve(image: &Path, mnt: &Path, opts: &MountOptions, ready: Option<File>) -> Result<(), String> {
+    let mut ready = Ready(ready);
+    let r = serve_inner(image, mnt, opts, &mut ready);
+    if let Err(e) = &r {
+        ready.err(e);
+    }
+    r
+}
+
+fn serve_inner(
+    image: &Path,
+    mnt: &Path,
+    opts: &MountOptions,
+    ready: &mut Ready,
+) -> Result<(), String> {
+    let ro = opts.ro && !opts.rw;
+    let _lock = lock_image(image, !ro)?;
+    // Block the stop signals before any thread starts (the engine's commit thread,
+    // fuser's workers), so only the signal thread below receives them.
+    let _mask = SignalMask::block();
+    let mut fo = FsOptions {
+        read_only: ro,
+        commit_secs: opts.commit_secs,
+        ..FsOptions::default()
+    };
+    if let Some(mb) = opts.cache_mb {
+        // Sized in 4 KiB blocks (the usual block size; smaller blocks get more).
+        fo.cache_blocks = (mb.saturating_mul(256)).clamp(64, 1 << 24) as usize;
+    }
+    let fs = Fs::open_with(image, fo).map_err(|e| format!("{}: {e}", image.display()))?;
+    for w in fs.warnings() {
+        eprintln!("rext4: warning: {}: {w}", image.display());
+    }
+    let fs_ro = fs.is_read_only();
+    if fs_ro && !ro {
+        eprintln!(
+            "rext4: warning: {}: the image can only be opened read-only; mounting ro",
+            image.display()
+        );
+    }
+    let shared = Arc::new(Shared::new(
+        fs.clone(),
+        AdapterConfig {
+            writeback_cache: opts.writeback_cache,
+            default_permissions: opts.default_permissions,
+            remount_ro_on_error: opts.errors == ErrorsPolicy::RemountRo,
+            debug: opts.debug,
+        },
+    ));
+    let mut mo = vec![
+        MountOption::FSName(image.display().to_string()),
+        MountOption::Subtype("rext4".into()),
+    ];
+    if opts.default_permissions {
+        mo.push(MountOption::DefaultPermissions);
+    }
+    mo.push(if fs_ro {
+        MountOption::RO
+    } else {
+        MountOption::RW
+    });
+    if opts.dev {
+        mo.push(MountOption::Dev);
+    }
+    if opts.suid {
+        mo.push(MountOption::Suid);
+    }
+    if !opts.exec {
+        mo.push(MountOption::NoExec);
+    }
+    let mut config = Config::default();
+    config.mount_options = mo;
+    config.acl = if opts.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(if opts.threads == 0 {
+        default_threads()
+    } else {
+        opts.threads
+    });
+    config.clone_fd = true;
+    let adapter = Adapter { s: shared.clone() };
+    let session = match Session::new(adapter, mnt, &config) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = fs.close();
+            return Err(format!("mount {}: {e}", mnt.display()));
+        }
+    };
+    ready.ok();
+    if ready_was_daemon(opts) {
+        detach_stdio();
+    }
+
+    // The signal thread: unmount on SIGINT/SIGTERM/SIGHUP; woken with `done` set when
+    // the session ends by itself.
+    let done = Arc::new(AtomicBool::new(false));
+    let sig_thread = {
+        let done = done.clone();
+        let mnt: PathBuf = mnt.to_path_buf();
+        std::thread::Builder::new()
+            .name("rext4-signals".into())
+            .spawn(move || loop {
+                let set = stop_signals();
+                let mut sig = 0;
+                // SAFETY: sigwait on a valid set; the signals are blocked in all threads.
+                unsafe { libc::sigwait(&set, &mut sig) };
+                if done.load(Ordering::SeqCst) {
+                    return;
+                }
+                if let Err(e) = unmount(&mnt) {
+                    eprintln!("rext4: signal {sig}: {e}");
+                }
+            })
+            .map_err(|e| format!("signal thread: {e}"))?
+    };
+
+    let run = session.run();
+    done.store(true, Ordering::SeqCst);
+    // SAFETY: the thread has not been joined, so its pthread_t is valid; it waits for
+    // exactly this signal.
+    unsafe { libc::pthread_kill(sig_thread.as_pthread_t(), libc::SIGTERM) };
+    let _ = sig_thread.join();
+
+    shared.release_all();
+    let closed = fs.close();
+    drop(shared);
+    run.map_err(|e| format!("FUSE session: {e}"))?;
+    closed.map_err(|e| format!("{}: closing: {e}", image.display()))
+}
+
+fn ready_was_daemon(opts: &MountOptions) -> bool {
+    !(opts.foreground || opts.debug)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults() {
+        let o = parse_options("").expect("empty list");
+        assert_eq!(o, MountOptions::default());
+        assert!(o.rw && !o.ro && o.default_permissions && o.writeback_cache);
+    }
+
+    #[test]
+    fn known_options_parse() {
+        let o = parse_options(
+            "ro,errors=remount-ro,commit=30,cache_mb=64,allow_other,debug,threads=3,\
+             nowriteback_cache,nodefault_permissions,noatime,dev,suid,noexec",
+        )
+        .expect("valid list");
+        assert!(o.ro && !o.rw);
+        assert_eq!(o.errors, ErrorsPolicy::RemountRo);
+        assert_eq!(o.commit_secs, 30);
+        assert_eq!(o.cache_mb, Some(64));
+        assert!(o.allow_other && o.debug && o.foreground);
+        assert_eq!(o.threads, 3);
+        assert!(!o.writeback_cache && !o.default_permissions);
+        assert!(o.dev && o.suid && !o.exec);
+        // Later options win.
+        let o = parse_options("ro,rw").expect("valid");
+        assert!(o.rw && !o.ro);
+    }
+
+    #[test]
+    fn bad_options_name_themselves() {
+        for (s, needle) in [
+            ("rw,frobnicate", "frobnicate"),
+            ("errors=panic", "panic"),
+            ("commit=soon", "commit"),
+            ("commit", "commit"),
+            ("ro=1", "ro"),
+            ("threads=0", "threads"),
+        ] {
+            let e = parse_options(s).expect_err(s);
+            assert!(e.contains(needle), "{s}: {e}");
+        }
+    }
+
+    #[test]
+    fn second_exclusive_lock_is_refused() {
+        let dir = rext4_testkit::TempDir::new("fuselock").expect("tempdir");
+        let p = dir.join("img");
+        std::fs::write(&p, b"x").expect("write");
+        let a = lock_image(&p, true).expect("first lock");
+        let e = lock_image(&p, true).expect_err("second lock");
+        assert!(e.contains("in use"), "{e}");
+        let e = lock_image(&p, false).expect_err("shared while exclusive");
+        assert!(e.contains("in use"), "{e}");
+        drop(a);
+        let _s1 = lock_image(&p, false).expect("shared");
+        let _s2 = lock_image(&p, false).expect("second shared");
+        assert!(lock_image(&p, true).is_err());
+    }
+}
