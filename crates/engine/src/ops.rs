@@ -536,32 +536,25 @@ impl Fs {
         let a = self.read_live_inode(i1)?;
         let b = self.read_live_inode(i2)?;
         let t = now_ts();
-        let mut d1 = self.dir_handle(p1)?;
-        dir_write::replace_entry(&mut d1, n1, i2.0, dirent_type(b.mode))?;
-        d1.inode.mtime = t;
-        d1.inode.ctime = t;
-        d1.dirty = true;
-        if p1 != p2 {
-            if a.is_dir() && !b.is_dir() {
-                Self::dec_dir_links(&mut d1.inode);
-            } else if b.is_dir() && !a.is_dir() {
-                Self::inc_dir_links(&mut d1.inode);
+        // Each parent now names the other inode; across parents, a directory moving
+        // out takes a link from its old parent and gives one to the new.
+        for (p, name, new_ino, now, was, other) in
+            [(p1, n1, i2, &b, &a, p2), (p2, n2, i1, &a, &b, p1)]
+        {
+            let mut d = self.dir_handle(p)?;
+            dir_write::replace_entry(&mut d, name, new_ino.0, dirent_type(now.mode))?;
+            d.inode.mtime = t;
+            d.inode.ctime = t;
+            d.dirty = true;
+            if p != other {
+                if was.is_dir() && !now.is_dir() {
+                    Self::dec_dir_links(&mut d.inode);
+                } else if now.is_dir() && !was.is_dir() {
+                    Self::inc_dir_links(&mut d.inode);
+                }
             }
+            self.finish_dir(d)?;
         }
-        self.finish_dir(d1)?;
-        let mut d2 = self.dir_handle(p2)?;
-        dir_write::replace_entry(&mut d2, n2, i1.0, dirent_type(a.mode))?;
-        d2.inode.mtime = t;
-        d2.inode.ctime = t;
-        d2.dirty = true;
-        if p1 != p2 {
-            if b.is_dir() && !a.is_dir() {
-                Self::dec_dir_links(&mut d2.inode);
-            } else if a.is_dir() && !b.is_dir() {
-                Self::inc_dir_links(&mut d2.inode);
-            }
-        }
-        self.finish_dir(d2)?;
         for (ino, newp) in [(i1, p2), (i2, p1)] {
             let inode = self.read_live_inode(ino)?;
             if inode.is_dir() && p1 != p2 {

@@ -24,22 +24,9 @@ impl Fs {
         ino: Ino,
         inode: &Inode,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let (raw, blk) = self.inode_bytes(ino)?;
-        let mut attrs = Vec::new();
-        if raw.len() > fx::GOOD_OLD_INODE_SIZE {
-            let region = fx::inode_region(&raw).at(blk)?;
-            attrs.extend(fx::decode_inode(region).at(blk)?);
-        }
-        if inode.file_acl != 0 {
-            let b = inode.file_acl;
-            let seed = self.inner.metadata_csum.then_some(self.inner.csum_seed);
-            let data = self.cache().read(b, Kind::Xattr, |d| {
-                fx::verify_block(d, seed, b)?;
-                Ok(())
-            })?;
-            attrs.extend(fx::decode_block(&data).at(b)?.attrs());
-        }
-        let mut out = Vec::with_capacity(attrs.len());
+        let (ibody, block) = self.stored_xattrs(ino, inode)?;
+        let attrs = ibody.into_iter().chain(block);
+        let mut out = Vec::new();
         for a in attrs {
             let Some(name) = a.full_name() else {
                 // Unknown name index: not visible to userspace (the kernel skips it).
