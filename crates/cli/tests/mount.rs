@@ -807,6 +807,16 @@ fn a_second_mount_of_the_same_image_is_refused() {
         .expect("run ro mount");
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("in use"));
+    // The other write commands respect the lock too.
+    let out = Command::new(bin())
+        .args(["mkdir", &format!("{}:/while-mounted", img.path().display())])
+        .output()
+        .expect("run mkdir");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("in use"),
+        "mkdir while mounted"
+    );
     // Unknown options are named.
     let out = Command::new(bin())
         .args(["mount", "-f", "-o", "rw,bogus_opt"])

@@ -216,7 +216,8 @@ pub fn mount(image: &Path, mountpoint: &Path, opts: &MountOptions) -> Result<(),
 }
 
 /// Take a non-blocking flock on the image: exclusive for read-write, shared for ro.
-fn lock_image(image: &Path, exclusive: bool) -> Result<File, String> {
+/// The lock lasts as long as the returned file is open.
+pub fn lock_image(image: &Path, exclusive: bool) -> Result<File, String> {
     let f = File::open(image).map_err(|e| format!("{}: {e}", image.display()))?;
     let op = if exclusive {
         libc::LOCK_EX
