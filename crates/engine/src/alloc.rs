@@ -274,7 +274,20 @@ impl Fs {
             let base = g as u32 * ipg + 1;
             let free_now =
                 |x: u64| !bitmap::test(&b, x) && !busy.inodes.contains(&(base + x as u32));
-            let found = (lo..u64::from(ipg)).find(|&x| free_now(x));
+            // Whole bytes of used inodes are skipped without looking at their bits.
+            let mut found = None;
+            let mut x = lo;
+            while x < u64::from(ipg) {
+                if x % 8 == 0 && b.get((x / 8) as usize) == Some(&0xFF) {
+                    x += 8;
+                    continue;
+                }
+                if free_now(x) {
+                    found = Some(x);
+                    break;
+                }
+                x += 1;
+            }
             drop(busy);
             let Some(x) = found else {
                 continue;

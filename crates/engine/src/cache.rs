@@ -259,12 +259,7 @@ impl BufferCache {
 
     /// Number of dirty blocks.
     pub fn dirty_count(&self) -> usize {
-        self.map
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .filter(|e| e.dirty)
-            .count()
+        self.dirty.load(Ordering::Relaxed)
     }
 
     /// Read without a verifier (data blocks of symlinks, raw dumps).
