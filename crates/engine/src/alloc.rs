@@ -42,12 +42,11 @@ impl Fs {
 
     /// The block bitmap of group `g` (materialized if uninitialized). Caller holds the
     /// group lock `grp`.
+    /// (Computing it changes nothing: the group stays BLOCK_UNINIT until the bitmap is
+    /// stored by [`Fs::store_block_bitmap`].)
     fn load_block_bitmap(&self, g: usize, grp: &mut Group) -> Result<Vec<u8>> {
         if grp.desc.has_flag(FLAG_BLOCK_UNINIT) {
-            let b = self.uninit_block_bitmap_locked(g, grp);
-            grp.desc.flags &= !FLAG_BLOCK_UNINIT;
-            grp.dirty = true;
-            return Ok(b);
+            return Ok(self.uninit_block_bitmap_locked(g, grp));
         }
         let blk = grp.desc.block_bitmap;
         Ok(self.cache().read(blk, Kind::Bitmap, |_| Ok(()))?.to_vec())
@@ -92,6 +91,7 @@ impl Fs {
 
     fn store_block_bitmap(&self, grp: &mut Group, b: Vec<u8>) -> Result<()> {
         let sb = &self.inner.sb;
+        grp.desc.flags &= !FLAG_BLOCK_UNINIT;
         if self.inner.metadata_csum {
             let c = bitmap::compute_csum(&b, sb.clusters_per_group, self.inner.csum_seed);
             grp.desc.block_bitmap_csum = if sb.desc_size() >= 64 { c } else { c & 0xFFFF };
@@ -116,51 +116,70 @@ impl Fs {
     /// Returns (first block, length ≥ 1). Caller holds the write lock.
     pub(crate) fn alloc_blocks(&self, goal: u64, max_len: u32) -> Result<(u64, u32)> {
         self.check_writable()?;
+        let want = u64::from(max_len.max(1));
+        // First a free run long enough for the whole request (up to 8 MiB of blocks),
+        // so large writes come out contiguous instead of filling small holes; then any
+        // free block.
+        let need = want.min(2048);
+        if need > 1 {
+            if let Some(r) = self.alloc_pass(goal, want, need)? {
+                return Ok(r);
+            }
+        }
+        self.alloc_pass(goal, want, 1)?.ok_or(Error::NoSpace)
+    }
+
+    /// Take the first run of at least `need` usable blocks (free and not busy) at or
+    /// after `goal` (wrapping around the filesystem), up to `want` blocks long.
+    fn alloc_pass(&self, goal: u64, want: u64, need: u64) -> Result<Option<(u64, u32)>> {
         let sb = &self.inner.sb;
         let ngroups = self.inner.groups.len();
-        let want = u64::from(max_len.max(1));
         let goal = goal.clamp(u64::from(sb.first_data_block), sb.blocks_count - 1);
         let g0 = self.group_of_block(goal);
-        for i in 0..ngroups {
+        for i in 0..=ngroups {
             let g = (g0 + i) % ngroups;
             let mut grp = self.group(g)?;
-            if grp.desc.free_blocks_count == 0 {
+            if u64::from(grp.desc.free_blocks_count) < need {
                 continue;
             }
             let first = sb.group_first_block(g as u64);
             let n = sb.blocks_in_group(g as u64);
             let mut b = self.load_block_bitmap(g, &mut grp)?;
-            let start = if i == 0 { goal - first } else { 0 };
+            // The goal group is searched from the goal first, and again from its start
+            // when the search comes back round to it.
+            let (from, to) = match i {
+                0 => (goal - first, n),
+                _ if i == ngroups => (0, (goal - first).min(n)),
+                _ => (0, n),
+            };
             let busy = self.inner.busy.lock().unwrap_or_else(|p| p.into_inner());
             let usable =
                 |x: u64| !bitmap::test(&b, x) && busy.first_in(first + x, first + x + 1).is_none();
-            // First usable bit at or after start, then (wrapping) from the group start.
-            let found = (start..n)
-                .find(|&x| usable(x))
-                .or_else(|| (0..start.min(n)).find(|&x| usable(x)));
-            let Some(x) = found else {
-                if busy.block_count > 0 {
-                    // Everything free here is busy until the next commit.
+            let mut x = from;
+            let mut found = None;
+            while x < to {
+                if x % 8 == 0 && x + 8 <= to && b.get((x / 8) as usize) == Some(&0xFF) {
+                    x += 8;
                     continue;
                 }
-                // Counter said free but the bitmap is full: trust the bitmap.
-                return Err(Error::corrupted(
-                    format!(
-                        "group {g} free count {} but bitmap full",
-                        grp.desc.free_blocks_count
-                    ),
-                    Some(grp.desc.block_bitmap),
-                ));
-            };
-            // Extend the run up to `want`, stopping at a used or busy block.
-            let run_end = busy
-                .first_in(first + x, first + n)
-                .map_or(n, |bb| bb - first);
+                if !usable(x) {
+                    x += 1;
+                    continue;
+                }
+                let mut len = 1;
+                while len < want.max(need) && x + len < n && usable(x + len) {
+                    len += 1;
+                }
+                if len >= need {
+                    found = Some((x, len.min(want)));
+                    break;
+                }
+                x += len;
+            }
             drop(busy);
-            let mut len = 0u64;
-            while len < want && x + len < run_end && !bitmap::test(&b, x + len) {
-                bitmap::set(&mut b, x + len, true);
-                len += 1;
+            let Some((x, len)) = found else { continue };
+            for k in x..x + len {
+                bitmap::set(&mut b, k, true);
             }
             grp.desc.free_blocks_count = grp.desc.free_blocks_count.saturating_sub(len as u32);
             self.store_block_bitmap(&mut grp, b)?;
@@ -168,9 +187,9 @@ impl Fs {
             let mut live = self.live();
             live.sb.free_blocks_count = live.sb.free_blocks_count.saturating_sub(len);
             live.dirty = true;
-            return Ok((first + x, len as u32));
+            return Ok(Some((first + x, len as u32)));
         }
-        Err(Error::NoSpace)
+        Ok(None)
     }
 
     /// Return `len` blocks starting at `start` to the free pool.

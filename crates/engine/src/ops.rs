@@ -589,13 +589,15 @@ impl Fs {
         if let Some(gid) = a.gid {
             inode.gid = gid;
         }
+        // Times are clamped to what ext4 can store, as the kernel does, so the reply
+        // shows what a later read will see.
         if let Some(t) = a.atime {
-            inode.atime = t;
+            inode.atime = t.clamped();
         }
         if let Some(t) = a.mtime {
-            inode.mtime = t;
+            inode.mtime = t.clamped();
         }
-        inode.ctime = a.ctime.unwrap_or_else(now_ts);
+        inode.ctime = a.ctime.unwrap_or_else(now_ts).clamped();
         self.write_inode(ino, &inode)?;
         Ok(self.metadata_of(ino, &inode))
     }

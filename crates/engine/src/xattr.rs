@@ -12,6 +12,28 @@ use crate::error::{AtBlock, Error, Result};
 use crate::fs::{Fs, Ino};
 use rext4_format::inode::Inode;
 
+/// The (index, suffix) of an attribute name, with the kernel's errors: EOPNOTSUPP for
+/// an unknown namespace, EINVAL for an empty name after a known prefix, ERANGE-like
+/// `NameTooLong` past 255 bytes.
+fn resolve_name(name: &[u8]) -> Result<(u8, &[u8])> {
+    if let Some(r) = fx::split_name(name) {
+        return Ok(r);
+    }
+    for p in [&b"user."[..], b"trusted.", b"security.", b"system."] {
+        if let Some(rest) = name.strip_prefix(p) {
+            return Err(if rest.is_empty() {
+                Error::InvalidInput("empty attribute name".into())
+            } else {
+                Error::NameTooLong
+            });
+        }
+    }
+    Err(Error::Unsupported(format!(
+        "xattr namespace of {:?}",
+        String::from_utf8_lossy(name)
+    )))
+}
+
 impl Fs {
     /// All extended attributes of inode `ino` as (full name, value), in-inode first.
     pub fn xattrs_ino(&self, ino: Ino) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
@@ -47,6 +69,7 @@ impl Fs {
 
     /// One attribute's value, `None` when absent.
     pub fn get_xattr_ino(&self, ino: Ino, name: &[u8]) -> Result<Option<Vec<u8>>> {
+        resolve_name(name)?;
         Ok(self
             .xattrs_ino(ino)?
             .into_iter()
@@ -87,12 +110,7 @@ impl Fs {
 
     /// setxattr(2). ACL values are given in the VFS format and stored in ext4's.
     pub fn set_xattr_ino(&self, ino: Ino, name: &[u8], value: &[u8], fl: XattrFlags) -> Result<()> {
-        let (index, suffix) = fx::split_name(name).ok_or_else(|| {
-            Error::Unsupported(format!(
-                "xattr namespace of {:?}",
-                String::from_utf8_lossy(name)
-            ))
-        })?;
+        let (index, suffix) = resolve_name(name)?;
         if suffix.len() > fx::NAME_MAX {
             return Err(Error::NameTooLong);
         }
@@ -125,7 +143,7 @@ impl Fs {
 
     /// removexattr(2); `NotFound` when absent (ENODATA at the edge).
     pub fn remove_xattr_ino(&self, ino: Ino, name: &[u8]) -> Result<()> {
-        let (index, suffix) = fx::split_name(name).ok_or(Error::NotFound)?;
+        let (index, suffix) = resolve_name(name)?;
         let _w = self.write_lock();
         self.check_writable()?;
         self.check_user_namespace(ino, index)?;

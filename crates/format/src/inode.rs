@@ -66,11 +66,35 @@ impl Timestamp {
         Timestamp { sec, nsec }
     }
 
-    /// Encode into (base, extra).
+    /// Earliest and latest seconds an inode time can hold (signed 32-bit base plus two
+    /// epoch bits).
+    pub const MIN_SEC: i64 = -(1 << 31);
+    pub const MAX_SEC: i64 = 0x3_7FFF_FFFF;
+
+    /// Clamp to the representable range as the kernel does (nanoseconds dropped at
+    /// the limits).
+    pub fn clamped(self) -> Self {
+        if self.sec <= Self::MIN_SEC {
+            Timestamp {
+                sec: Self::MIN_SEC,
+                nsec: 0,
+            }
+        } else if self.sec >= Self::MAX_SEC {
+            Timestamp {
+                sec: Self::MAX_SEC,
+                nsec: 0,
+            }
+        } else {
+            self
+        }
+    }
+
+    /// Encode into (base, extra), clamped to the representable range.
     pub fn encode(self) -> (u32, u32) {
-        let base = self.sec as u32;
-        let epoch = ((self.sec - i64::from(base as i32)) >> 32) as u32 & 3;
-        (base, epoch | (self.nsec.min(999_999_999) << 2))
+        let t = self.clamped();
+        let base = t.sec as u32;
+        let epoch = ((t.sec - i64::from(base as i32)) >> 32) as u32 & 3;
+        (base, epoch | (t.nsec.min(999_999_999) << 2))
     }
 }
 
@@ -363,8 +387,26 @@ mod tests {
             for nsec in [0u32, 1, 999_999_999] {
                 let t = Timestamp { sec, nsec };
                 let (b, x) = t.encode();
-                assert_eq!(Timestamp::decode(b, Some(x)), t, "{sec}.{nsec}");
+                // At the limits the kernel keeps the seconds and drops the nanoseconds.
+                let at_limit = sec == Timestamp::MIN_SEC || sec == Timestamp::MAX_SEC;
+                let want = if at_limit {
+                    Timestamp { sec, nsec: 0 }
+                } else {
+                    t
+                };
+                assert_eq!(Timestamp::decode(b, Some(x)), want, "{sec}.{nsec}");
             }
+        }
+        // Out of range: clamped, as the kernel does.
+        for (sec, want) in [
+            (16_000_000_000i64, Timestamp::MAX_SEC),
+            (-100_000_000_000, Timestamp::MIN_SEC),
+        ] {
+            let (b, x) = Timestamp { sec, nsec: 7 }.encode();
+            assert_eq!(
+                Timestamp::decode(b, Some(x)),
+                Timestamp { sec: want, nsec: 0 }
+            );
         }
     }
 

@@ -486,6 +486,7 @@ fn serve_inner(
             return Err(format!("mount {}: {e}", mnt.display()));
         }
     };
+    let _ = shared.notifier.set(session.notifier());
     ready.ok();
     if ready_was_daemon(opts) {
         detach_stdio();
