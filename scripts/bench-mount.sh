@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The anchors' general_fio_meta.sh (fio seq 1M write/read, 4k random read/write with
+# 2 jobs, 20,000-file create/stat/unlink) on three mounts of fresh 4 GiB mkfs.ext4
+# images, in one run: the kernel (loop), `rext4 mount`, and fuse2fs. e2fsck -fn after.
+# Usage (root): scripts/bench-mount.sh     Env: G_SIZE_PER_JOB G_RUNTIME G_SEQ_CAP G_MD_FILES
+set -uo pipefail
+cd "$(dirname "$0")/.."
+B=${REXT4_SHARED:-$(cd .. && pwd)/shared}/bench
+cargo build --release -q -p rext4-cli
+R=$PWD/target/release/rext4
+export G_SIZE_PER_JOB=${G_SIZE_PER_JOB:-256M} G_RUNTIME=${G_RUNTIME:-8} G_SEQ_CAP=${G_SEQ_CAP:-20} G_MD_FILES=${G_MD_FILES:-20000}
+W=$(mktemp -d /tmp/rext4-bench-mount.XXXXXX)
+cleanup() {
+  for m in "$W"/mnt-*; do mountpoint -q "$m" && { umount "$m" 2>/dev/null || fusermount3 -u "$m" || umount -l "$m"; }; done
+  sleep 1; rm -rf "$W"
+}
+trap cleanup EXIT INT TERM
+for kind in kernel rext4 fuse2fs; do
+  img=$W/$kind.img; mnt=$W/mnt-$kind; mkdir -p "$mnt"
+  mkfs.ext4 -q -F "$img" 4G >/dev/null
+  case $kind in
+    kernel) mount -o loop "$img" "$mnt" ;;
+    rext4) "$R" mount "$img" "$mnt" ;;
+    fuse2fs) fuse2fs -o fakeroot "$img" "$mnt"; sleep 1 ;;
+  esac
+  BENCH_LABEL=$kind "$B/general_fio_meta.sh" "$mnt" 2>&1 | grep -E '^(RESULT|NOTE)'
+  umount "$mnt" 2>/dev/null || fusermount3 -u "$mnt"; sleep 1
+  if e2fsck -fn "$img" >/dev/null 2>&1; then echo "NOTE|$kind|e2fsck -fn clean"; else echo "NOTE|$kind|e2fsck -fn NOT clean"; fi
+  rm -f "$img"
+done
