@@ -21,6 +21,8 @@
 //! test instead of blocking it. Skips (printing why) without root, /dev/fuse or loop
 //! devices.
 
+mod fuse_mount;
+
 use std::ffi::CString;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
@@ -28,12 +30,13 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{symlink, FileExt, FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rext4_testkit::{can_loop_mount, e2fsck_fn, mkfs, skip, LoopMount, MkfsOptions, TempDir};
+use fuse_mount::Mounted;
+use rext4_testkit::{can_loop_mount, e2fsck_fn, mkfs, skip, LoopMount, MkfsOptions};
 
 /// Checks that fail on rext4 for an understood reason (check name, reason). The suite
 /// asserts that each of them still fails, so fixing one means removing it here.
@@ -2440,10 +2443,6 @@ fn check_mknod_nodes(d: &Path) -> Res {
 // ---------------------------------------------------------------------------------
 // Harness.
 
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_rext4")
-}
-
 /// Why the suite cannot run here, if it cannot.
 fn cannot_run() -> Option<String> {
     if std::env::var_os("REXT4_NO_MOUNT").is_some() {
@@ -2467,129 +2466,6 @@ fn cannot_run() -> Option<String> {
         }
     }
     None
-}
-
-fn is_mounted(mnt: &Path) -> bool {
-    let want = mnt.as_os_str().as_bytes();
-    fs::read("/proc/self/mountinfo").is_ok_and(|t| {
-        t.split(|&b| b == b'\n')
-            .any(|l| l.split(|&b| b == b' ').nth(4) == Some(want))
-    })
-}
-
-fn wait_child(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
-    let t0 = Instant::now();
-    loop {
-        if let Ok(Some(st)) = child.try_wait() {
-            return Some(st);
-        }
-        if t0.elapsed() > limit {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// A running `rext4 mount -f IMAGE MNT`; unmounted and reaped on drop.
-struct Mounted {
-    child: Option<Child>,
-    mnt: TempDir,
-    log: PathBuf,
-}
-
-impl Mounted {
-    fn new(img: &Path, opts: &[&str]) -> Mounted {
-        let mnt = TempDir::new("posixmnt").expect("mount point");
-        let log = mnt.path().with_extension("log");
-        let mut cmd = Command::new(bin());
-        cmd.arg("mount").arg("-f");
-        for o in opts {
-            cmd.args(["-o", o]);
-        }
-        let child = cmd
-            .arg(img)
-            .arg(mnt.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).expect("log file"))
-            .spawn()
-            .expect("spawn rext4 mount");
-        let mut m = Mounted {
-            child: Some(child),
-            mnt,
-            log,
-        };
-        let t0 = Instant::now();
-        while !is_mounted(m.path()) {
-            if let Some(c) = m.child.as_mut() {
-                if let Ok(Some(st)) = c.try_wait() {
-                    panic!("rext4 mount exited ({st}) before mounting: {}", m.stderr());
-                }
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(15),
-                "mount did not appear: {}",
-                m.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        m
-    }
-
-    fn path(&self) -> &Path {
-        self.mnt.path()
-    }
-
-    fn stderr(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.as_ref().map_or(0, |c| c.id() as i32)
-    }
-
-    /// Unmount and wait for the server to commit and exit.
-    fn unmount(&mut self) -> Option<ExitStatus> {
-        self.stop()
-    }
-
-    fn stop(&mut self) -> Option<ExitStatus> {
-        let mut child = self.child.take()?;
-        for attempt in 0..50 {
-            if !is_mounted(self.path()) {
-                break;
-            }
-            let ok = Command::new("fusermount3")
-                .arg("-u")
-                .arg(self.path())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if ok {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(if attempt < 10 { 20 } else { 100 }));
-        }
-        if is_mounted(self.path()) {
-            let _ = Command::new("umount").arg("-l").arg(self.path()).status();
-        }
-        let st = wait_child(&mut child, Duration::from_secs(30));
-        if st.is_none() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        st
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        self.stop();
-        if is_mounted(self.path()) {
-            self.mnt.leak();
-        }
-        let _ = fs::remove_file(&self.log);
-    }
 }
 
 /// Kills the FUSE server (SIGKILL, by pid) if the suite is not done in time, so a
@@ -2680,7 +2556,7 @@ fn run_rext4(label: &'static str, opts: &str, keep: bool) -> Run {
         run_all(m.path())
     };
     let log = m.stderr();
-    let exit = m.unmount();
+    let exit = m.stop();
     drop(m);
     let fsck = e2fsck_fn(img.path());
     if keep {

@@ -1,0 +1,154 @@
+//! The FUSE mount guard shared by the mount tests: a running `rext4 mount -f IMAGE MNT`
+//! that is unmounted (fusermount3 -u, then umount -l) and reaped on drop, even when the
+//! test panics.
+#![allow(dead_code)]
+
+use std::fs::{self, File};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use rext4_testkit::TempDir;
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_rext4")
+}
+
+pub fn is_mounted(mnt: &Path) -> bool {
+    let want = mnt.as_os_str().as_bytes();
+    fs::read("/proc/self/mountinfo").is_ok_and(|t| {
+        t.split(|&b| b == b'\n')
+            .any(|l| l.split(|&b| b == b' ').nth(4) == Some(want))
+    })
+}
+
+pub fn wait_child(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let t0 = Instant::now();
+    loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Some(st);
+        }
+        if t0.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A running `rext4 mount -f IMAGE MNT`; unmounted and reaped on drop.
+pub struct Mounted {
+    child: Option<Child>,
+    mnt: TempDir,
+    log: PathBuf,
+}
+
+impl Mounted {
+    pub fn new(img: &Path, opts: &[&str]) -> Mounted {
+        let mnt = TempDir::new("fusemnt").expect("mount point");
+        let log = mnt.path().with_extension("log");
+        let mut cmd = Command::new(bin());
+        cmd.arg("mount").arg("-f");
+        for o in opts {
+            cmd.args(["-o", o]);
+        }
+        let child = cmd
+            .arg(img)
+            .arg(mnt.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&log).expect("log file"))
+            .spawn()
+            .expect("spawn rext4 mount");
+        let mut m = Mounted {
+            child: Some(child),
+            mnt,
+            log,
+        };
+        let t0 = Instant::now();
+        while !is_mounted(m.path()) {
+            if let Some(c) = m.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    panic!("rext4 mount exited ({st}) before mounting: {}", m.stderr());
+                }
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(15),
+                "mount did not appear: {}",
+                m.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        m
+    }
+
+    pub fn path(&self) -> &Path {
+        self.mnt.path()
+    }
+
+    pub fn join(&self, p: &str) -> PathBuf {
+        self.mnt.join(p)
+    }
+
+    pub fn stderr(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |c| c.id() as i32)
+    }
+
+    /// Unmount, wait for the server to commit and exit; returns its exit status.
+    pub fn unmount(&mut self) -> ExitStatus {
+        let st = self.stop();
+        assert!(!is_mounted(self.path()), "still mounted after unmount");
+        st.unwrap_or_else(|| panic!("rext4 mount did not exit: {}", self.stderr()))
+    }
+
+    /// Wait for the server to exit by itself (after a signal).
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let st = wait_child(self.child.as_mut()?, limit);
+        if st.is_some() {
+            self.child = None;
+        }
+        st
+    }
+
+    pub fn stop(&mut self) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        for attempt in 0..50 {
+            if !is_mounted(self.path()) {
+                break;
+            }
+            let ok = Command::new("fusermount3")
+                .arg("-u")
+                .arg(self.path())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(if attempt < 10 { 20 } else { 100 }));
+        }
+        if is_mounted(self.path()) {
+            let _ = Command::new("umount").arg("-l").arg(self.path()).status();
+        }
+        let st = wait_child(&mut child, Duration::from_secs(30));
+        if st.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        st
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        self.stop();
+        if is_mounted(self.path()) {
+            self.mnt.leak();
+        }
+        let _ = fs::remove_file(&self.log);
+    }
+}
