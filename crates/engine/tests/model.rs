@@ -101,6 +101,31 @@ impl Model {
         }
     }
 
+    /// Record a new inode `ino` of the engine named `name` in directory `d`.
+    fn adopt(
+        &mut self,
+        d: u64,
+        name: Vec<u8>,
+        ino: Ino,
+        kind: MKind,
+        perm: u32,
+        owner: (u32, u32),
+    ) -> u64 {
+        let id = self.next;
+        self.next += 1;
+        let n = MInode {
+            kind,
+            perm,
+            uid: owner.0,
+            gid: owner.1,
+            xattrs: BTreeMap::new(),
+            engine: ino,
+        };
+        self.inodes.insert(id, n);
+        self.children_mut(d).insert(name, id);
+        id
+    }
+
     fn children(&self, d: u64) -> &BTreeMap<Vec<u8>, u64> {
         match &self.inodes[&d].kind {
             MKind::Dir(c) => c,
@@ -319,20 +344,8 @@ impl Runner<'_> {
                 let got = outcome(r.as_ref().map(|_| ()).map_err(clone_err));
                 self.check(format!("create {label}"), want, got);
                 if let Ok(ino) = r {
-                    let id = self.m.next;
-                    self.m.next += 1;
-                    self.m.inodes.insert(
-                        id,
-                        MInode {
-                            kind: MKind::File(Vec::new()),
-                            perm,
-                            uid: 1000,
-                            gid: 1000,
-                            xattrs: BTreeMap::new(),
-                            engine: ino,
-                        },
-                    );
-                    self.m.children_mut(d).insert(name, id);
+                    self.m
+                        .adopt(d, name, ino, MKind::File(Vec::new()), perm, (1000, 1000));
                 }
             }
             15..=22 => {
@@ -349,20 +362,8 @@ impl Runner<'_> {
                     outcome(r.as_ref().map(|_| ()).map_err(clone_err)),
                 );
                 if let Ok(ino) = r {
-                    let id = self.m.next;
-                    self.m.next += 1;
-                    self.m.inodes.insert(
-                        id,
-                        MInode {
-                            kind: MKind::Dir(BTreeMap::new()),
-                            perm: 0o755,
-                            uid: 0,
-                            gid: 0,
-                            xattrs: BTreeMap::new(),
-                            engine: ino,
-                        },
-                    );
-                    self.m.children_mut(d).insert(name, id);
+                    self.m
+                        .adopt(d, name, ino, MKind::Dir(BTreeMap::new()), 0o755, (0, 0));
                 }
             }
             23..=40 => {
@@ -557,21 +558,10 @@ impl Runner<'_> {
                     outcome(r.as_ref().map(|_| ()).map_err(clone_err)),
                 );
                 if let Ok(ino) = r {
-                    let id = self.m.next;
-                    self.m.next += 1;
+                    let id = self
+                        .m
+                        .adopt(d, name, ino, MKind::Symlink(target), 0o777, (0, 0));
                     self.log.push(format!("  = model {id} ino {}", ino.0));
-                    self.m.inodes.insert(
-                        id,
-                        MInode {
-                            kind: MKind::Symlink(target),
-                            perm: 0o777,
-                            uid: 0,
-                            gid: 0,
-                            xattrs: BTreeMap::new(),
-                            engine: ino,
-                        },
-                    );
-                    self.m.children_mut(d).insert(name, id);
                 }
             }
             89..=90 => {
@@ -594,20 +584,7 @@ impl Runner<'_> {
                     outcome(r.as_ref().map(|_| ()).map_err(clone_err)),
                 );
                 if let Ok(ino) = r {
-                    let id = self.m.next;
-                    self.m.next += 1;
-                    self.m.inodes.insert(
-                        id,
-                        MInode {
-                            kind,
-                            perm: 0o644,
-                            uid: 0,
-                            gid: 0,
-                            xattrs: BTreeMap::new(),
-                            engine: ino,
-                        },
-                    );
-                    self.m.children_mut(d).insert(name, id);
+                    self.m.adopt(d, name, ino, kind, 0o644, (0, 0));
                 }
             }
             91..=94 => {
