@@ -291,7 +291,7 @@ impl File {
         } else {
             offset
         };
-        self.fs.write_locked(self.ino, buf, off)
+        self.fs.write_locked(self.ino, buf, off, true)
     }
     /// Write all of `buf` at `offset` (retrying after short writes).
     pub fn write_all_at(&self, mut buf: &[u8], mut offset: u64) -> Result<()> {

@@ -684,11 +684,27 @@ impl Fs {
     pub fn write_ino_at(&self, ino: Ino, buf: &[u8], offset: u64) -> Result<usize> {
         let _w = self.write_lock();
         self.check_writable()?;
-        self.write_locked(ino, buf, offset)
+        self.write_locked(ino, buf, offset, true)
     }
 
-    pub(crate) fn write_locked(&self, ino: Ino, buf: &[u8], offset: u64) -> Result<usize> {
+    /// A write whose caller keeps mtime/ctime itself (FUSE with the kernel's writeback
+    /// cache: the kernel owns them and sends them by SETATTR). A pure overwrite then
+    /// changes no metadata at all.
+    pub fn write_ino_at_keep_times(&self, ino: Ino, buf: &[u8], offset: u64) -> Result<usize> {
+        let _w = self.write_lock();
+        self.check_writable()?;
+        self.write_locked(ino, buf, offset, false)
+    }
+
+    pub(crate) fn write_locked(
+        &self,
+        ino: Ino,
+        buf: &[u8],
+        offset: u64,
+        update_times: bool,
+    ) -> Result<usize> {
         let mut inode = self.read_live_inode(ino)?;
+        let before = inode.clone();
         if inode.is_dir() {
             return Err(Error::IsADirectory);
         }
@@ -712,12 +728,14 @@ impl Fs {
         if pos > inode.size {
             inode.size = pos;
         }
-        if done > 0 {
+        if done > 0 && update_times {
             let t = now_ts();
             inode.mtime = t;
             inode.ctime = t;
         }
-        self.write_inode(ino, &inode)?;
+        if inode != before {
+            self.write_inode(ino, &inode)?;
+        }
         match r {
             Ok(()) => Ok(buf.len()),
             Err(_) if done > 0 => Ok(done as usize),

@@ -965,11 +965,13 @@ impl Filesystem for Adapter {
         } else {
             offset
         };
-        let n = tri!(
-            reply,
+        // With the writeback cache the kernel owns mtime/ctime of regular files.
+        let r = if s.writeback.load(Ordering::Relaxed) {
+            s.fs.write_ino_at_keep_times(ino, data, off)
+        } else {
             s.fs.write_ino_at(ino, data, off)
-                .map_err(|e| s.fail("write", &e))
-        );
+        };
+        let n = tri!(reply, r.map_err(|e| s.fail("write", &e)));
         reply.written(n as u32);
     }
 
