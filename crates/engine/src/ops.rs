@@ -102,6 +102,17 @@ impl Fs {
         })
     }
 
+    /// Directory `parent`, for adding `name`: the fs must be writable, `parent` a
+    /// directory, and `name` not in it yet (EEXIST). Caller holds the write lock.
+    fn dir_for_new_name(&self, parent: Ino, name: &[u8]) -> Result<FsDir<'_>> {
+        self.check_writable()?;
+        let d = self.dir_handle(parent)?;
+        if self.lookup(parent, name)?.is_some() {
+            return Err(Error::Exists);
+        }
+        Ok(d)
+    }
+
     fn dir_index(&self) -> bool {
         self.inner.sb.has_compat(feature::COMPAT_DIR_INDEX)
     }
@@ -158,11 +169,7 @@ impl Fs {
             ));
         }
         let _w = self.write_lock();
-        self.check_writable()?;
-        let mut d = self.dir_handle(parent)?;
-        if self.lookup(parent, name)?.is_some() {
-            return Err(Error::Exists);
-        }
+        let mut d = self.dir_for_new_name(parent, name)?;
         let ino = self.alloc_inode(parent, false)?;
         let mut inode = self.new_inode(mode, uid, gid);
         if ft == m::S_IFREG && self.uses_extents() {
@@ -189,11 +196,7 @@ impl Fs {
     ) -> Result<Ino> {
         check_name(name)?;
         let _w = self.write_lock();
-        self.check_writable()?;
-        let mut pd = self.dir_handle(parent)?;
-        if self.lookup(parent, name)?.is_some() {
-            return Err(Error::Exists);
-        }
+        let mut pd = self.dir_for_new_name(parent, name)?;
         if pd.inode.links_count >= LINK_MAX
             && !self.inner.sb.has_ro_compat(feature::RO_COMPAT_DIR_NLINK)
         {
@@ -241,11 +244,7 @@ impl Fs {
             return Err(Error::NameTooLong);
         }
         let _w = self.write_lock();
-        self.check_writable()?;
-        let mut d = self.dir_handle(parent)?;
-        if self.lookup(parent, name)?.is_some() {
-            return Err(Error::Exists);
-        }
+        let mut d = self.dir_for_new_name(parent, name)?;
         let ino = self.alloc_inode(parent, false)?;
         let mut inode = self.new_inode(m::S_IFLNK | 0o777, uid, gid);
         inode.size = target.len() as u64;
