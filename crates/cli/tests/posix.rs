@@ -43,35 +43,13 @@ use rext4_testkit::{can_loop_mount, e2fsck_fn, mkfs, skip, LoopMount, MkfsOption
 ///
 /// An entry is `check` (every rext4 mount) or `check@label` (the mount of that label in
 /// `REXT4_MOUNTS` only).
-const KNOWN_FAILURES: &[(&str, &str)] = &[
-    (
-        "utimes_clamped_to_ext4_range@rext4",
-        "with the writeback cache the kernel keeps its own mtime of regular files and \
+const KNOWN_FAILURES: &[(&str, &str)] = &[(
+    "utimes_clamped_to_ext4_range@rext4",
+    "with the writeback cache the kernel keeps its own mtime of regular files and \
          never takes the server's (clamped) value; the FUSE superblock has no time \
          limits, so utimensat past ext4's range shows the unclamped time until the inode \
          is dropped (the image holds the clamped one; the no-writeback mount passes)",
-    ),
-    (
-        "seek_data_hole@rext4",
-        "with the writeback cache the adapter answers FUSE_LSEEK with ENOSYS (dirty \
-         pages the engine has not seen; the kernel does not flush before LSEEK), so the \
-         kernel falls back to generic_file_llseek: the whole file is data, SEEK_HOLE = EOF",
-    ),
-    (
-        "seek_data_hole_unsynced@rext4",
-        "same as seek_data_hole@rext4: no SEEK_DATA/SEEK_HOLE under the writeback cache",
-    ),
-    (
-        "acl_default_inherit",
-        "FUSE_POSIX_ACL is not requested (crates/fuse lib.rs): create/mkdir do not \
-         apply the parent's default ACL, so the new file has no access ACL",
-    ),
-    (
-        "acl_enforced",
-        "FUSE_POSIX_ACL is not requested: with default_permissions the kernel checks \
-         only the mode bits, named ACL entries grant nothing",
-    ),
-];
+)];
 
 type Res = Result<(), String>;
 type Check = fn(&Path) -> Res;

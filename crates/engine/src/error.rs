@@ -39,6 +39,8 @@ pub enum Error {
     FileTooLarge,
     /// The operation is not permitted on this object (EPERM).
     NotPermitted(String),
+    /// The caller's credentials do not grant the access (EACCES).
+    PermissionDenied,
     /// A journal or device write failed earlier; the filesystem is shut down (EIO).
     ShutDown(String),
 }
@@ -72,6 +74,7 @@ impl Error {
             Error::TooManyLinks => 31,
             Error::FileTooLarge => 27,
             Error::NotPermitted(_) => 1,
+            Error::PermissionDenied => 13,
             Error::ShutDown(_) => 5,
         }
     }
@@ -103,6 +106,7 @@ impl fmt::Display for Error {
             Error::TooManyLinks => write!(f, "too many links"),
             Error::FileTooLarge => write!(f, "file too large"),
             Error::NotPermitted(s) => write!(f, "operation not permitted: {s}"),
+            Error::PermissionDenied => write!(f, "permission denied"),
             Error::ShutDown(s) => write!(f, "filesystem shut down after an error ({s})"),
         }
     }

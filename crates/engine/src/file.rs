@@ -163,14 +163,23 @@ impl Fs {
     }
 
     /// Read up to `buf.len()` bytes of inode `ino` at byte `offset`; returns the count
-    /// (0 at or past EOF).
+    /// (0 at or past EOF). `_inode` is the caller's copy; size and mapping are taken
+    /// from the inode as it is under the I/O lock.
     pub fn read_ino_at(
         &self,
         ino: Ino,
-        inode: &Inode,
+        _inode: &Inode,
         buf: &mut [u8],
         offset: u64,
     ) -> Result<usize> {
+        // The mapping stays fixed while we read (no block freed and reused under us);
+        // the caller's copy of the inode may predate a truncate, so size and mapping
+        // come from the inode as it is under the lock.
+        let _io = self.io_shared(ino);
+        let inode = self.read_inode(ino)?;
+        if inode.mode == 0 {
+            return Err(Error::NotFound);
+        }
         if offset >= inode.size {
             return Ok(0);
         }
@@ -182,7 +191,7 @@ impl Fs {
             let pos = offset + done as u64;
             let lblk = pos / bs;
             let in_blk = pos % bs;
-            let m = self.map_block(ino, inode, lblk)?;
+            let m = self.map_block(ino, &inode, lblk)?;
             let (run_blocks, phys) = match m {
                 Mapping::Hole { len } => (len, None),
                 Mapping::Mapped {
@@ -284,6 +293,7 @@ impl File {
         if !self.write {
             return Err(Error::InvalidInput("file not open for writing".into()));
         }
+        let _io = self.fs.io_exclusive(self.ino);
         let _w = self.fs.write_lock();
         self.fs.check_writable()?;
         let off = if self.append {

@@ -15,7 +15,10 @@
 //! `inodes_count`.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// Stripes of the per-inode I/O lock table (`Inner::io_locks`).
+const IO_LOCK_STRIPES: usize = 256;
 
 use rext4_format::group::{self, DescCsum, GroupDesc};
 use rext4_format::inode::{self as fmt_inode, Inode};
@@ -109,6 +112,11 @@ pub(crate) struct Inner {
     /// References held on inodes (open handles): an inode with references is not freed
     /// when its last link goes; it becomes an orphan (see `orphan.rs`).
     pub(crate) pins: Mutex<std::collections::HashMap<Ino, u32>>,
+    /// Per-inode I/O locks, striped by inode number: shared for reads and in-place
+    /// overwrites of written blocks (which then need no other lock), exclusive for
+    /// anything that changes which blocks an inode maps (allocating writes, truncate,
+    /// fallocate, the final free). Taken before `write_lock`, one at a time.
+    pub(crate) io_locks: Box<[RwLock<()>]>,
     pub(crate) block_size: u32,
     pub(crate) csum_seed: u32,
     pub(crate) metadata_csum: bool,
@@ -231,6 +239,7 @@ impl Fs {
                 busy: Mutex::new(Busy::default()),
                 shutdown: Mutex::new(None),
                 pins: Mutex::new(std::collections::HashMap::new()),
+                io_locks: (0..IO_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
                 block_size: bs,
                 csum_seed,
                 metadata_csum,
@@ -301,6 +310,24 @@ impl Fs {
             .get(g)
             .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()))
             .ok_or_else(|| Error::corrupted(format!("group {g} does not exist"), None))
+    }
+
+    /// The I/O lock of `ino`, shared (reads, in-place overwrites).
+    pub(crate) fn io_shared(&self, ino: Ino) -> RwLockReadGuard<'_, ()> {
+        self.io_stripe(ino)
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The I/O lock of `ino`, exclusive (mapping changes); before `write_lock`.
+    pub(crate) fn io_exclusive(&self, ino: Ino) -> RwLockWriteGuard<'_, ()> {
+        self.io_stripe(ino)
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn io_stripe(&self, ino: Ino) -> &RwLock<()> {
+        &self.inner.io_locks[ino.0 as usize % IO_LOCK_STRIPES]
     }
 
     /// Take the write lock. When the guard goes and too many metadata blocks are

@@ -17,6 +17,7 @@
 //! never held across I/O for reads; writers serialize on `Fs::write_lock`. An image
 //! whose journal needs recovery is replayed at open (in memory for read-only opens).
 
+mod acl;
 pub mod alloc;
 pub mod cache;
 pub mod check;
@@ -35,6 +36,7 @@ pub mod mkfs;
 pub mod ops;
 pub mod orphan;
 pub mod path;
+pub mod perm;
 pub mod store;
 pub mod xattr;
 
@@ -46,6 +48,7 @@ pub use fs::{Fs, FsOptions, Ino};
 pub use map::Mapping;
 pub use ops::{FallocMode, RenameFlags, SetAttr, StatFs};
 pub use path::OpenOptions;
+pub use perm::Creds;
 pub use rext4_format as format;
 pub use rext4_format::inode::Timestamp;
 pub use xattr::XattrFlags;

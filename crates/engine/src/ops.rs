@@ -161,7 +161,7 @@ impl Fs {
         rdev: (u32, u32),
     ) -> Result<Ino> {
         check_name(name)?;
-        let mode = mode as u16;
+        let mut mode = mode as u16;
         let ft = mode & m::S_IFMT;
         if ![m::S_IFREG, m::S_IFIFO, m::S_IFSOCK, m::S_IFCHR, m::S_IFBLK].contains(&ft) {
             return Err(Error::InvalidInput(
@@ -170,6 +170,7 @@ impl Fs {
         }
         let _w = self.write_lock();
         let mut d = self.dir_for_new_name(parent, name)?;
+        let inherited = self.inherit_acl(&d.inode, parent, &mut mode)?;
         let ino = self.alloc_inode(parent, false)?;
         let mut inode = self.new_inode(mode, uid, gid);
         if ft == m::S_IFREG && self.uses_extents() {
@@ -180,6 +181,7 @@ impl Fs {
             inode.set_device(rdev.0, rdev.1);
         }
         self.write_new_inode(ino, &inode)?;
+        self.store_inherited(ino, inherited)?;
         self.link_into(&mut d, name, ino, mode)?;
         self.finish_dir(d)?;
         Ok(ino)
@@ -203,7 +205,8 @@ impl Fs {
             return Err(Error::TooManyLinks);
         }
         let ino = self.alloc_inode(parent, true)?;
-        let mode = m::S_IFDIR | (perm as u16 & 0o7777);
+        let mut mode = m::S_IFDIR | (perm as u16 & 0o7777);
+        let inherited = self.inherit_acl(&pd.inode, parent, &mut mode)?;
         let mut inode = self.new_inode(mode, uid, gid);
         inode.links_count = 2;
         if self.uses_extents() {
@@ -220,6 +223,7 @@ impl Fs {
         nd.append_block_checked()?;
         dir_write::init_dir(&mut nd, ino.0, parent.0)?;
         self.finish_dir(nd)?;
+        self.store_inherited(ino, inherited)?;
         self.link_into(&mut pd, name, ino, mode)?;
         Self::inc_dir_links(&mut pd.inode);
         self.finish_dir(pd)?;
@@ -573,6 +577,7 @@ impl Fs {
 
     /// chmod/chown/utimens/truncate in one call (like FUSE setattr).
     pub fn setattr_ino(&self, ino: Ino, a: &SetAttr) -> Result<crate::Metadata> {
+        let _io = a.size.map(|_| self.io_exclusive(ino));
         let _w = self.write_lock();
         self.check_writable()?;
         if let Some(size) = a.size {
@@ -598,11 +603,16 @@ impl Fs {
         }
         inode.ctime = a.ctime.unwrap_or_else(now_ts).clamped();
         self.write_inode(ino, &inode)?;
+        if let Some(mode) = a.mode {
+            self.chmod_acl(ino, &inode, mode)?;
+            inode = self.read_live_inode(ino)?;
+        }
         Ok(self.metadata_of(ino, &inode))
     }
 
     /// Change the size of a regular file (ftruncate).
     pub fn truncate_ino(&self, ino: Ino, size: u64) -> Result<()> {
+        let _io = self.io_exclusive(ino);
         let _w = self.write_lock();
         self.check_writable()?;
         self.truncate_locked(ino, size)
@@ -681,6 +691,19 @@ impl Fs {
 
     /// Positional write; extends the file as needed. Returns the bytes written.
     pub fn write_ino_at(&self, ino: Ino, buf: &[u8], offset: u64) -> Result<usize> {
+        if let Some(n) = self.try_overwrite(ino, buf, offset)? {
+            // The data went in under the shared I/O lock; only the times need the
+            // write lock (the inode is re-read under it: no change is lost).
+            let _w = self.write_lock();
+            self.check_writable()?;
+            let mut inode = self.read_live_inode(ino)?;
+            let t = now_ts();
+            inode.mtime = t;
+            inode.ctime = t;
+            self.write_inode(ino, &inode)?;
+            return Ok(n);
+        }
+        let _io = self.io_exclusive(ino);
         let _w = self.write_lock();
         self.check_writable()?;
         self.write_locked(ino, buf, offset, true)
@@ -688,11 +711,55 @@ impl Fs {
 
     /// A write whose caller keeps mtime/ctime itself (FUSE with the kernel's writeback
     /// cache: the kernel owns them and sends them by SETATTR). A pure overwrite then
-    /// changes no metadata at all.
+    /// changes no metadata at all, and runs under the inode's shared I/O lock only, in
+    /// parallel with other overwrites and with every metadata operation.
     pub fn write_ino_at_keep_times(&self, ino: Ino, buf: &[u8], offset: u64) -> Result<usize> {
+        if let Some(n) = self.try_overwrite(ino, buf, offset)? {
+            return Ok(n);
+        }
+        let _io = self.io_exclusive(ino);
         let _w = self.write_lock();
         self.check_writable()?;
         self.write_locked(ino, buf, offset, false)
+    }
+
+    /// Write `buf` at `offset` in place if every block of the range is mapped and
+    /// written and the range ends within the size; `None` when it is not such a write
+    /// (the caller takes the full path). The shared I/O lock keeps the mapping fixed:
+    /// everything that changes it holds the lock exclusively.
+    fn try_overwrite(&self, ino: Ino, buf: &[u8], offset: u64) -> Result<Option<usize>> {
+        self.check_writable()?;
+        let _io = self.io_shared(ino);
+        let inode = self.read_live_inode(ino)?;
+        let Some(end) = offset.checked_add(buf.len() as u64) else {
+            return Ok(None);
+        };
+        if buf.is_empty() || !inode.is_reg() || end > inode.size {
+            return Ok(None);
+        }
+        let bs = u64::from(self.inner.block_size);
+        let mut runs = Vec::new();
+        let mut pos = offset;
+        while pos < end {
+            let lblk = pos / bs;
+            match self.map_block(ino, &inode, lblk)? {
+                Mapping::Mapped {
+                    physical,
+                    len,
+                    unwritten: false,
+                } => {
+                    let run_end = ((lblk + len) * bs).min(end);
+                    runs.push((pos, run_end, physical * bs + pos % bs));
+                    pos = run_end;
+                }
+                _ => return Ok(None),
+            }
+        }
+        let dev = self.cache().device().clone();
+        for (from, to, at) in runs {
+            dev.write_at(&buf[(from - offset) as usize..(to - offset) as usize], at)?;
+        }
+        Ok(Some(buf.len()))
     }
 
     pub(crate) fn write_locked(
@@ -824,6 +891,7 @@ impl Fs {
 
     /// fallocate(2).
     pub fn fallocate_ino(&self, ino: Ino, mode: FallocMode, offset: u64, len: u64) -> Result<()> {
+        let _io = self.io_exclusive(ino);
         let _w = self.write_lock();
         self.check_writable()?;
         if len == 0 {

@@ -54,6 +54,7 @@ impl Fs {
         if self.read_inode(ino).map_or(true, |i| i.links_count > 0) {
             return Ok(());
         }
+        let _io = self.io_exclusive(ino);
         let _w = self.write_lock();
         let inode = self.read_inode(ino)?;
         if inode.links_count == 0 && inode.mode != 0 {

@@ -15,12 +15,13 @@ use crate::error::{Error, Result};
 use crate::file::{File, Metadata};
 use crate::fs::{Fs, Ino};
 use crate::ops::{RenameFlags, SetAttr};
+use crate::perm::{want, Creds};
 
 pub const MAX_SYMLINKS: u32 = 40;
 /// Longest symlink target ext4 stores (one block; the kernel caps at PATH_MAX).
 const MAX_TARGET: u64 = 4096;
 
-fn path_bytes(p: &Path) -> &[u8] {
+pub(crate) fn path_bytes(p: &Path) -> &[u8] {
     p.as_os_str().as_bytes()
 }
 
@@ -60,11 +61,28 @@ impl Fs {
 
     /// Resolve `path` to an inode; `follow` says whether a final symlink is followed.
     pub fn resolve(&self, path: &[u8], follow: bool) -> Result<Ino> {
-        let mut budget = MAX_SYMLINKS;
-        self.walk(Ino::ROOT, path, follow, &mut budget)
+        self.resolve_checked(path, follow, None)
     }
 
-    fn walk(&self, start: Ino, path: &[u8], follow: bool, budget: &mut u32) -> Result<Ino> {
+    /// `resolve`, checking search permission for `creds` on every directory walked.
+    pub(crate) fn resolve_checked(
+        &self,
+        path: &[u8],
+        follow: bool,
+        creds: Option<&Creds>,
+    ) -> Result<Ino> {
+        let mut budget = MAX_SYMLINKS;
+        self.walk(Ino::ROOT, path, follow, &mut budget, creds)
+    }
+
+    fn walk(
+        &self,
+        start: Ino,
+        path: &[u8],
+        follow: bool,
+        budget: &mut u32,
+        creds: Option<&Creds>,
+    ) -> Result<Ino> {
         let mut cur = if path.first() == Some(&b'/') {
             Ino::ROOT
         } else {
@@ -83,6 +101,9 @@ impl Fs {
             if !dir_inode.is_dir() {
                 return Err(Error::NotADirectory);
             }
+            if let Some(c) = creds {
+                self.permission_of(cur, &dir_inode, c, crate::perm::want::EXEC)?;
+            }
             if *comp == b"." {
                 continue;
             }
@@ -95,7 +116,7 @@ impl Fs {
                 }
                 *budget -= 1;
                 let target = self.symlink_target(child, &inode)?;
-                cur = self.walk(cur, &target, true, budget)?;
+                cur = self.walk(cur, &target, true, budget, creds)?;
             } else {
                 cur = child;
             }
@@ -168,6 +189,7 @@ pub struct OpenOptions {
     mode: u32,
     uid: u32,
     gid: u32,
+    creds: Option<Creds>,
 }
 
 impl Default for OpenOptions {
@@ -188,6 +210,7 @@ impl OpenOptions {
             mode: 0o644,
             uid: 0,
             gid: 0,
+            creds: None,
         }
     }
     pub fn read(&mut self, v: bool) -> &mut Self {
@@ -229,6 +252,14 @@ impl OpenOptions {
         self
     }
 
+    /// Open as `creds`: search permission on the path, write and search on the parent
+    /// to create, read/write permission on the file as the flags ask (open(2)'s checks);
+    /// a created file is owned by `creds` (the parent's group when it is set-group-ID).
+    pub fn creds(&mut self, creds: Creds) -> &mut Self {
+        self.creds = Some(creds);
+        self
+    }
+
     /// Open `path` in `fs`.
     pub fn open(&self, fs: &Fs, path: impl AsRef<Path>) -> Result<File> {
         let p = path_bytes(path.as_ref());
@@ -238,7 +269,9 @@ impl OpenOptions {
                 "create or truncate needs write access".into(),
             ));
         }
-        let ino = match fs.resolve(p, true) {
+        let c = self.creds.as_ref();
+        let mut created = false;
+        let ino = match fs.resolve_checked(p, true, c) {
             Ok(ino) => {
                 if self.create_new {
                     return Err(Error::Exists);
@@ -246,16 +279,38 @@ impl OpenOptions {
                 ino
             }
             Err(Error::NotFound) if self.create || self.create_new => {
-                let (parent, name) = fs.parent_and_name(p)?;
+                let (parent, name) = fs.parent_and_name_checked(p, c)?;
+                let (uid, gid) = match c {
+                    Some(c) => {
+                        fs.may_create_ino(parent, c)?;
+                        let d = fs.read_live_inode(parent)?;
+                        let sgid = d.mode & rext4_format::inode::mode::S_ISGID != 0;
+                        (c.uid, if sgid { d.gid } else { c.gid })
+                    }
+                    None => (self.uid, self.gid),
+                };
                 let mode = u32::from(rext4_format::inode::mode::S_IFREG) | (self.mode & 0o7777);
-                match fs.mknod_ino(parent, name, mode, self.uid, self.gid, (0, 0)) {
-                    Ok(ino) => ino,
-                    Err(Error::Exists) if !self.create_new => fs.resolve(p, true)?,
+                match fs.mknod_ino(parent, name, mode, uid, gid, (0, 0)) {
+                    Ok(ino) => {
+                        created = true;
+                        ino
+                    }
+                    Err(Error::Exists) if !self.create_new => fs.resolve_checked(p, true, c)?,
                     Err(e) => return Err(e),
                 }
             }
             Err(e) => return Err(e),
         };
+        if let (Some(c), false) = (c, created) {
+            let mut w = 0;
+            if self.read {
+                w |= want::READ;
+            }
+            if writing || self.truncate {
+                w |= want::WRITE;
+            }
+            fs.permission_ino(ino, c, w)?;
+        }
         let f = fs.open_ino(ino)?;
         let meta = f.metadata()?;
         if meta.is_dir() && writing {
@@ -275,6 +330,15 @@ impl OpenOptions {
 impl Fs {
     /// Split `path` into its resolved parent directory and final name.
     pub fn parent_and_name<'p>(&self, path: &'p [u8]) -> Result<(Ino, &'p [u8])> {
+        self.parent_and_name_checked(path, None)
+    }
+
+    /// `parent_and_name`, with search permission checked for `creds` on the way.
+    pub fn parent_and_name_checked<'p>(
+        &self,
+        path: &'p [u8],
+        creds: Option<&Creds>,
+    ) -> Result<(Ino, &'p [u8])> {
         let trimmed = {
             let mut t = path;
             while t.len() > 1 && t.last() == Some(&b'/') {
@@ -290,7 +354,7 @@ impl Fs {
         if name.is_empty() || name == b"." || name == b".." {
             return Err(Error::InvalidInput("path has no final name".into()));
         }
-        let parent = self.resolve(if dir.is_empty() { b"/" } else { dir }, true)?;
+        let parent = self.resolve_checked(if dir.is_empty() { b"/" } else { dir }, true, creds)?;
         Ok((parent, name))
     }
 

@@ -108,46 +108,50 @@ impl Fs {
         Ok((ibody, block))
     }
 
-    /// setxattr(2). ACL values are given in the VFS format and stored in ext4's.
+    /// setxattr(2). ACL values are given in the VFS format, validated, and stored in
+    /// ext4's; setting the access ACL also sets the permission bits (see `acl.rs`).
     pub fn set_xattr_ino(&self, ino: Ino, name: &[u8], value: &[u8], fl: XattrFlags) -> Result<()> {
         let (index, suffix) = resolve_name(name)?;
         if suffix.len() > fx::NAME_MAX {
             return Err(Error::NameTooLong);
         }
-        let stored = if index == fx::INDEX_POSIX_ACL_ACCESS || index == fx::INDEX_POSIX_ACL_DEFAULT
-        {
-            fx::acl_vfs_to_disk(value)
-                .map_err(|e| Error::InvalidInput(format!("ACL value: {e}")))?
-        } else {
-            value.to_vec()
-        };
-        if stored.len() > self.inner.block_size as usize {
+        if index == fx::INDEX_POSIX_ACL_ACCESS || index == fx::INDEX_POSIX_ACL_DEFAULT {
+            let entries = crate::acl::parse_vfs(value)?;
+            return self.set_acl_ino(ino, index, entries);
+        }
+        if value.len() > self.inner.block_size as usize {
             return Err(Error::NoSpace);
         }
         let _w = self.write_lock();
         self.check_writable()?;
         self.check_user_namespace(ino, index)?;
-        self.update_xattrs(ino, |all| {
+        self.update_xattrs(ino, |all, _| {
             let pos = all
                 .iter()
                 .position(|a| a.index == index && a.name == suffix);
             match (pos, fl.create, fl.replace) {
                 (Some(_), true, _) => return Err(Error::Exists),
                 (None, _, true) => return Err(Error::NotFound),
-                (Some(i), _, _) => all[i].value = stored,
-                (None, _, _) => all.push(fx::Xattr::new(index, suffix, &stored)),
+                (Some(i), _, _) => all[i].value = value.to_vec(),
+                (None, _, _) => all.push(fx::Xattr::new(index, suffix, value)),
             }
             Ok(())
         })
     }
 
-    /// removexattr(2); `NotFound` when absent (ENODATA at the edge).
+    /// removexattr(2); `NotFound` when absent (ENODATA at the edge). Removing an ACL
+    /// that is not there succeeds, as on Linux (the ACL layer asks for "no ACL").
     pub fn remove_xattr_ino(&self, ino: Ino, name: &[u8]) -> Result<()> {
         let (index, suffix) = resolve_name(name)?;
+        let is_acl = index == fx::INDEX_POSIX_ACL_ACCESS || index == fx::INDEX_POSIX_ACL_DEFAULT;
         let _w = self.write_lock();
         self.check_writable()?;
         self.check_user_namespace(ino, index)?;
-        self.update_xattrs(ino, |all| {
+        let inode = self.read_live_inode(ino)?;
+        if is_acl && self.stored_attr(ino, &inode, index, suffix)?.is_none() {
+            return Ok(());
+        }
+        self.update_xattrs(ino, |all, _| {
             let pos = all
                 .iter()
                 .position(|a| a.index == index && a.name == suffix);
@@ -155,6 +159,22 @@ impl Fs {
             all.remove(i);
             Ok(())
         })
+    }
+
+    /// The stored value of attribute (index, suffix) of `ino`, disk form.
+    pub(crate) fn stored_attr(
+        &self,
+        ino: Ino,
+        inode: &Inode,
+        index: u8,
+        suffix: &[u8],
+    ) -> Result<Option<Vec<u8>>> {
+        let (ibody, block) = self.stored_xattrs(ino, inode)?;
+        Ok(ibody
+            .into_iter()
+            .chain(block)
+            .find(|a| a.index == index && a.name == suffix)
+            .map(|a| a.value))
     }
 
     /// As in Linux: user.* attributes only on regular files and directories (EPERM).
@@ -170,17 +190,18 @@ impl Fs {
         Ok(())
     }
 
-    /// Change the attribute list and lay it out again: as many as fit in the inode
-    /// (smallest first), the rest in an xattr block (copy-on-write when shared).
-    fn update_xattrs(
+    /// Change the attribute list (and, in the same step, the inode: the ACL code sets
+    /// the mode) and lay it out again: as many as fit in the inode (smallest first), the
+    /// rest in an xattr block (copy-on-write when shared). Caller holds the write lock.
+    pub(crate) fn update_xattrs(
         &self,
         ino: Ino,
-        f: impl FnOnce(&mut Vec<fx::Xattr>) -> Result<()>,
+        f: impl FnOnce(&mut Vec<fx::Xattr>, &mut Inode) -> Result<()>,
     ) -> Result<()> {
         let mut inode = self.read_live_inode(ino)?;
         let (ibody, block) = self.stored_xattrs(ino, &inode)?;
         let mut all: Vec<fx::Xattr> = ibody.into_iter().chain(block).collect();
-        f(&mut all)?;
+        f(&mut all, &mut inode)?;
         let (mut raw, _) = self.inode_bytes(ino)?;
         let region_len = fx::inode_region(&raw).map(|r| r.len()).unwrap_or(0);
         all.sort_by_key(|a| fx::entry_size(a.name.len()) + fx::value_size_padded(a.value.len()));

@@ -74,6 +74,7 @@ fn err_kind(e: &Error) -> &'static str {
         Error::NoSpace => "ENOSPC",
         Error::TooManyLinks => "EMLINK",
         Error::NotPermitted(_) => "EPERM",
+        Error::PermissionDenied => "EACCES",
         other => panic!("unexpected engine error: {other}"),
     }
 }

@@ -44,6 +44,9 @@ pub mod mode {
     pub const S_IFDIR: u16 = 0o040000;
     pub const S_IFCHR: u16 = 0o020000;
     pub const S_IFIFO: u16 = 0o010000;
+    pub const S_ISUID: u16 = 0o4000;
+    pub const S_ISGID: u16 = 0o2000;
+    pub const S_ISVTX: u16 = 0o1000;
 }
 
 /// A timestamp as seconds since the epoch plus nanoseconds.

@@ -18,6 +18,7 @@
 //! the tests.
 #![forbid(unsafe_code)]
 
+pub mod acl;
 pub mod bitmap;
 pub mod bytes;
 pub mod csum;

@@ -31,7 +31,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::acl;
 use fuser::{
     AccessFlags, BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
     Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags,
@@ -39,9 +38,12 @@ use fuser::{
     ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
+use rext4::format::acl;
 use rext4::format::inode::Inode;
 use rext4::format::superblock::feature;
-use rext4::{Error, FallocMode, Fs, Ino, Mapping, RenameFlags, SetAttr, Timestamp, XattrFlags};
+use rext4::{
+    Creds, Error, FallocMode, Fs, Ino, Mapping, RenameFlags, SetAttr, Timestamp, XattrFlags,
+};
 
 /// How long the kernel may trust attributes and entries we return.
 const TTL: Duration = Duration::from_secs(1);
@@ -56,6 +58,8 @@ const XATTR_REPLACE: i32 = 2;
 const FALLOC_FL_KEEP_SIZE: i32 = 0x01;
 const FALLOC_FL_PUNCH_HOLE: i32 = 0x02;
 const FALLOC_FL_ZERO_RANGE: i32 = 0x10;
+/// The kernel page size assumed when rounding offsets for page-cache notifications.
+const PAGE: u64 = 4096;
 const SEEK_DATA: i32 = 3;
 const SEEK_HOLE: i32 = 4;
 
@@ -207,6 +211,22 @@ fn decode_dev(dev: u32) -> (u32, u32) {
 
 fn errno(e: &Error) -> Errno {
     Errno::from_i32(e.errno())
+}
+
+/// The supplementary groups of process `pid` (from /proc; none if it is gone).
+fn supplementary_groups(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|t| {
+            t.lines().find_map(|l| {
+                l.strip_prefix("Groups:").map(|g| {
+                    g.split_whitespace()
+                        .filter_map(|x| x.parse().ok())
+                        .collect()
+                })
+            })
+        })
+        .unwrap_or_default()
 }
 
 fn name_bytes(n: &OsStr) -> &[u8] {
@@ -401,6 +421,14 @@ impl Shared {
         }
     }
 
+    /// The mode a new inode gets: the umask applies unless the parent has a default
+    /// ACL (the kernel leaves both to us under POSIX_ACL and DONT_MASK).
+    fn new_mode(&self, parent: Ino, mode: u32, umask: u32) -> Result<u32, Errno> {
+        self.fs
+            .create_mode(parent, mode, umask)
+            .map_err(|e| self.fail("create mode", &e))
+    }
+
     /// Open `ino` for I/O: pin it and make a handle.
     fn open_file(&self, ino: Ino, flags: i32) -> Result<(u64, FopenFlags), Errno> {
         let i = self.load(ino)?;
@@ -528,83 +556,20 @@ impl Shared {
         }
     }
 
-    /// setxattr of system.posix_acl_access: the ACL sets the permission bits, and is
-    /// only stored when it says more than they do (posix_acl_update_mode).
-    fn set_access_acl(&self, ino: Ino, value: &[u8], fl: XattrFlags) -> Result<(), Error> {
-        let (bits, equiv) = acl::mode_from_acl(value)
-            .ok_or_else(|| Error::InvalidInput("invalid POSIX ACL".into()))?;
-        let i = self.fs.read_inode(ino)?;
-        if equiv {
-            let had = self.fs.get_xattr_ino(ino, acl::ACCESS)?.is_some();
-            if fl.replace && !had {
-                return Err(Error::NotFound);
-            }
-            if fl.create && had {
-                return Err(Error::Exists);
-            }
-            if had {
-                self.fs.remove_xattr_ino(ino, acl::ACCESS)?;
-            }
-        } else {
-            self.fs.set_xattr_ino(ino, acl::ACCESS, value, fl)?;
-        }
-        let mode = (u32::from(i.mode) & 0o7000) | bits;
-        let a = SetAttr {
-            mode: Some(mode),
-            ..SetAttr::default()
-        };
-        self.fs.setattr_ino(ino, &a).map(|_| ())
-    }
-
-    /// After chmod: rewrite a stored access ACL to match (posix_acl_chmod).
-    fn chmod_acl(&self, ino: Ino, mode: u32) -> Result<(), Errno> {
-        let old = match self.fs.get_xattr_ino(ino, acl::ACCESS) {
-            Ok(Some(v)) => v,
-            Ok(None) | Err(Error::NotFound) => return Ok(()),
-            Err(e) => return Err(self.fail("chmod acl", &e)),
-        };
-        let Some(new) = acl::chmod_acl(&old, mode) else {
-            return Ok(());
-        };
-        if new != old {
-            self.fs
-                .set_xattr_ino(ino, acl::ACCESS, &new, XattrFlags::default())
-                .map_err(|e| self.fail("chmod acl", &e))?;
-        }
-        Ok(())
-    }
-
     fn access_check(&self, req: &Request, ino: Ino, mask: AccessFlags) -> Result<(), Errno> {
-        let i = self.load(ino)?;
         if self.cfg.default_permissions {
             // The kernel checked already (it does not even send ACCESS then).
             return Ok(());
         }
-        let want = mask.bits() & 7;
+        let want = (mask.bits() & 7) as u16;
         if want == 0 {
+            self.load(ino)?;
             return Ok(());
         }
-        let mode = u32::from(i.mode);
-        if req.uid() == 0 {
-            // Root may do anything but execute a file nobody may execute.
-            let is_dir = kind_of(i.mode) == Some(FileType::Directory);
-            if want & 1 != 0 && !is_dir && mode & 0o111 == 0 {
-                return Err(Errno::EACCES);
-            }
-            return Ok(());
-        }
-        let bits = if req.uid() == i.uid {
-            (mode >> 6) & 7
-        } else if req.gid() == i.gid {
-            (mode >> 3) & 7
-        } else {
-            mode & 7
-        } as i32;
-        if bits & want == want {
-            Ok(())
-        } else {
-            Err(Errno::EACCES)
-        }
+        let creds = Creds::new(req.uid(), req.gid(), supplementary_groups(req.pid()));
+        self.fs
+            .permission_ino(ino, &creds, want)
+            .map_err(|e| self.fail("access", &e))
     }
 }
 
@@ -639,6 +604,12 @@ impl Filesystem for Adapter {
             | InitFlags::FUSE_CACHE_SYMLINKS;
         if self.s.cfg.writeback_cache && !self.s.fs.is_read_only() {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
+        if self.s.cfg.default_permissions {
+            // The kernel enforces ACLs (it reads system.posix_acl_* through getxattr)
+            // and leaves the umask to us: the engine applies a parent's default ACL, and
+            // the umask only where there is none (FUSE-NOTES: POSIX_ACL + DONT_MASK).
+            want |= InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK;
         }
         let got = want & caps;
         if config.add_capabilities(got).is_err() {
@@ -737,9 +708,6 @@ impl Filesystem for Adapter {
                 reply,
                 s.fs.setattr_ino(ino, &a).map_err(|e| s.fail("setattr", &e))
             );
-            if let Some(mode) = a.mode {
-                tri!(reply, s.chmod_acl(ino, mode));
-            }
         }
         let attr = tri!(reply, s.getattr_ino(ino));
         reply.attr(&TTL, &attr);
@@ -761,7 +729,7 @@ impl Filesystem for Adapter {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
@@ -769,6 +737,7 @@ impl Filesystem for Adapter {
         let p = to_ext4(parent);
         tri!(reply, s.writable());
         let (uid, gid, _) = tri!(reply, s.new_owner(req, p));
+        let mode = tri!(reply, s.new_mode(p, mode, umask));
         let ino = tri!(
             reply,
             s.fs.mknod_ino(p, name_bytes(name), mode, uid, gid, decode_dev(rdev))
@@ -784,13 +753,14 @@ impl Filesystem for Adapter {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
         let s = &self.s;
         let p = to_ext4(parent);
         tri!(reply, s.writable());
         let (uid, gid, sgid) = tri!(reply, s.new_owner(req, p));
+        let mode = tri!(reply, s.new_mode(p, mode, umask));
         let perm = (mode & 0o7777) | if sgid { S_ISGID } else { 0 };
         let ino = tri!(
             reply,
@@ -1162,19 +1132,7 @@ impl Filesystem for Adapter {
         };
         let ino = to_ext4(ino);
         let name = name_bytes(name);
-        let r = if name == acl::ACCESS {
-            s.set_access_acl(ino, value, fl)
-        } else {
-            if name == acl::DEFAULT {
-                let i = tri!(reply, s.load(ino));
-                if kind_of(i.mode) != Some(FileType::Directory) {
-                    reply.error(Errno::EACCES);
-                    return;
-                }
-            }
-            s.fs.set_xattr_ino(ino, name, value, fl)
-        };
-        match r {
+        match s.fs.set_xattr_ino(ino, name, value, fl) {
             Ok(()) => {
                 reply.ok();
                 if name == acl::ACCESS {
@@ -1249,7 +1207,7 @@ impl Filesystem for Adapter {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         flags: i32,
         reply: ReplyCreate,
     ) {
@@ -1262,6 +1220,7 @@ impl Filesystem for Adapter {
         } else {
             mode
         };
+        let mode = tri!(reply, s.new_mode(p, mode, umask));
         let ino = match s.fs.mknod_ino(p, name_bytes(name), mode, uid, gid, (0, 0)) {
             Ok(ino) => ino,
             // Created by someone else since the kernel's lookup: open it, unless O_EXCL.
@@ -1342,16 +1301,26 @@ impl Filesystem for Adapter {
             reply.error(Errno::EINVAL);
             return;
         }
-        // With the writeback cache, data may still sit in dirty kernel pages that the
-        // engine has not seen: let the kernel fall back to "all data" (always correct).
-        if s.writeback.load(Ordering::Relaxed) {
-            reply.error(Errno::ENOSYS);
-            return;
-        }
         let Ok(off) = u64::try_from(offset) else {
             reply.error(Errno::ENXIO);
             return;
         };
+        // With the writeback cache, data may still sit in dirty kernel pages that the
+        // engine has not seen. Invalidating the file's pages from `off` on makes the
+        // kernel write the dirty ones back first (its launder step sends WRITEs, which
+        // other workers serve) before the notification returns; only then is the
+        // engine's extent map the whole truth. Without a notifier, or when the kernel
+        // refuses, let it fall back to "all data" (always correct).
+        if s.writeback.load(Ordering::Relaxed) {
+            let flushed = s.notifier.get().is_some_and(|n| {
+                let start = off & !(PAGE - 1);
+                n.inval_inode(ino, start as i64, 0).is_ok()
+            });
+            if !flushed {
+                reply.error(Errno::ENOSYS);
+                return;
+            }
+        }
         let r = tri!(reply, s.seek(to_ext4(ino), off, whence));
         reply.offset(r as i64);
     }

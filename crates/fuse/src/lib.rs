@@ -33,7 +33,6 @@
 //! its own cloned /dev/fuse descriptor (FUSE_DEV_IOC_CLONE), all calling one shared
 //! `rext4::Fs`.
 
-mod acl;
 mod adapter;
 
 use std::ffi::CString;
