@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for cmd_pkg in mkfs.ext4:e2fsprogs fuse2fs:fuse2fs setfacl:acl setfattr:attr xfs_io:xfsprogs fusermount3:fuse3; do
+for cmd_pkg in mkfs.ext4:e2fsprogs fuse2fs:fuse2fs setfacl:acl setfattr:attr xfs_io:xfsprogs fusermount3:fuse3 \
+    fio:fio rsync:rsync git:git cc:gcc make:make setpriv:util-linux bc:bc jq:jq; do
   cmd=${cmd_pkg%%:*} pkg=${cmd_pkg##*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done

@@ -550,6 +550,176 @@ fn make_source_tree(root: &Path) {
     let _ = set_xattr(&root.join("sub/medium"), "user.k", b"v", 0);
 }
 
+fn have(tool: &str) -> bool {
+    let ok = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        skip(&format!("{tool} is not installed: its step is skipped"));
+    }
+    ok
+}
+
+/// rsync, git clone, a make-built C project, xfs_io and a verifying fio job on the mount.
+fn other_tools(host: &Path, src: &Path, m: &Mounted) {
+    let sem = {
+        let mut c = Compare::semantic();
+        c.ignore_dir_size = true;
+        c
+    };
+    if have("rsync") {
+        // rsync leaves a time alone when it equals the source's to the second (it does
+        // so on tmpfs too): give the source whole-second times in the past first.
+        let rsrc = host.join("rsrc");
+        run_ok(Command::new("cp").arg("-a").arg(src).arg(&rsrc));
+        run_ok(Command::new("find").arg(&rsrc).args([
+            "-exec",
+            "touch",
+            "-h",
+            "-d",
+            "@978307200",
+            "{}",
+            "+",
+        ]));
+        run_ok(
+            Command::new("rsync")
+                .arg("-aHX")
+                .arg(&rsrc)
+                .arg(m.join("rs")),
+        );
+        let d = diff_trees(
+            &snapshot_dir(&rsrc).expect("snap"),
+            &snapshot_dir(&m.join("rs/rsrc")).expect("snap"),
+            &sem,
+        );
+        assert!(d.is_empty(), "rsync -aHX into the mount:\n{}", d.join("\n"));
+    }
+    if have("git") {
+        let repo = host.join("repo");
+        let git = |dir: &Path, args: &[&str]| {
+            run_ok(
+                Command::new("git")
+                    .current_dir(dir)
+                    .args([
+                        "-c",
+                        "user.name=t",
+                        "-c",
+                        "user.email=t@e",
+                        "-c",
+                        "init.defaultBranch=main",
+                    ])
+                    .args(args),
+            )
+        };
+        fs::create_dir(&repo).expect("mkdir");
+        git(&repo, &["init", "-q"]);
+        for i in 0..30 {
+            fs::write(
+                repo.join(format!("f{i}.txt")),
+                format!("file {i}\n").repeat(i + 1),
+            )
+            .expect("w");
+            git(&repo, &["add", "."]);
+            git(&repo, &["commit", "-q", "-m", &format!("c{i}")]);
+        }
+        let clone = m.join("clone");
+        run_ok(
+            Command::new("git")
+                .arg("clone")
+                .arg("-q")
+                .arg(&repo)
+                .arg(&clone),
+        );
+        git(&clone, &["fsck", "--strict"]);
+        assert_eq!(
+            git(&clone, &["rev-parse", "HEAD"]),
+            git(&repo, &["rev-parse", "HEAD"])
+        );
+        assert_eq!(git(&clone, &["status", "--porcelain"]), "");
+    }
+    if have("make") && have("cc") {
+        let p = m.join("proj");
+        fs::create_dir(&p).expect("mkdir");
+        fs::write(p.join("add.c"), "int add(int a, int b) { return a + b; }\n").expect("w");
+        fs::write(p.join("add.h"), "int add(int a, int b);\n").expect("w");
+        fs::write(
+            p.join("main.c"),
+            "#include <stdio.h>\n#include \"add.h\"\nint main(void){printf(\"%d\\n\", add(40, 2));return 0;}\n",
+        )
+        .expect("w");
+        fs::write(
+            p.join("Makefile"),
+            "prog: main.o add.o\n\tcc -o $@ main.o add.o\n%.o: %.c add.h\n\tcc -c -o $@ $<\nclean:\n\trm -f prog *.o\n",
+        )
+        .expect("w");
+        run_ok(Command::new("make").arg("-s").arg("-C").arg(&p));
+        assert_eq!(run_ok(&mut Command::new(p.join("prog"))), "42\n");
+        run_ok(
+            Command::new("make")
+                .arg("-s")
+                .arg("-C")
+                .arg(&p)
+                .arg("clean"),
+        );
+        run_ok(Command::new("make").arg("-s").arg("-C").arg(&p));
+    }
+    if have("xfs_io") {
+        let f = m.join("xfsio");
+        let out = run_ok(
+            Command::new("xfs_io")
+                .args([
+                    "-f",
+                    "-c",
+                    "pwrite -S 0x5a 0 1m",
+                    "-c",
+                    "fsync",
+                    "-c",
+                    "falloc 1m 1m",
+                ])
+                .args([
+                    "-c",
+                    "pwrite -S 0x33 100k 4k",
+                    "-c",
+                    "fdatasync",
+                    "-c",
+                    "stat",
+                ])
+                .arg(&f),
+        );
+        assert!(out.contains("wrote 1048576/1048576"), "{out}");
+        let data = fs::read(&f).expect("read");
+        assert_eq!(data.len(), 2 << 20);
+        assert!(data[..100 << 10].iter().all(|&b| b == 0x5a));
+        assert!(data[100 << 10..104 << 10].iter().all(|&b| b == 0x33));
+        assert!(data[1 << 20..].iter().all(|&b| b == 0));
+    }
+    if have("fio") {
+        run_ok(
+            Command::new("fio")
+                .args([
+                    "--name=verify",
+                    "--rw=randrw",
+                    "--bs=4k",
+                    "--size=8m",
+                    "--numjobs=2",
+                ])
+                .args(["--ioengine=psync", "--verify=crc32c", "--do_verify=1"])
+                .args([
+                    "--verify_fatal=1",
+                    "--group_reporting",
+                    "--output-format=terse",
+                ])
+                .arg(format!("--directory={}", m.path().display())),
+        );
+        for e in fs::read_dir(m.path()).expect("readdir").flatten() {
+            if e.file_name().to_string_lossy().starts_with("verify.") {
+                fs::remove_file(e.path()).expect("rm fio file");
+            }
+        }
+    }
+}
+
 #[test]
 fn tools_work_on_the_mount() {
     if let Some(why) = cannot_mount() {
@@ -612,6 +782,7 @@ fn tools_work_on_the_mount() {
     } else {
         skip("no cc: C build step");
     }
+    other_tools(host.path(), &src, &m);
     let fuse = snapshot_dir(m.path()).expect("snapshot");
     assert!(m.unmount().success(), "{}", m.stderr());
     fsck_clean(img.path());
