@@ -2,8 +2,14 @@
 # The anchors' general_fio_meta.sh (fio seq 1M write/read, 4k random read/write with
 # 2 jobs, 20,000-file create/stat/unlink) on three mounts of fresh 4 GiB mkfs.ext4
 # images, in one run: the kernel (loop), `rext4 mount`, and fuse2fs. e2fsck -fn after.
-# Then tar -x of a source tree (TAR_SRC, default /usr/include) until syncfs returns.
-# Usage (root): scripts/bench-mount.sh     Env: G_SIZE_PER_JOB G_RUNTIME G_SEQ_CAP G_MD_FILES TAR_SRC
+# Then tar -x of a source tree (TAR_SRC, default /usr/include) until syncfs returns,
+# and, when WORKLOADS names them, the SEEDS lessons' anchor scripts (seedA: concurrent
+# unaligned O_DIRECT overwrites, seedB: pwrite/truncate loop + stale-data check, seedC:
+# create/unlink with a lookup storm) on the same three mounts.
+# Usage (root): scripts/bench-mount.sh
+# Env: WORKLOADS (default "general tar"; also seedA seedB seedC) KINDS (default
+#      "kernel rext4 fuse2fs") G_SIZE_PER_JOB G_RUNTIME G_SEQ_CAP G_MD_FILES TAR_SRC and
+#      the seed scripts' knobs (A_SIZE A_RUNTIME ..., see ../shared/bench/README.md)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=${REXT4_SHARED:-$(cd .. && pwd)/shared}/bench
@@ -19,7 +25,12 @@ trap cleanup EXIT INT TERM
 TAR_SRC=${TAR_SRC:-/usr/include}
 tar -C "$(dirname "$TAR_SRC")" -cf "$W/tree.tar" "$(basename "$TAR_SRC")"
 TAR_FILES=$(tar -tf "$W/tree.tar" | wc -l); TAR_MB=$(( $(stat -c %s "$W/tree.tar") >> 20 ))
-for kind in kernel rext4 fuse2fs; do
+WORKLOADS=${WORKLOADS:-general tar}
+has() { [[ " $WORKLOADS " == *" $1 "* ]]; }
+export A_SIZE=${A_SIZE:-256M} A_RUNTIME=${A_RUNTIME:-8} A_SHORT_RUNTIME=${A_SHORT_RUNTIME:-4}
+export A_VARIANTS=${A_VARIANTS:-2k:write:8 2k:randwrite:8 4k:randwrite:8 4k:randwrite:1}
+export C_SECONDS=${C_SECONDS:-5}
+for kind in ${KINDS:-kernel rext4 fuse2fs}; do
   img=$W/$kind.img; mnt=$W/mnt-$kind; mkdir -p "$mnt"
   mkfs.ext4 -q -F "$img" 4G >/dev/null
   case $kind in
@@ -27,14 +38,19 @@ for kind in kernel rext4 fuse2fs; do
     rext4) "$R" mount "$img" "$mnt" ;;
     fuse2fs) fuse2fs -o fakeroot "$img" "$mnt"; sleep 1 ;;
   esac
-  BENCH_LABEL=$kind "$B/general_fio_meta.sh" "$mnt" 2>&1 | grep -E '^(RESULT|NOTE)'
-  # tar -x of a source tree (TAR_SRC, default /usr/include), timed until syncfs returns.
-  sync; echo 3 > /proc/sys/vm/drop_caches
-  t0=$(date +%s.%N)
-  mkdir "$mnt/tarx" && tar -xf "$W/tree.tar" -C "$mnt/tarx" && sync -f "$mnt/tarx"
-  t1=$(date +%s.%N)
-  echo "RESULT|$kind|tar_x|wall|$(echo "$t1 - $t0" | bc -l | xargs printf %.2f)|s ($TAR_FILES files, $TAR_MB MiB)"
-  rm -rf "$mnt/tarx"
+  has general && BENCH_LABEL=$kind "$B/general_fio_meta.sh" "$mnt" 2>&1 | grep -E '^(RESULT|NOTE)'
+  if has tar; then
+    # tar -x of a source tree, timed until syncfs returns.
+    sync; echo 3 > /proc/sys/vm/drop_caches
+    t0=$(date +%s.%N)
+    mkdir "$mnt/tarx" && tar -xf "$W/tree.tar" -C "$mnt/tarx" && sync -f "$mnt/tarx"
+    t1=$(date +%s.%N)
+    echo "RESULT|$kind|tar_x|wall|$(echo "$t1 - $t0" | bc -l | xargs printf %.2f)|s ($TAR_FILES files, $TAR_MB MiB)"
+    rm -rf "$mnt/tarx"
+  fi
+  for seed in seedA_dio_overwrite seedB_pwrite_trunc seedC_create_unlink_lookup; do
+    has "${seed%%_*}" && BENCH_LABEL=$kind "$B/$seed.sh" "$mnt" 2>&1 | grep -E '^(RESULT|NOTE)'
+  done
   umount "$mnt" 2>/dev/null || fusermount3 -u "$mnt"; sleep 1
   if e2fsck -fn "$img" >/dev/null 2>&1; then echo "NOTE|$kind|e2fsck -fn clean"; else echo "NOTE|$kind|e2fsck -fn NOT clean"; fi
   rm -f "$img"
