@@ -707,6 +707,7 @@ fn other_tools(host: &Path, src: &Path, m: &Mounted) {
                 .args(["--ioengine=psync", "--verify=crc32c", "--do_verify=1"])
                 .args([
                     "--verify_fatal=1",
+                    "--verify_state_save=0",
                     "--group_reporting",
                     "--output-format=terse",
                 ])
