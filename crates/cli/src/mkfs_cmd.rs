@@ -164,6 +164,13 @@ pub fn run(args: MkfsArgs) -> Result<(), String> {
         ),
         None => None,
     };
+    // An existing image must not be formatted under a mount or another writer (the
+    // same flock `rext4 mount` and the write commands take); held for the format only,
+    // since the -d copy-in below takes it again itself.
+    let lock = match meta {
+        Some(_) => Some(rext4_fuse::lock_image(image, true)?),
+        None => None,
+    };
     let report = if is_device {
         let dev = FileDevice::open(image, false, false)
             .map_err(|e| format!("{}: {e}", image.display()))?;
@@ -185,6 +192,7 @@ pub fn run(args: MkfsArgs) -> Result<(), String> {
         };
         mkfs::mkfs_file(image, size, &opts).map_err(|e| format!("{}: {e}", image.display()))?
     };
+    drop(lock);
     for w in &report.warnings {
         eprintln!("rext4 mkfs: warning: {w}");
     }

@@ -850,6 +850,17 @@ fn a_second_mount_of_the_same_image_is_refused() {
         String::from_utf8_lossy(&out.stderr).contains("in use"),
         "mkdir while mounted"
     );
+    // mkfs does not format an image under a mount.
+    let out = Command::new(bin())
+        .args(["mkfs", "-q"])
+        .arg(img.path())
+        .output()
+        .expect("run mkfs");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("in use"),
+        "mkfs while mounted"
+    );
     // Unknown options are named.
     let out = Command::new(bin())
         .args(["mount", "-f", "-o", "rw,bogus_opt"])
