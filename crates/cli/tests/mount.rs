@@ -790,6 +790,37 @@ fn tools_work_on_the_mount() {
     check_same_tree(&fuse, img.path());
 }
 
+/// The mount's writeback share: bdi_max_ratio (default 40%, no strict limit) when the
+/// server may write /sys/class/bdi; the kernel's 1% strict default with bdi_max_ratio=0.
+#[test]
+fn dirty_page_share_of_the_mount() {
+    if let Some(why) = cannot_mount() {
+        skip(&why);
+        return;
+    }
+    let img = image();
+    for (opts, want) in [
+        (&[][..], ("40", "0")),
+        (&["bdi_max_ratio=0"][..], ("1", "1")),
+    ] {
+        let mut m = Mounted::new(img.path(), opts);
+        let info = fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+        let dev = info
+            .lines()
+            .map(|l| l.split(' ').collect::<Vec<_>>())
+            .find(|f| f.len() > 4 && Path::new(f[4]) == m.path())
+            .map(|f| f[2].to_string())
+            .expect("mount in mountinfo");
+        let bdi = Path::new("/sys/class/bdi").join(&dev);
+        let read = |n: &str| fs::read_to_string(bdi.join(n)).map(|s| s.trim().to_string());
+        match (read("max_ratio"), read("strict_limit")) {
+            (Ok(r), Ok(l)) => assert_eq!((r.as_str(), l.as_str()), want, "{opts:?}"),
+            _ => skip("no /sys/class/bdi max_ratio/strict_limit on this kernel"),
+        }
+        assert!(m.unmount().success(), "{}", m.stderr());
+    }
+}
+
 #[test]
 fn sigterm_unmounts_and_leaves_a_clean_image() {
     if let Some(why) = cannot_mount() {

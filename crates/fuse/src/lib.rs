@@ -89,6 +89,13 @@ pub struct MountOptions {
     pub suid: bool,
     /// Allow execution (default `exec`).
     pub exec: bool,
+    /// The share of the system's dirty-page threshold this mount's dirty pages may use,
+    /// in percent (`bdi_max_ratio=`). The kernel gives every FUSE mount 1% with a
+    /// strict limit, which throttles writers long before the disk is busy; when this is
+    /// set (default 40) and we may write the mount's /sys/class/bdi entry (root), the
+    /// mount gets this ratio and no strict limit, like a local filesystem.
+    /// 0 leaves the kernel's setting.
+    pub bdi_max_ratio: u32,
 }
 
 impl Default for MountOptions {
@@ -108,6 +115,7 @@ impl Default for MountOptions {
             dev: false,
             suid: false,
             exec: true,
+            bdi_max_ratio: 40,
         }
     }
 }
@@ -119,7 +127,7 @@ fn parse_num(opt: &str, v: &str) -> Result<u64, String> {
 
 /// Parse a mount(8)-style comma-separated option list (later options override
 /// earlier ones). Known: ro, rw, errors=continue|remount-ro, commit=N, cache_mb=N,
-/// threads=N, allow_other, default_permissions, nodefault_permissions, debug,
+/// threads=N, bdi_max_ratio=N, allow_other, default_permissions, nodefault_permissions, debug,
 /// writeback_cache, nowriteback_cache, dev, nodev, suid, nosuid, exec, noexec, and the
 /// no-ops defaults, async, atime, noatime, relatime, auto, noauto.
 pub fn parse_options(s: &str) -> Result<MountOptions, String> {
@@ -167,7 +175,14 @@ pub fn apply_options(o: &mut MountOptions, s: &str) -> Result<(), String> {
                 }
                 o.threads = n as usize;
             }
-            ("errors" | "commit" | "cache_mb" | "threads", None) => {
+            ("bdi_max_ratio", Some(x)) => {
+                let n = parse_num(k, x)?;
+                if n > 100 {
+                    return Err(format!("bdi_max_ratio is a percentage (0..=100), not {n}"));
+                }
+                o.bdi_max_ratio = n as u32;
+            }
+            ("errors" | "commit" | "cache_mb" | "threads" | "bdi_max_ratio", None) => {
                 return Err(format!("mount option {k} needs a value ({k}=...)"))
             }
             ("allow_other", _) => flag(o, |o| o.allow_other = true)?,
@@ -235,6 +250,29 @@ pub fn lock_image(image: &Path, exclusive: bool) -> Result<File, String> {
         return Err(format!("{}: cannot lock the image: {e}", image.display()));
     }
     Ok(f)
+}
+
+/// Give the FUSE mount at `mnt` a dirty-page share of `ratio` percent without the
+/// strict limit (see `MountOptions::bdi_max_ratio`). The bdi is found by the mount's
+/// device number in /proc/self/mountinfo (a stat of the mount point would ask our own,
+/// not yet serving, session).
+fn relax_dirty_limit(mnt: &Path, ratio: u32) -> Result<(), String> {
+    let info = std::fs::read("/proc/self/mountinfo").map_err(|e| format!("mountinfo: {e}"))?;
+    let want = mnt.as_os_str().as_encoded_bytes();
+    let dev = info
+        .split(|&b| b == b'\n')
+        .filter_map(|l| {
+            let f: Vec<&[u8]> = l.split(|&b| b == b' ').collect();
+            (f.len() > 4 && f[4] == want).then(|| String::from_utf8_lossy(f[2]).into_owned())
+        })
+        .next_back()
+        .ok_or_else(|| format!("{} not in mountinfo", mnt.display()))?;
+    let dir = Path::new("/sys/class/bdi").join(&dev);
+    let set = |name: &str, v: &str| {
+        std::fs::write(dir.join(name), v).map_err(|e| format!("{}/{name}: {e}", dir.display()))
+    };
+    set("max_ratio", &ratio.to_string())?;
+    set("strict_limit", "0")
 }
 
 fn default_threads() -> usize {
@@ -486,6 +524,13 @@ fn serve_inner(
         }
     };
     let _ = shared.notifier.set(session.notifier());
+    if opts.bdi_max_ratio > 0 && !fs_ro {
+        if let Err(e) = relax_dirty_limit(mnt, opts.bdi_max_ratio) {
+            if opts.debug {
+                eprintln!("rext4-fuse: bdi_max_ratio not applied: {e}");
+            }
+        }
+    }
     ready.ok();
     if ready_was_daemon(opts) {
         detach_stdio();
@@ -547,9 +592,11 @@ mod tests {
     fn known_options_parse() {
         let o = parse_options(
             "ro,errors=remount-ro,commit=30,cache_mb=64,allow_other,debug,threads=3,\
-             nowriteback_cache,nodefault_permissions,noatime,dev,suid,noexec",
+             nowriteback_cache,nodefault_permissions,noatime,dev,suid,noexec,bdi_max_ratio=0",
         )
         .expect("valid list");
+        assert_eq!(o.bdi_max_ratio, 0);
+        assert_eq!(MountOptions::default().bdi_max_ratio, 40);
         assert!(o.ro && !o.rw);
         assert_eq!(o.errors, ErrorsPolicy::RemountRo);
         assert_eq!(o.commit_secs, 30);
@@ -572,6 +619,8 @@ mod tests {
             ("commit", "commit"),
             ("ro=1", "ro"),
             ("threads=0", "threads"),
+            ("bdi_max_ratio=101", "bdi_max_ratio"),
+            ("bdi_max_ratio", "bdi_max_ratio"),
         ] {
             let e = parse_options(s).expect_err(s);
             assert!(e.contains(needle), "{s}: {e}");
