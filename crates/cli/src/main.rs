@@ -137,6 +137,9 @@ enum Cmd {
     Mkfs(mkfs_cmd::MkfsArgs),
     /// Mount an image through FUSE: `rext4 mount [-o OPTIONS] [-f] IMAGE MOUNTPOINT`.
     Mount(mount_cmd::MountArgs),
+    /// Unmount a `rext4 mount` and wait until the image is closed and clean:
+    /// `rext4 umount MOUNTPOINT`.
+    Umount(mount_cmd::UmountArgs),
     /// Run a benchmark workload through the API: `rext4 bench mdtest|seqwrite|seqread|smallfsync IMAGE`.
     Bench(bench::BenchArgs),
 }
@@ -215,6 +218,7 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
         Cmd::Io(args) => io_cmd::run(args)?,
         Cmd::Mkfs(args) => mkfs_cmd::run(args).map_err(e1)?,
         Cmd::Mount(a) => mount_cmd::run(a).map_err(e1)?,
+        Cmd::Umount(a) => mount_cmd::umount(a).map_err(e1)?,
         Cmd::Bench(args) => bench::run(args).map_err(e1)?,
     }
     out.flush().map_err(|e| e1(format!("stdout: {e}")))

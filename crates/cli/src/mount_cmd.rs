@@ -35,3 +35,22 @@ pub fn run(args: MountArgs) -> Result<(), String> {
     }
     rext4_fuse::mount(&args.image, &args.mountpoint, &opts)
 }
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct UmountArgs {
+    /// Longest wait for the server to close the image, in seconds.
+    #[arg(long, default_value_t = 120)]
+    pub timeout: u64,
+    /// Where a `rext4 mount` is mounted.
+    pub mountpoint: PathBuf,
+}
+
+/// Unmount, then wait for the server: unlike a bare `fusermount3 -u`, the image is
+/// committed, marked clean and unlocked when this returns.
+pub fn umount(args: UmountArgs) -> Result<(), String> {
+    rext4_fuse::umount_and_wait(
+        &args.mountpoint,
+        std::time::Duration::from_secs(args.timeout),
+    )
+    .map(drop)
+}

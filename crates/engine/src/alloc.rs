@@ -129,6 +129,69 @@ impl Fs {
         self.alloc_pass(goal, want, 1)?.ok_or(Error::NoSpace)
     }
 
+    /// One block for file metadata (extent tree nodes), taken from the end of the group
+    /// holding `goal` (then earlier groups, wrapping): data is placed forward from the
+    /// start of a group, next to its logical neighbours, and tree blocks taken from the
+    /// same area would sit in the gaps that later writes of the file are meant to fill.
+    pub(crate) fn alloc_meta_block(&self, goal: u64) -> Result<u64> {
+        self.check_writable()?;
+        let sb = &self.inner.sb;
+        let ngroups = self.inner.groups.len();
+        let goal = goal.clamp(u64::from(sb.first_data_block), sb.blocks_count - 1);
+        let g0 = self.group_of_block(goal);
+        for i in 0..ngroups {
+            let g = (g0 + ngroups - i) % ngroups;
+            let mut grp = self.group(g)?;
+            if grp.desc.free_blocks_count == 0 {
+                continue;
+            }
+            let first = sb.group_first_block(g as u64);
+            let n = sb.blocks_in_group(g as u64);
+            let mut b = self.load_block_bitmap(g, &mut grp)?;
+            let found = {
+                let busy = self.inner.busy.lock().unwrap_or_else(|p| p.into_inner());
+                (0..n).rev().find(|&x| {
+                    !bitmap::test(&b, x) && busy.first_in(first + x, first + x + 1).is_none()
+                })
+            };
+            let Some(x) = found else { continue };
+            bitmap::set(&mut b, x, true);
+            grp.desc.free_blocks_count = grp.desc.free_blocks_count.saturating_sub(1);
+            self.store_block_bitmap(&mut grp, b)?;
+            drop(grp);
+            let mut live = self.live();
+            live.sb.free_blocks_count = live.sb.free_blocks_count.saturating_sub(1);
+            live.dirty = true;
+            return Ok(first + x);
+        }
+        Err(Error::NoSpace)
+    }
+
+    /// The first usable (free, not busy) block of group `g`, without allocating it.
+    pub(crate) fn first_free_in_group(&self, g: usize) -> Result<Option<u64>> {
+        let sb = &self.inner.sb;
+        let first = sb.group_first_block(g as u64);
+        let n = sb.blocks_in_group(g as u64);
+        let mut grp = self.group(g)?;
+        if grp.desc.free_blocks_count == 0 {
+            return Ok(None);
+        }
+        let b = self.load_block_bitmap(g, &mut grp)?;
+        let busy = self.inner.busy.lock().unwrap_or_else(|p| p.into_inner());
+        let mut x = 0;
+        while x < n {
+            if x % 8 == 0 && x + 8 <= n && b.get((x / 8) as usize) == Some(&0xFF) {
+                x += 8;
+                continue;
+            }
+            if !bitmap::test(&b, x) && busy.first_in(first + x, first + x + 1).is_none() {
+                return Ok(Some(first + x));
+            }
+            x += 1;
+        }
+        Ok(None)
+    }
+
     /// Take the first run of at least `need` usable blocks (free and not busy) at or
     /// after `goal` (wrapping around the filesystem), up to `want` blocks long.
     fn alloc_pass(&self, goal: u64, want: u64, need: u64) -> Result<Option<(u64, u32)>> {

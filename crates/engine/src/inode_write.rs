@@ -125,6 +125,22 @@ impl Fs {
     /// Goal block for new data of `ino` at logical `lblk`: right after the previous
     /// mapped block when there is one, else the start of the inode's group.
     pub(crate) fn data_goal(&self, ino: Ino, inode: &Inode, lblk: u64) -> u64 {
+        let sb = &self.inner.sb;
+        let in_fs = |g: u64| g >= u64::from(sb.first_data_block) && g < sb.blocks_count;
+        match self.goal_near(ino, inode, lblk) {
+            Ok(Some(g)) if in_fs(g) => return g,
+            // No extent yet and not the start of the file (writes arriving out of
+            // order): leave room before it for the blocks that precede it.
+            Ok(None) if lblk > 0 && inode.has_flag(rext4_format::inode::flags::EXTENTS) => {
+                let g = ((ino.0 - 1) / sb.inodes_per_group) as usize;
+                if let Ok(Some(f)) = self.first_free_in_group(g) {
+                    if in_fs(f.saturating_add(lblk)) {
+                        return f + lblk;
+                    }
+                }
+            }
+            _ => {}
+        }
         if lblk > 0 {
             if let Ok(Mapping::Mapped { physical, .. }) = self.map_block(ino, inode, lblk - 1) {
                 return physical + 1;
@@ -194,7 +210,11 @@ impl BlockStore for FsBlocks<'_> {
                 Ok(())
             })
     }
+    /// Extent tree blocks: from the end of the goal's group (see `alloc_meta_block`).
     fn alloc(&mut self, goal: u64, max_len: u32) -> Result<(u64, u32)> {
+        if max_len == 1 {
+            return self.fs.alloc_meta_block(goal).map(|b| (b, 1));
+        }
         self.fs.alloc_blocks(goal, max_len)
     }
     fn free(&mut self, start: u64, len: u64) -> Result<()> {

@@ -133,6 +133,52 @@ impl Fs {
         }
     }
 
+    /// Where block `lblk` of an extent-mapped file would continue its neighbours: the
+    /// nearest extent at or before `lblk` extended to it, else the first extent after it
+    /// extended backwards (ext4's goal). `None` for an empty tree or a block-mapped file.
+    /// A write arriving before the one that precedes it in the file (parallel FUSE
+    /// writeback) thus leaves exactly the gap the earlier one will fill.
+    pub(crate) fn goal_near(&self, ino: Ino, inode: &Inode, lblk: u64) -> Result<Option<u64>> {
+        if !inode.has_flag(flags::EXTENTS) || inode.has_flag(flags::INLINE_DATA) {
+            return Ok(None);
+        }
+        let mut node = Node::decode(&inode.block, true)
+            .map_err(|e| Error::corrupted(format!("inode {} extent root: {e}", ino.0), None))?;
+        let seed = self.inode_seed(ino, inode);
+        let bs = self.inner.block_size as usize;
+        loop {
+            match node {
+                Node::Leaf(_, exts) => {
+                    let i = exts.partition_point(|e| u64::from(e.logical) <= lblk);
+                    return Ok(match (i.checked_sub(1).map(|j| exts[j]), exts.get(i)) {
+                        (Some(e), _) => Some(e.physical + (lblk - u64::from(e.logical))),
+                        (None, Some(e)) => e.physical.checked_sub(u64::from(e.logical) - lblk),
+                        (None, None) => None,
+                    });
+                }
+                Node::Index(h, idx) => {
+                    let i = idx.partition_point(|x| u64::from(x.logical) <= lblk);
+                    let Some(x) = idx.get(i.saturating_sub(1)) else {
+                        return Ok(None);
+                    };
+                    let child = x.child;
+                    let data = self.cache().read(child, Kind::ExtentNode, |b| {
+                        if self.inner.metadata_csum {
+                            extent::verify_csum(b, seed)?;
+                        }
+                        Node::decode(b, false)?;
+                        Ok(())
+                    })?;
+                    let n = Node::decode(&data[..bs.min(data.len())], false).at(child)?;
+                    if n.header().depth + 1 != h.depth {
+                        return Err(Error::corrupted("extent node depth", Some(child)));
+                    }
+                    node = n;
+                }
+            }
+        }
+    }
+
     fn map_indirect(&self, inode: &Inode, lblk: u64) -> Result<Mapping> {
         let bs = self.inner.block_size;
         let Some(path) = resize::map_path(lblk, bs) else {

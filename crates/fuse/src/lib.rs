@@ -39,7 +39,7 @@ use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::thread::JoinHandleExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -252,6 +252,79 @@ pub fn lock_image(image: &Path, exclusive: bool) -> Result<File, String> {
     Ok(f)
 }
 
+/// `rext4 umount MNT`: unmount a rext4 mount and wait until its server has closed the
+/// image (journal committed, image marked clean), which a bare `fusermount3 -u` does not
+/// wait for. The server is known to be done when the image's lock can be taken.
+/// `limit` bounds the wait.
+pub fn umount_and_wait(mountpoint: &Path, limit: std::time::Duration) -> Result<PathBuf, String> {
+    let mnt = mountpoint
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    let info = std::fs::read("/proc/self/mountinfo").map_err(|e| format!("mountinfo: {e}"))?;
+    let want = mnt.as_os_str().as_encoded_bytes();
+    let image = info
+        .split(|&b| b == b'\n')
+        .filter_map(|l| {
+            let text = String::from_utf8_lossy(l);
+            let (left, right) = text.split_once(" - ")?;
+            let f: Vec<&str> = left.split(' ').collect();
+            let r: Vec<&str> = right.split(' ').collect();
+            let source = r.get(1)?;
+            (f.len() > 4
+                && unescape_mountinfo(f[4]).as_slice() == want
+                && matches!(r.first(), Some(&"fuse.rext4" | &"fuse")))
+            .then(|| PathBuf::from(std::ffi::OsString::from_vec(unescape_mountinfo(source))))
+        })
+        .next_back()
+        .ok_or_else(|| format!("{}: not a rext4 mount", mnt.display()))?;
+    // A root mount shows type "fuse" only: it is ours if a server holds the image lock.
+    if lock_image(&image, true).is_ok() {
+        return Err(format!(
+            "{}: not a rext4 mount (no rext4 server holds {})",
+            mnt.display(),
+            image.display()
+        ));
+    }
+    unmount(&mnt)?;
+    let t0 = std::time::Instant::now();
+    loop {
+        match lock_image(&image, true) {
+            Ok(_) => return Ok(image),
+            Err(e) if !e.contains("in use") => return Err(e),
+            Err(_) if t0.elapsed() > limit => {
+                return Err(format!(
+                    "{}: the server has not closed the image after {} s",
+                    image.display(),
+                    limit.as_secs()
+                ))
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Undo mountinfo's octal escapes (\040 for a space, ...).
+fn unescape_mountinfo(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b.get(i + 1..i + 4).and_then(|d| {
+            d.iter()
+                .all(|c| (b'0'..=b'7').contains(c))
+                .then(|| d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0')))
+        });
+        if let (b'\\', Some(v @ 0..=255)) = (b[i], octal) {
+            out.push(v as u8);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
 /// Give the FUSE mount at `mnt` a dirty-page share of `ratio` percent without the
 /// strict limit (see `MountOptions::bdi_max_ratio`). The bdi is found by the mount's
 /// device number in /proc/self/mountinfo (a stat of the mount point would ask our own,
@@ -263,7 +336,8 @@ fn relax_dirty_limit(mnt: &Path, ratio: u32) -> Result<(), String> {
         .split(|&b| b == b'\n')
         .filter_map(|l| {
             let f: Vec<&[u8]> = l.split(|&b| b == b' ').collect();
-            (f.len() > 4 && f[4] == want).then(|| String::from_utf8_lossy(f[2]).into_owned())
+            (f.len() > 4 && unescape_mountinfo(&String::from_utf8_lossy(f[4])) == want)
+                .then(|| String::from_utf8_lossy(f[2]).into_owned())
         })
         .next_back()
         .ok_or_else(|| format!("{} not in mountinfo", mnt.display()))?;
@@ -586,6 +660,16 @@ mod tests {
         let o = parse_options("").expect("empty list");
         assert_eq!(o, MountOptions::default());
         assert!(o.rw && !o.ro && o.default_permissions && o.writeback_cache);
+    }
+
+    #[test]
+    fn mountinfo_escapes() {
+        assert_eq!(unescape_mountinfo(r"/tmp/a\040b"), b"/tmp/a b");
+        assert_eq!(unescape_mountinfo(r"x\134y\011"), b"x\\y\t");
+        // Not an escape (too short, not octal, too big): kept as is, no panic.
+        assert_eq!(unescape_mountinfo(r"a\04"), br"a\04");
+        assert_eq!(unescape_mountinfo(r"a\089"), br"a\089");
+        assert_eq!(unescape_mountinfo(r"a\777"), br"a\777");
     }
 
     #[test]
