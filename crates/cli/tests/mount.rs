@@ -821,6 +821,64 @@ fn dirty_page_share_of_the_mount() {
     }
 }
 
+/// `rext4 umount` returns only once the (daemonized) server has closed the image: an
+/// e2fsck straight after it finds the image clean, with the data written.
+#[test]
+fn umount_waits_for_a_clean_image() {
+    if let Some(why) = cannot_mount() {
+        skip(&why);
+        return;
+    }
+    let img = image();
+    let mnt = TempDir::new("fusemnt-daemon").expect("tempdir");
+    for round in 0..3u8 {
+        let st = Command::new(bin())
+            .arg("mount")
+            .arg(img.path())
+            .arg(mnt.path())
+            .status()
+            .expect("rext4 mount");
+        assert!(st.success(), "mount (daemon) round {round}");
+        // Unmount even if the rest fails, and then wait for the server: the guard.
+        struct Umount<'a>(&'a Path);
+        impl Drop for Umount<'_> {
+            fn drop(&mut self) {
+                if is_mounted(self.0) {
+                    let _ = Command::new("fusermount3").arg("-u").arg(self.0).status();
+                }
+            }
+        }
+        let guard = Umount(mnt.path());
+        fs::write(mnt.path().join(format!("f{round}")), vec![round; 3 << 20]).expect("write");
+        let out = Command::new(bin())
+            .arg("umount")
+            .arg(mnt.path())
+            .output()
+            .expect("rext4 umount");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!is_mounted(mnt.path()));
+        drop(guard);
+        fsck_clean(img.path());
+    }
+    let fs = rext4::Fs::open(img.path()).expect("open");
+    for round in 0..3u8 {
+        let data = fs.read(format!("/f{round}")).expect("read");
+        assert!(data.len() == 3 << 20 && data.iter().all(|&b| b == round));
+    }
+    // Not a rext4 mount: refused with a message, exit 1.
+    let out = Command::new(bin())
+        .arg("umount")
+        .arg(mnt.path())
+        .output()
+        .expect("rext4 umount");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a rext4 mount"));
+}
+
 #[test]
 fn sigterm_unmounts_and_leaves_a_clean_image() {
     if let Some(why) = cannot_mount() {
