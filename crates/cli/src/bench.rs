@@ -6,16 +6,21 @@
 //! Workloads: `mdtest N` (create N empty files in one directory, stat them, unlink them,
 //! like the anchors' mdtest.c), `seqwrite SIZE` (one file written in 1 MiB requests,
 //! then synced), `seqread` (read that file back), `smallfsync N` (N small files each
-//! written and synced). mdtest phases, like the anchors' mdtest.c on a mount, do not
-//! sync (the kernel's figures are page-cache figures too); seqwrite includes its fsync.
+//! written and synced), `churn` (SEEDS lesson C, like the anchors' seedC script:
+//! create+unlink of one name in a tight loop for `--secs`, alone, then while
+//! `--threads` threads stat a 16-deep path and a symlink to it; and the lookups alone).
+//! mdtest phases, like the anchors' mdtest.c on a mount, do not sync (the kernel's
+//! figures are page-cache figures too); seqwrite includes its fsync.
 
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use rext4::{Fs, FsOptions, Ino};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// mdtest | seqwrite | seqread | smallfsync
+    /// mdtest | seqwrite | seqread | smallfsync | churn
     pub workload: String,
     /// The image to run on (opened read-write).
     pub image: std::path::PathBuf,
@@ -25,6 +30,12 @@ pub struct BenchArgs {
     /// Bytes for seqwrite (suffixes k, m, g; default 1g).
     #[arg(short = 's', long)]
     pub size: Option<String>,
+    /// Seconds per phase for churn (default 5).
+    #[arg(long)]
+    pub secs: Option<u64>,
+    /// Lookup threads for churn (default 1).
+    #[arg(long)]
+    pub threads: Option<usize>,
     /// Label for RESULT lines.
     #[arg(long, default_value = "rext4-api")]
     pub label: String,
@@ -169,11 +180,102 @@ fn workload(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
                 t.elapsed().as_secs_f64(),
             );
         }
+        "churn" => churn(fs, a)?,
         other => {
             return Err(format!(
-                "unknown workload {other:?} (mdtest, seqwrite, seqread, smallfsync)"
+                "unknown workload {other:?} (mdtest, seqwrite, seqread, smallfsync, churn)"
             ))
         }
     }
+    Ok(())
+}
+
+/// SEEDS lesson C: inode allocation and free while lockless lookups run.
+fn churn(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
+    let e = |x: rext4::Error| x.to_string();
+    let secs = Duration::from_secs(a.secs.unwrap_or(5).max(1));
+    let threads = a.threads.unwrap_or(1).max(1);
+    let mut deep = String::from("/seedC/tree");
+    for i in 0..16 {
+        deep.push_str(&format!("/d{i:02}"));
+    }
+    fs.create_dir_all(&deep).map_err(e)?;
+    fs.create_dir_all("/seedC/churn").map_err(e)?;
+    let leaf = format!("{deep}/leaf");
+    fs.write(&leaf, b"").map_err(e)?;
+    fs.symlink(&leaf["/seedC/".len()..], "/seedC/link")
+        .map_err(e)?;
+    let churn_dir = fs.resolve(b"/seedC/churn", true).map_err(e)?;
+    // Creates+unlinks of one name until `stop`; returns the count.
+    let creator = move |fs: Fs, stop: Arc<AtomicBool>| -> Result<u64, String> {
+        let mut n = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            fs.mknod_ino(churn_dir, b"x", 0o100644, 0, 0, (0, 0))
+                .map_err(|x| x.to_string())?;
+            fs.unlink_ino(churn_dir, b"x").map_err(|x| x.to_string())?;
+            n += 1;
+        }
+        Ok(n)
+    };
+    let lookups = |fs: Fs, stop: Arc<AtomicBool>, leaf: String| -> Result<u64, String> {
+        let mut n = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let p = if n.is_multiple_of(2) {
+                leaf.as_str()
+            } else {
+                "/seedC/link"
+            };
+            fs.metadata(p).map_err(|x| x.to_string())?;
+            n += 1;
+        }
+        Ok(n)
+    };
+    // Run `creators` (0 or 1) and `looks` lookup threads together for `secs`.
+    let run = |creators: usize, looks: usize| -> Result<(u64, u64), String> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let c: Vec<_> = (0..creators)
+            .map(|_| {
+                let (fs, stop) = (fs.clone(), stop.clone());
+                std::thread::spawn(move || creator(fs, stop))
+            })
+            .collect();
+        let l: Vec<_> = (0..looks)
+            .map(|_| {
+                let (fs, stop, leaf) = (fs.clone(), stop.clone(), leaf.clone());
+                std::thread::spawn(move || lookups(fs, stop, leaf))
+            })
+            .collect();
+        std::thread::sleep(secs);
+        stop.store(true, Ordering::Relaxed);
+        let mut sums = (0, 0);
+        for t in c {
+            sums.0 += t.join().map_err(|_| "creator panicked")??;
+        }
+        for t in l {
+            sums.1 += t.join().map_err(|_| "lookup thread panicked")??;
+        }
+        Ok(sums)
+    };
+    let s = secs.as_secs_f64();
+    let (alone, _) = run(1, 0)?;
+    phase(&a.label, "churn", "create_unlink_alone", alone, s);
+    let (_, look_alone) = run(0, threads)?;
+    phase(&a.label, "churn", "lookups_alone", look_alone, s);
+    let (with, look_with) = run(1, threads)?;
+    phase(&a.label, "churn", "create_unlink_with_lookups", with, s);
+    phase(
+        &a.label,
+        "churn",
+        "lookups_with_create_unlink",
+        look_with,
+        s,
+    );
+    println!(
+        "churn: create+unlink with lookups running = {:.2} of alone; lookups with churn = \
+         {:.2} of alone",
+        with as f64 / alone.max(1) as f64,
+        look_with as f64 / look_alone.max(1) as f64
+    );
+    fs.remove_dir_all("/seedC").map_err(e)?;
     Ok(())
 }

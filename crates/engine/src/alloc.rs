@@ -327,6 +327,46 @@ impl Fs {
         } else {
             pg
         };
+        // Cooling inodes (freed while lockless readers may hold them) are skipped, not
+        // waited for; only when nothing else is free does the allocator wait for them.
+        for attempt in 0..2 {
+            if let Some(ino) = self.alloc_inode_pass(start, is_dir)? {
+                return Ok(ino);
+            }
+            let cooling = {
+                let busy = self.inner.busy.lock().unwrap_or_else(|p| p.into_inner());
+                busy.cooling.values().copied().max()
+            };
+            match cooling {
+                Some(stamp) if attempt == 0 => self.wait_grace(stamp),
+                _ => break,
+            }
+        }
+        Err(Error::NoSpace)
+    }
+
+    /// Wait (briefly: readers hold their guards for one lookup) until every reader
+    /// that was active at `stamp` is done.
+    fn wait_grace(&self, stamp: u64) {
+        let grace = &self.inner.caches.grace;
+        let t0 = std::time::Instant::now();
+        while !grace.passed(stamp) && t0.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::yield_now();
+        }
+    }
+
+    fn alloc_inode_pass(&self, start: usize, is_dir: bool) -> Result<Option<Ino>> {
+        let sb = &self.inner.sb;
+        let ipg = sb.inodes_per_group;
+        let ngroups = self.inner.groups.len();
+        // Stamps older than every active reader have passed: forget them.
+        let oldest = self.inner.caches.grace.oldest_reader();
+        self.inner
+            .busy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .cooling
+            .retain(|_, stamp| *stamp >= oldest);
         for i in 0..ngroups {
             let g = (start + i) % ngroups;
             let mut grp = self.group(g)?;
@@ -354,8 +394,10 @@ impl Fs {
             let lo = if g == 0 { u64::from(sb.first_ino) } else { 0 };
             let busy = self.inner.busy.lock().unwrap_or_else(|p| p.into_inner());
             let base = g as u32 * ipg + 1;
-            let free_now =
-                |x: u64| !bitmap::test(&b, x) && !busy.inodes.contains(&(base + x as u32));
+            let free_now = |x: u64| {
+                let ino = base + x as u32;
+                !bitmap::test(&b, x) && !busy.cooling.contains_key(&ino)
+            };
             // Whole bytes of used inodes are skipped without looking at their bits.
             let mut found = None;
             let mut x = lo;
@@ -389,9 +431,27 @@ impl Fs {
             let mut live = self.live();
             live.sb.free_inodes_count -= 1;
             live.dirty = true;
-            return Ok(Ino(g as u32 * ipg + used));
+            return Ok(Some(Ino(g as u32 * ipg + used)));
         }
-        Err(Error::NoSpace)
+        Ok(None)
+    }
+
+    /// Whether inode `ino` is allocated in its group's bitmap.
+    pub(crate) fn inode_in_use(&self, ino: Ino) -> Result<bool> {
+        let ipg = self.inner.sb.inodes_per_group;
+        if ino.0 == 0 || ino.0 > self.inner.sb.inodes_count {
+            return Ok(false);
+        }
+        let g = ((ino.0 - 1) / ipg) as usize;
+        let x = u64::from((ino.0 - 1) % ipg);
+        let grp = self.group(g)?;
+        if grp.desc.has_flag(FLAG_INODE_UNINIT) {
+            return Ok(false);
+        }
+        let b = self
+            .cache()
+            .read(grp.desc.inode_bitmap, Kind::Bitmap, |_| Ok(()))?;
+        Ok(bitmap::test(&b, x))
     }
 
     /// Return inode `ino` to the free pool.
@@ -412,14 +472,19 @@ impl Fs {
             ));
         }
         bitmap::set(&mut b, x, false);
-        if self.journaling() {
-            self.inner
-                .busy
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .inodes
-                .insert(ino.0);
-        }
+        // Out of the inode cache first, then stamp: a lockless reader that could
+        // still reach the old inode started before the stamp (grace.rs).
+        self.inner.caches.inodes.invalidate(&ino.0);
+        let stamp = self.inner.caches.grace.stamp();
+        // No commit needs to come first: the inode record is journaled metadata, so
+        // its reuse within the running transaction commits (or not) atomically with
+        // its free. Only its data blocks must wait (busy blocks).
+        self.inner
+            .busy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .cooling
+            .insert(ino.0, stamp);
         grp.desc.free_inodes_count += 1;
         if is_dir {
             grp.desc.used_dirs_count = grp.desc.used_dirs_count.saturating_sub(1);

@@ -22,6 +22,7 @@ use crate::cache::Kind;
 use crate::error::{AtBlock, Error, Result};
 use crate::file::FileType;
 use crate::fs::{Fs, Ino};
+use crate::icache::{DentKey, DentRef};
 use crate::map::Mapping;
 
 /// One directory entry, as `std::fs::DirEntry` gives it.
@@ -211,7 +212,9 @@ impl Fs {
         Ok(out)
     }
 
-    /// Look `name` up in directory `dir`; "." and ".." included.
+    /// Look `name` up in directory `dir`; "." and ".." included. Other names are
+    /// answered from the dentry cache when it knows them (also that they do not
+    /// exist), else from the directory blocks, and then cached.
     pub fn lookup(&self, dir: Ino, name: &[u8]) -> Result<Option<DirEntry>> {
         if name.len() > fdir::NAME_MAX {
             return Err(Error::NameTooLong);
@@ -219,6 +222,32 @@ impl Fs {
         if name.is_empty() || name.contains(&b'/') {
             return Err(Error::InvalidInput("bad file name".into()));
         }
+        if name == b"." || name == b".." {
+            return self.lookup_uncached(dir, name);
+        }
+        let dc = &self.inner.caches.dentries;
+        let key = DentRef { dir: dir.0, name };
+        if let Some(hit) = dc.get(&key) {
+            return Ok(hit.map(|(ino, ft)| DirEntry {
+                name: name.to_vec(),
+                ino: Ino(ino),
+                file_type: FileType::from_dirent(ft),
+            }));
+        }
+        let ticket = dc.ticket(&key);
+        let found = self.lookup_uncached(dir, name)?;
+        dc.fill(
+            DentKey {
+                dir: dir.0,
+                name: name.into(),
+            },
+            found.as_ref().map(|e| (e.ino.0, e.file_type.dirent_code())),
+            ticket,
+        );
+        Ok(found)
+    }
+
+    fn lookup_uncached(&self, dir: Ino, name: &[u8]) -> Result<Option<DirEntry>> {
         let inode = self.read_live_inode(dir)?;
         let n = self.dir_nblocks(dir, &inode)?;
         if self.is_indexed(&inode) {

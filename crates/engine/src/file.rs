@@ -39,6 +39,19 @@ impl FileType {
             _ => FileType::Unknown,
         }
     }
+    /// The directory entry file_type byte (0 for `Unknown`).
+    pub fn dirent_code(self) -> u8 {
+        match self {
+            FileType::File => 1,
+            FileType::Dir => 2,
+            FileType::CharDevice => 3,
+            FileType::BlockDevice => 4,
+            FileType::Fifo => 5,
+            FileType::Socket => 6,
+            FileType::Symlink => 7,
+            FileType::Unknown => 0,
+        }
+    }
     /// From a directory entry's file_type byte.
     pub fn from_dirent(t: u8) -> FileType {
         match t {

@@ -59,7 +59,10 @@ pub(crate) struct Busy {
     /// start -> length, non-overlapping.
     pub(crate) blocks: std::collections::BTreeMap<u64, u64>,
     pub(crate) block_count: u64,
-    pub(crate) inodes: std::collections::HashSet<u32>,
+    /// Inodes freed while lockless readers may still hold their number: inode ->
+    /// grace stamp (`grace.rs`). Not reused until the stamp has passed; unlike the
+    /// rest of `Busy` this outlives commits.
+    pub(crate) cooling: std::collections::HashMap<u32, u64>,
 }
 
 impl Busy {
@@ -103,9 +106,9 @@ pub(crate) struct Inner {
     pub(crate) write_lock: Mutex<()>,
     /// The journal when the filesystem has one and is open read-write.
     pub(crate) journal: Mutex<Option<crate::jwrite::Journal>>,
-    /// Blocks and inodes freed by the running transaction: not reallocated until it
-    /// commits (ext4's busy extents), so no data lands in a block that committed
-    /// metadata still references.
+    /// Blocks freed by the running transaction: not reallocated until it commits
+    /// (ext4's busy extents), so no data lands in a block that committed metadata
+    /// still references. Also the inodes still cooling after a free (grace periods).
     pub(crate) busy: Mutex<Busy>,
     /// Set when a commit failed: the filesystem is shut down (read-only) with this reason.
     pub(crate) shutdown: Mutex<Option<String>>,
@@ -117,6 +120,9 @@ pub(crate) struct Inner {
     /// anything that changes which blocks an inode maps (allocating writes, truncate,
     /// fallocate, the final free). Taken before `write_lock`, one at a time.
     pub(crate) io_locks: Box<[RwLock<()>]>,
+    /// Decoded inodes and directory entries, lock-free on hits, and the grace periods
+    /// that keep freed inode numbers from reuse while lockless readers may hold them.
+    pub(crate) caches: crate::icache::Caches,
     pub(crate) block_size: u32,
     pub(crate) csum_seed: u32,
     pub(crate) metadata_csum: bool,
@@ -240,6 +246,10 @@ impl Fs {
                 shutdown: Mutex::new(None),
                 pins: Mutex::new(std::collections::HashMap::new()),
                 io_locks: (0..IO_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
+                caches: crate::icache::Caches::new(
+                    crate::icache::INODES_DEFAULT,
+                    crate::icache::DENTRIES_DEFAULT,
+                ),
                 block_size: bs,
                 csum_seed,
                 metadata_csum,
@@ -402,14 +412,33 @@ impl Fs {
         &self.inner.cache
     }
 
-    /// Read and verify inode `ino`.
+    /// Read and verify inode `ino` (from the inode cache when it holds it).
     pub fn read_inode(&self, ino: Ino) -> Result<Inode> {
+        let cache = &self.inner.caches.inodes;
+        if let Some(i) = cache.get(&ino.0) {
+            return Ok((*i).clone());
+        }
+        let ticket = cache.ticket(&ino.0);
         let (raw, blk) = self.inode_bytes(ino)?;
         if self.inner.metadata_csum {
             fmt_inode::verify_csum(&raw, ino.0, self.inner.csum_seed).at(blk)?;
         }
         let inode = Inode::decode(&raw).at(blk)?;
+        cache.fill(ino.0, Arc::new(inode.clone()), ticket);
         Ok(inode)
+    }
+
+    /// Begin a lockless read that goes from a name to an inode (path walk, FUSE
+    /// lookup): no inode number freed while the guard lives is handed out again
+    /// before it is dropped (SEEDS lesson C; see `grace.rs`).
+    pub fn read_guard(&self) -> crate::grace::ReadGuard<'_> {
+        self.inner.caches.grace.read()
+    }
+
+    /// (hits, misses) of the inode cache and of the dentry cache.
+    pub fn cache_stats(&self) -> ((u64, u64), (u64, u64)) {
+        let c = &self.inner.caches;
+        (c.inodes.stats(), c.dentries.stats())
     }
 
     /// The raw record of inode `ino` and the block it lives in.
@@ -574,7 +603,8 @@ impl Inner {
             dev.flush()?;
         }
         let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
-        *busy = Busy::default();
+        busy.blocks.clear();
+        busy.block_count = 0;
         Ok(())
     }
 

@@ -81,7 +81,16 @@ impl Fs {
         if self.inner.metadata_csum {
             fi::set_csum(rec, ino.0, self.inner.csum_seed);
         }
-        self.cache().write(blk, Kind::InodeTable, data, |_| Ok(()))
+        // What a reader decoding the new record would get, for the inode cache.
+        let decoded = Inode::decode(rec).ok();
+        self.cache()
+            .write(blk, Kind::InodeTable, data, |_| Ok(()))?;
+        let icache = &self.inner.caches.inodes;
+        match decoded {
+            Some(i) => icache.set(ino.0, std::sync::Arc::new(i)),
+            None => icache.invalidate(&ino.0),
+        }
+        Ok(())
     }
 
     /// A fresh in-memory inode of `mode` (type and permissions).

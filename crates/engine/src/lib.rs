@@ -28,6 +28,8 @@ pub mod error;
 pub mod extent_write;
 pub mod file;
 pub mod fs;
+pub mod grace;
+pub mod icache;
 pub mod inode_write;
 pub mod journal;
 mod jwrite;

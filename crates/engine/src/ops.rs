@@ -18,6 +18,7 @@ use crate::cache::Kind;
 use crate::dir_write;
 use crate::error::{Error, Result};
 use crate::fs::{Fs, Ino};
+use crate::icache::{Dent, DentKey, DentRef};
 use crate::inode_write::{now_ts, with_tree, FsDir};
 use crate::map::{Mapping, MAX_LOGICAL};
 
@@ -117,9 +118,29 @@ impl Fs {
         self.inner.sb.has_compat(feature::COMPAT_DIR_INDEX)
     }
 
+    /// Tell the dentry cache what `dir`'s entry `name` is after a change that returned
+    /// `r` (`now`: the entry if it succeeded). A failed change may have done part of
+    /// its work, so the entry is dropped then. Call after the directory blocks changed.
+    fn dent_changed<T>(&self, dir: Ino, name: &[u8], r: &Result<T>, now: Dent) {
+        let dc = &self.inner.caches.dentries;
+        if r.is_ok() {
+            dc.set(
+                DentKey {
+                    dir: dir.0,
+                    name: name.into(),
+                },
+                now,
+            );
+        } else {
+            dc.invalidate(&DentRef { dir: dir.0, name });
+        }
+    }
+
     /// Add `name -> ino` to directory `dir`, updating its times.
     fn link_into(&self, d: &mut FsDir<'_>, name: &[u8], ino: Ino, mode: u16) -> Result<()> {
-        dir_write::add_entry(d, name, ino.0, dirent_type(mode), self.dir_index())?;
+        let r = dir_write::add_entry(d, name, ino.0, dirent_type(mode), self.dir_index());
+        self.dent_changed(d.ino, name, &r, Some((ino.0, dirent_type(mode) as u8)));
+        r?;
         let t = now_ts();
         d.inode.mtime = t;
         d.inode.ctime = t;
@@ -315,7 +336,9 @@ impl Fs {
         if inode.is_dir() {
             return Err(Error::IsADirectory);
         }
-        dir_write::remove_entry(&mut d, name)?;
+        let r = dir_write::remove_entry(&mut d, name);
+        self.dent_changed(parent, name, &r, None);
+        r?;
         let t = now_ts();
         d.inode.mtime = t;
         d.inode.ctime = t;
@@ -372,7 +395,9 @@ impl Fs {
             return Err(Error::NotEmpty);
         }
         let inode = child.inode;
-        dir_write::remove_entry(&mut d, name)?;
+        let r = dir_write::remove_entry(&mut d, name);
+        self.dent_changed(parent, name, &r, None);
+        r?;
         Self::dec_dir_links(&mut d.inode);
         let t = now_ts();
         d.inode.mtime = t;
@@ -473,24 +498,29 @@ impl Fs {
         let mut victim = None;
         {
             let mut nd = self.dir_handle(new_parent)?;
+            let now = Some((src.ino.0, dirent_type(src_inode.mode) as u8));
             match &dst {
                 Some(dst) => {
-                    dir_write::replace_entry(
+                    let r = dir_write::replace_entry(
                         &mut nd,
                         new_name,
                         src.ino.0,
                         dirent_type(src_inode.mode),
-                    )?;
+                    );
+                    self.dent_changed(new_parent, new_name, &r, now);
+                    r?;
                     victim = Some(dst.ino);
                 }
                 None => {
-                    dir_write::add_entry(
+                    let r = dir_write::add_entry(
                         &mut nd,
                         new_name,
                         src.ino.0,
                         dirent_type(src_inode.mode),
                         self.dir_index(),
-                    )?;
+                    );
+                    self.dent_changed(new_parent, new_name, &r, now);
+                    r?;
                     if src_dir && parent != new_parent {
                         Self::inc_dir_links(&mut nd.inode);
                     }
@@ -503,7 +533,9 @@ impl Fs {
         }
         {
             let mut od = self.dir_handle(parent)?;
-            dir_write::remove_entry(&mut od, name)?;
+            let r = dir_write::remove_entry(&mut od, name);
+            self.dent_changed(parent, name, &r, None);
+            r?;
             if src_dir && (parent != new_parent || victim.is_some()) {
                 Self::dec_dir_links(&mut od.inode);
             }
@@ -545,7 +577,9 @@ impl Fs {
             [(p1, n1, i2, &b, &a, p2), (p2, n2, i1, &a, &b, p1)]
         {
             let mut d = self.dir_handle(p)?;
-            dir_write::replace_entry(&mut d, name, new_ino.0, dirent_type(now.mode))?;
+            let r = dir_write::replace_entry(&mut d, name, new_ino.0, dirent_type(now.mode));
+            self.dent_changed(p, name, &r, Some((new_ino.0, dirent_type(now.mode) as u8)));
+            r?;
             d.inode.mtime = t;
             d.inode.ctime = t;
             d.dirty = true;

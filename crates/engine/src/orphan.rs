@@ -57,7 +57,9 @@ impl Fs {
         let _io = self.io_exclusive(ino);
         let _w = self.write_lock();
         let inode = self.read_inode(ino)?;
-        if inode.links_count == 0 && inode.mode != 0 {
+        // A lookup that raced an unlink can pin an inode that was freed before the pin
+        // (the grace period keeps its number from reuse meanwhile): nothing to free.
+        if inode.links_count == 0 && inode.mode != 0 && self.inode_in_use(ino)? {
             self.orphan_remove(ino, &inode)?;
             let inode = self.read_inode(ino)?;
             self.free_inode_and_blocks(ino, inode)?;

@@ -72,6 +72,8 @@ impl Fs {
         creds: Option<&Creds>,
     ) -> Result<Ino> {
         let mut budget = MAX_SYMLINKS;
+        // Name -> inode number -> inode, lockless: the number may not be reused meanwhile.
+        let _g = self.read_guard();
         self.walk(Ino::ROOT, path, follow, &mut budget, creds)
     }
 
@@ -126,28 +128,34 @@ impl Fs {
 
     /// Metadata of `path`, following a final symlink (`std::fs::metadata`).
     pub fn metadata(&self, path: impl AsRef<Path>) -> Result<Metadata> {
+        let _g = self.read_guard();
         self.stat_ino(self.resolve(path_bytes(path.as_ref()), true)?)
     }
 
     /// Metadata of `path` itself (`std::fs::symlink_metadata`).
     pub fn symlink_metadata(&self, path: impl AsRef<Path>) -> Result<Metadata> {
+        let _g = self.read_guard();
         self.stat_ino(self.resolve(path_bytes(path.as_ref()), false)?)
     }
 
     /// Entries of directory `path`, without "." and ".." (`std::fs::read_dir`).
     pub fn read_dir(&self, path: impl AsRef<Path>) -> Result<Vec<DirEntry>> {
+        let _g = self.read_guard();
         self.read_dir_ino(self.resolve(path_bytes(path.as_ref()), true)?)
     }
 
     /// Target of symlink `path` (`std::fs::read_link`).
     pub fn read_link(&self, path: impl AsRef<Path>) -> Result<Vec<u8>> {
+        let _g = self.read_guard();
         self.read_link_ino(self.resolve(path_bytes(path.as_ref()), false)?)
     }
 
     /// Open a file for reading (`std::fs::File::open`).
     pub fn open_file(&self, path: impl AsRef<Path>) -> Result<File> {
+        let g = self.read_guard();
         let ino = self.resolve(path_bytes(path.as_ref()), true)?;
         let f = self.open_ino(ino)?;
+        drop(g); // pinned now
         if f.metadata()?.is_dir() {
             return Err(Error::IsADirectory);
         }
@@ -172,6 +180,7 @@ impl Fs {
 
     /// Extended attributes of `path` (not following a final symlink, like llistxattr).
     pub fn xattrs(&self, path: impl AsRef<Path>) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let _g = self.read_guard();
         self.xattrs_ino(self.resolve(path_bytes(path.as_ref()), false)?)
     }
 }

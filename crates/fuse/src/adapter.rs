@@ -634,6 +634,9 @@ impl Filesystem for Adapter {
         let s = &self.s;
         let p = to_ext4(parent);
         s.debug(|| format!("lookup {} {name:?}", p.0));
+        // From the name to a pinned inode under one grace guard, so the number the
+        // lookup returns cannot be freed and handed to a new file before the pin.
+        let _g = s.fs.read_guard();
         let e = tri!(
             reply,
             s.fs.lookup(p, name_bytes(name))

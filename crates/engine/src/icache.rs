@@ -1,0 +1,334 @@
+//! The inode cache and the dentry cache: decoded inodes by number, and directory
+//! entries (positive and negative) by (directory, name), shared by all threads.
+//!
+//! Owns: two lock-free hash maps (papaya: a hit is a few atomic loads, no lock) with a
+//! bound each, and the [`Grace`] tracker that keeps a freed inode number from being
+//! reused while a lockless reader may still hold it (see `grace.rs`).
+//!
+//! Source of truth: the buffer cache. These caches hold what decoding it gives, so
+//! they must never hold something older than it. Writers (who change the buffer cache
+//! under `Fs::write_lock`) call [`Cache::set`] or [`Cache::invalidate`] *after* the
+//! change; readers that miss decode from the buffer cache and [`Cache::fill`] with a
+//! ticket taken *before* they read. Each key hashes to one of [`STRIPES`] sequence
+//! counters; `set`/`invalidate` bump the key's counter, and `fill` inserts only if the
+//! counter did not move, checking again after the insert and removing the entry if it
+//! did. Every interleaving ends with the new value or no entry:
+//! - the writer bumped before the reader's check: the reader does not insert, or
+//!   removes what it inserted;
+//! - the writer bumped after it: the writer's insert (or removal) comes last.
+//!
+//! Bounds: when a map grows past its capacity, one thread evicts about an eighth of
+//! it, giving entries hit since the last pass a second chance (CLOCK-like).
+//!
+//! Who calls: `Fs::read_inode` / `write_inode_*` (inodes), `Fs::lookup` and the
+//! namespace operations in `ops.rs` (dentries), `alloc.rs` (grace for inode reuse).
+
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use papaya::{Equivalent, HashMap};
+use rext4_format::inode::Inode;
+
+use crate::grace::Grace;
+
+/// Sequence-counter stripes per cache (keys hashing to one stripe share a counter:
+/// a write to one of them only makes concurrent fills of the others miss).
+pub const STRIPES: usize = 64;
+
+/// Default bounds.
+pub const INODES_DEFAULT: usize = 1 << 17;
+pub const DENTRIES_DEFAULT: usize = 1 << 18;
+
+struct Slot<V> {
+    v: V,
+    /// Hit since the last eviction pass.
+    hot: AtomicBool,
+}
+
+/// A bounded, validated, lock-free cache (see the module note).
+pub struct Cache<K, V> {
+    map: HashMap<K, Slot<V>>,
+    seqs: Box<[AtomicU64]>,
+    cap: usize,
+    evicting: AtomicBool,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+/// A reader's permission to fill one key (taken before reading the source).
+#[derive(Clone, Copy)]
+pub struct Ticket {
+    stripe: usize,
+    seq: u64,
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync, V: Clone + Send + Sync> Cache<K, V> {
+    pub fn new(cap: usize) -> Self {
+        Cache {
+            map: HashMap::new(),
+            seqs: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
+            cap: cap.max(64),
+            evicting: AtomicBool::new(false),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+
+    fn stripe<Q: Hash + ?Sized>(&self, k: &Q) -> usize {
+        // The map's own hasher is keyed per map; any fixed hash will do for stripes.
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        k.hash(&mut h);
+        (h.finish() as usize) % STRIPES
+    }
+
+    /// The cached value, if any.
+    pub fn get<Q>(&self, k: &Q) -> Option<V>
+    where
+        Q: Equivalent<K> + Hash + ?Sized,
+    {
+        let m = self.map.pin();
+        match m.get(k) {
+            Some(s) => {
+                if !s.hot.load(Ordering::Relaxed) {
+                    s.hot.store(true, Ordering::Relaxed);
+                }
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                Some(s.v.clone())
+            }
+            None => {
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Take before reading the source for a fill of `k`.
+    pub fn ticket<Q: Hash + ?Sized>(&self, k: &Q) -> Ticket {
+        let stripe = self.stripe(k);
+        Ticket {
+            stripe,
+            seq: self.seqs[stripe].load(Ordering::SeqCst),
+        }
+    }
+
+    fn moved(&self, t: Ticket) -> bool {
+        self.seqs[t.stripe].load(Ordering::SeqCst) != t.seq
+    }
+
+    /// Insert what a reader decoded, unless a writer changed the key since `t`.
+    pub fn fill(&self, k: K, v: V, t: Ticket) {
+        if self.moved(t) {
+            return;
+        }
+        let m = self.map.pin();
+        m.insert(
+            k.clone(),
+            Slot {
+                v,
+                hot: AtomicBool::new(false),
+            },
+        );
+        if self.moved(t) {
+            m.remove(&k);
+        }
+        drop(m);
+        self.maybe_evict();
+    }
+
+    /// A writer changed the source of `k` to what `v` says (call after the change).
+    pub fn set(&self, k: K, v: V) {
+        let stripe = self.stripe(&k);
+        self.seqs[stripe].fetch_add(1, Ordering::SeqCst);
+        self.map.pin().insert(
+            k,
+            Slot {
+                v,
+                hot: AtomicBool::new(false),
+            },
+        );
+        self.maybe_evict();
+    }
+
+    /// A writer changed (or may have changed) the source of `k` (call after).
+    pub fn invalidate<Q>(&self, k: &Q)
+    where
+        Q: Equivalent<K> + Hash + ?Sized,
+    {
+        let stripe = self.stripe(k);
+        self.seqs[stripe].fetch_add(1, Ordering::SeqCst);
+        self.map.pin().remove(k);
+    }
+
+    /// Drop every entry for which `f` holds (bumping every stripe first).
+    pub fn invalidate_where(&self, f: impl Fn(&K) -> bool) {
+        for s in self.seqs.iter() {
+            s.fetch_add(1, Ordering::SeqCst);
+        }
+        self.map.pin().retain(|k, _| !f(k));
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// (hits, misses) since creation.
+    pub fn stats(&self) -> (u64, u64) {
+        (
+            self.hits.load(Ordering::Relaxed),
+            self.misses.load(Ordering::Relaxed),
+        )
+    }
+
+    fn maybe_evict(&self) {
+        if self.map.len() <= self.cap || self.evicting.swap(true, Ordering::Acquire) {
+            return;
+        }
+        let want = self.cap / 8;
+        let m = self.map.pin();
+        let mut victims = Vec::with_capacity(want);
+        for (k, s) in m.iter() {
+            if victims.len() >= want {
+                break;
+            }
+            if s.hot.swap(false, Ordering::Relaxed) {
+                continue;
+            }
+            victims.push(k.clone());
+        }
+        if victims.len() < want {
+            // Everything was hot: take the first ones anyway (their bits are clear now).
+            for (k, _) in m.iter() {
+                if victims.len() >= want {
+                    break;
+                }
+                victims.push(k.clone());
+            }
+        }
+        for k in &victims {
+            // Removing is always safe for a cache: at worst the next lookup misses.
+            m.remove(k);
+        }
+        drop(m);
+        self.evicting.store(false, Ordering::Release);
+    }
+}
+
+/// Key of the dentry cache: (directory inode, name).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct DentKey {
+    pub dir: u32,
+    pub name: Box<[u8]>,
+}
+
+/// Borrowed form of [`DentKey`] for lookups without allocating. Hashes exactly like
+/// `DentKey` (same fields, same order, `[u8]` hashing as `Box<[u8]>` does).
+#[derive(Hash)]
+pub struct DentRef<'a> {
+    pub dir: u32,
+    pub name: &'a [u8],
+}
+
+impl Equivalent<DentKey> for DentRef<'_> {
+    fn equivalent(&self, k: &DentKey) -> bool {
+        self.dir == k.dir && *self.name == *k.name
+    }
+}
+
+/// A cached directory entry: `None` means the name is known not to exist.
+pub type Dent = Option<(u32, u8)>;
+
+/// The caches of one filesystem.
+pub struct Caches {
+    pub inodes: Cache<u32, Arc<Inode>>,
+    pub dentries: Cache<DentKey, Dent>,
+    pub grace: Grace,
+}
+
+impl Caches {
+    pub fn new(inodes: usize, dentries: usize) -> Caches {
+        Caches {
+            inodes: Cache::new(inodes),
+            dentries: Cache::new(dentries),
+            grace: Grace::new(),
+        }
+    }
+}
+
+/// A hasher-independent check that `DentRef` and `DentKey` hash alike (papaya looks
+/// borrowed keys up by hash).
+#[cfg(test)]
+fn same_hash(a: &impl Hash, b: &impl Hash) -> bool {
+    use std::hash::BuildHasher;
+    let s = std::collections::hash_map::RandomState::new();
+    s.hash_one(a) == s.hash_one(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn borrowed_dentry_keys_find_owned_ones() {
+        let k = DentKey {
+            dir: 7,
+            name: b"hello".to_vec().into_boxed_slice(),
+        };
+        let r = DentRef {
+            dir: 7,
+            name: b"hello",
+        };
+        assert!(same_hash(&k, &r));
+        let c: Cache<DentKey, Dent> = Cache::new(100);
+        let t = c.ticket(&r);
+        c.fill(k.clone(), Some((12, 1)), t);
+        assert_eq!(c.get(&r), Some(Some((12, 1))));
+        assert_eq!(
+            c.get(&DentRef {
+                dir: 8,
+                name: b"hello"
+            }),
+            None
+        );
+    }
+
+    #[test]
+    fn a_fill_that_raced_a_writer_is_dropped() {
+        let c: Cache<u32, u32> = Cache::new(100);
+        // Reader takes its ticket, then a writer changes the source and sets the key.
+        let t = c.ticket(&5);
+        c.set(5, 2);
+        c.fill(5, 1, t); // the reader's (old) value must not win
+        assert_eq!(c.get(&5), Some(2));
+        // Reader after an invalidation: its old value must not come back either.
+        let t = c.ticket(&6);
+        c.invalidate(&6);
+        c.fill(6, 1, t);
+        assert_eq!(c.get(&6), None);
+        // A quiet fill sticks.
+        let t = c.ticket(&7);
+        c.fill(7, 3, t);
+        assert_eq!(c.get(&7), Some(3));
+    }
+
+    #[test]
+    fn the_bound_holds() {
+        let c: Cache<u32, u32> = Cache::new(1000);
+        for i in 0..10_000u32 {
+            let t = c.ticket(&i);
+            c.fill(i, i, t);
+        }
+        assert!(c.len() <= 1001, "{} entries", c.len());
+        // Hot entries survive a pass more often than cold ones; at least the map still
+        // answers correctly for whatever it kept.
+        for i in 0..10_000u32 {
+            if let Some(v) = c.get(&i) {
+                assert_eq!(v, i);
+            }
+        }
+    }
+}
