@@ -508,7 +508,7 @@ impl Shell<'_> {
                 },
                 &operands,
             ),
-            "fsync" | "fdatasync" => self.fs.sync().map_err(|e| sys(name, &e)),
+            "fsync" | "fdatasync" => self.fs.fsync_ino(self.ino).map_err(|e| sys(name, &e)),
             "stat" => self.stat(has('v')),
             "fiemap" => self.fiemap(has('v'), has('l'), &operands),
             "help" => {
@@ -710,9 +710,10 @@ impl Shell<'_> {
             Some(s) => Some(self.num(s, "length argument")?),
             None => None,
         };
-        let inode = self
+        // FIEMAP_FLAG_SYNC, as xfs_io: dirty data is written back first.
+        let (inode, extents) = self
             .fs
-            .read_inode(self.ino)
+            .fiemap_ino(self.ino, MAX_LOGICAL)
             .map_err(|e| sys("fiemap", &e))?;
         let size = inode.size;
         let bs = self.block_size;
@@ -722,13 +723,7 @@ impl Shell<'_> {
             Some(l) => start.saturating_add(l),
             None => u64::MAX,
         };
-        let extents = if inode.mode & imode::S_IFMT == imode::S_IFLNK && inode.blocks_raw == 0 {
-            Vec::new() // a fast symlink has no blocks
-        } else {
-            self.fs
-                .extents(self.ino, &inode, MAX_LOGICAL)
-                .map_err(|e| sys("fiemap", &e))?
-        };
+
         // (logical block, len, physical, unwritten) of the extents overlapping the
         // blocks of [start, range_end), clipped to them as the kernel's FIEMAP reports
         // them; block-mapped runs merged like the kernel maps them.

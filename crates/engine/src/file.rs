@@ -1,10 +1,11 @@
 //! Files and metadata in the std::fs style: [`Metadata`] (like `std::fs::Metadata` plus
 //! ext4's extra fields) and [`File`] with positional reads.
 //!
-//! Reads go through [`Fs::map_block`]: holes and unwritten extents read as zeros, mapped
-//! runs are read straight from the device (no page cache yet; that comes with the
-//! mount). Sizes are checked against ext4's maximum file size so a corrupt i_size
-//! cannot make a reader loop for ever.
+//! Reads of regular files go through the page cache (`pagecache`); reads of other
+//! inodes (slow symlinks) and direct-I/O reads map each run through [`Fs::map_block`]
+//! and read the device: holes and unwritten extents read as zeros. Sizes are checked
+//! against ext4's maximum file size so a corrupt i_size cannot make a reader loop for
+//! ever.
 
 use rext4_format::inode::{mode, Inode, Timestamp};
 use rext4_format::superblock::feature;
@@ -117,8 +118,20 @@ impl Metadata {
 impl Fs {
     /// Metadata of inode `ino` (no path resolution).
     pub fn stat_ino(&self, ino: Ino) -> Result<Metadata> {
-        let inode = self.read_live_inode(ino)?;
+        let inode = self.read_inode_vfs(ino)?;
         Ok(self.metadata_of(ino, &inode))
+    }
+
+    /// Inode `ino` as a frontend presents it: the record, whatever its link count (an
+    /// orphan still referenced is served like any other inode), with the size the file
+    /// has in memory when buffered writes ran past the record's.
+    pub fn inode_attr(&self, ino: Ino) -> Result<Inode> {
+        let o = self.inner.pagecache.size_override(ino);
+        let mut i = self.read_inode(ino)?;
+        if let Some(s) = o {
+            i.size = i.size.max(s);
+        }
+        Ok(i)
     }
 
     /// Read an inode that a directory entry or handle refers to: it must be in use.
@@ -177,7 +190,8 @@ impl Fs {
 
     /// Read up to `buf.len()` bytes of inode `ino` at byte `offset`; returns the count
     /// (0 at or past EOF). `_inode` is the caller's copy; size and mapping are taken
-    /// from the inode as it is under the I/O lock.
+    /// from the inode as it is under the I/O lock. Regular files are read through the
+    /// page cache.
     pub fn read_ino_at(
         &self,
         ino: Ino,
@@ -193,6 +207,37 @@ impl Fs {
         if inode.mode == 0 {
             return Err(Error::NotFound);
         }
+        if inode.is_reg() {
+            return self.pc_read(ino, &inode, buf, offset, true);
+        }
+        let _t = self.tree_shared(ino);
+        self.read_device(ino, &inode, buf, offset)
+    }
+
+    /// Read bypassing the page cache (O_DIRECT): dirty cached pages of the range are
+    /// written back first, so the device holds the latest data.
+    pub fn read_direct_ino(&self, ino: Ino, buf: &mut [u8], offset: u64) -> Result<usize> {
+        if !buf.is_empty() && !self.inner.read_only {
+            let ps = u64::from(self.inner.block_size);
+            let len = buf.len() as u64;
+            let (first, last) = (offset / ps, offset.saturating_add(len - 1) / ps);
+            self.writeback_ino(ino, first, last, true)?;
+        }
+        let _io = self.io_shared(ino);
+        let _t = self.tree_shared(ino);
+        let inode = self.read_inode_vfs(ino)?;
+        self.read_device(ino, &inode, buf, offset)
+    }
+
+    /// Read from the device through the block mapping (caller holds the I/O lock and,
+    /// for a regular file, the tree lock; `inode` is current).
+    pub(crate) fn read_device(
+        &self,
+        ino: Ino,
+        inode: &Inode,
+        buf: &mut [u8],
+        offset: u64,
+    ) -> Result<usize> {
         if offset >= inode.size {
             return Ok(0);
         }
@@ -204,7 +249,7 @@ impl Fs {
             let pos = offset + done as u64;
             let lblk = pos / bs;
             let in_blk = pos % bs;
-            let m = self.map_block(ino, &inode, lblk)?;
+            let m = self.map_block(ino, inode, lblk)?;
             let (run_blocks, phys) = match m {
                 Mapping::Hole { len } => (len, None),
                 Mapping::Mapped {
@@ -233,6 +278,23 @@ impl Fs {
         Ok(done)
     }
 
+    /// FIEMAP of inode `ino` with FIEMAP_FLAG_SYNC (as xfs_io asks for it): the file's
+    /// dirty data is written back first (read-write filesystems), so delayed
+    /// allocations and conversions show; then every mapped run up to logical block
+    /// `limit_blocks`, with the inode as `stat` shows it.
+    pub fn fiemap_ino(&self, ino: Ino, limit_blocks: u64) -> Result<(Inode, Vec<(u64, Mapping)>)> {
+        if !self.inner.read_only && self.check_writable().is_ok() {
+            self.sync_range_ino(ino, 0, 0)?;
+        }
+        let _t = self.tree_shared(ino);
+        let inode = self.inode_attr(ino)?;
+        if inode.is_symlink() && inode.is_fast_symlink(self.inner.block_size) {
+            return Ok((inode, Vec::new())); // the target lives in i_block: no blocks
+        }
+        let ext = self.extents(ino, &inode, limit_blocks)?;
+        Ok((inode, ext))
+    }
+
     /// Open inode `ino` as a read-only [`File`].
     pub fn open_ino(&self, ino: Ino) -> Result<File> {
         self.read_live_inode(ino)?;
@@ -243,18 +305,22 @@ impl Fs {
             read: true,
             write: false,
             append: false,
+            direct: false,
         })
     }
 }
 
 /// An open file. Like `std::fs::File` with positional I/O (`read_at`, `write_at`);
 /// the inode is read afresh on every call, so handles see each other's changes.
+/// I/O goes through the page cache unless the file was opened with
+/// `OpenOptions::direct` (O_DIRECT).
 pub struct File {
     pub(crate) fs: Fs,
     pub(crate) ino: Ino,
     pub(crate) read: bool,
     pub(crate) write: bool,
     pub(crate) append: bool,
+    pub(crate) direct: bool,
 }
 
 impl Drop for File {
@@ -269,7 +335,7 @@ impl File {
         self.ino
     }
     fn inode(&self) -> Result<Inode> {
-        self.fs.read_live_inode(self.ino)
+        self.fs.read_inode_vfs(self.ino)
     }
     pub fn metadata(&self) -> Result<Metadata> {
         let i = self.inode()?;
@@ -290,6 +356,9 @@ impl File {
         if inode.is_dir() {
             return Err(Error::IsADirectory);
         }
+        if self.direct {
+            return self.fs.read_direct_ino(self.ino, buf, offset);
+        }
         self.fs.read_ino_at(self.ino, &inode, buf, offset)
     }
     /// Read exactly `buf.len()` bytes or fail with `InvalidInput` at EOF.
@@ -306,15 +375,13 @@ impl File {
         if !self.write {
             return Err(Error::InvalidInput("file not open for writing".into()));
         }
-        let _io = self.fs.io_exclusive(self.ino);
-        let _w = self.fs.write_lock();
-        self.fs.check_writable()?;
-        let off = if self.append {
-            self.inode()?.size
-        } else {
-            offset
-        };
-        self.fs.write_locked(self.ino, buf, off, true)
+        if self.append {
+            return self.fs.append_ino(self.ino, buf, self.direct);
+        }
+        if self.direct {
+            return self.fs.write_direct_ino(self.ino, buf, offset, true);
+        }
+        self.fs.write_ino_at(self.ino, buf, offset)
     }
     /// Write all of `buf` at `offset` (retrying after short writes).
     pub fn write_all_at(&self, mut buf: &[u8], mut offset: u64) -> Result<()> {
@@ -335,19 +402,33 @@ impl File {
         }
         self.fs.truncate_ino(self.ino, size)
     }
-    /// Flush data and metadata to the device (`File::sync_all`). Without a journal this
-    /// writes all dirty metadata of the filesystem.
+    /// Flush the file's data and the journal to the device (`File::sync_all`).
     pub fn sync_all(&self) -> Result<()> {
-        self.fs.sync()
+        self.fs.fsync_ino(self.ino)
     }
-    /// `File::sync_data`: the same as `sync_all` for now.
+    /// `File::sync_data`: the same as `sync_all` (the journal commit is what makes the
+    /// size and the block mapping durable).
     pub fn sync_data(&self) -> Result<()> {
-        self.fs.sync()
+        self.fs.fsync_ino(self.ino)
     }
-    /// Mapped extents (logical block, mapping), like FIEMAP.
+    /// sync_file_range(WRITE|WAIT_AFTER) of `[offset, offset+len)` (`len` 0: to EOF):
+    /// write the range's dirty pages to the device, without a journal commit.
+    pub fn sync_range(&self, offset: u64, len: u64) -> Result<()> {
+        self.fs.sync_range_ino(self.ino, offset, len)
+    }
+    /// posix_fadvise(DONTNEED): drop the range's clean cached pages.
+    pub fn drop_cache(&self, offset: u64, len: u64) {
+        self.fs.drop_cache_ino(self.ino, offset, len)
+    }
+    /// Mapped extents (logical block, mapping), like FIEMAP with FIEMAP_FLAG_SYNC: the
+    /// file's dirty data is written back first, so delayed allocations show.
     pub fn extents(&self) -> Result<Vec<(u64, Mapping)>> {
-        let inode = self.inode()?;
         let bs = u64::from(self.fs.block_size());
-        self.fs.extents(self.ino, &inode, inode.size.div_ceil(bs))
+        let size = self.len()?;
+        Ok(self.fs.fiemap_ino(self.ino, size.div_ceil(bs))?.1)
+    }
+    /// SEEK_DATA / SEEK_HOLE from `offset` (`None`: ENXIO).
+    pub fn seek(&self, offset: u64, whence: crate::Whence) -> Result<Option<u64>> {
+        self.fs.seek_ino(self.ino, offset, whence)
     }
 }

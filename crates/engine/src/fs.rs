@@ -17,7 +17,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-/// Stripes of the per-inode I/O lock table (`Inner::io_locks`).
+/// Stripes of the per-inode I/O and tree lock tables (`Inner::io_locks`, `tree_locks`).
 const IO_LOCK_STRIPES: usize = 256;
 
 use rext4_format::group::{self, DescCsum, GroupDesc};
@@ -40,6 +40,9 @@ pub struct FsOptions {
     /// Commit the running transaction every this many seconds (mount's commit=; 0
     /// disables the periodic commit).
     pub commit_secs: u64,
+    /// Memory the page cache (file data) may use, in bytes; `None`: 1/16 of RAM
+    /// between 64 MiB and 2 GiB (`pagecache::default_limit_bytes`).
+    pub cache_bytes: Option<u64>,
 }
 
 impl Default for FsOptions {
@@ -49,6 +52,7 @@ impl Default for FsOptions {
             direct_io: false,
             cache_blocks: 16384,
             commit_secs: 5,
+            cache_bytes: None,
         }
     }
 }
@@ -120,6 +124,11 @@ pub(crate) struct Inner {
     /// anything that changes which blocks an inode maps (allocating writes, truncate,
     /// fallocate, the final free). Taken before `write_lock`, one at a time.
     pub(crate) io_locks: Box<[RwLock<()>]>,
+    /// Per-inode extent-tree locks, striped: shared for lockless readers of a regular
+    /// file's mapping, exclusive for writeback's changes to it (see `pagecache`).
+    pub(crate) tree_locks: Box<[RwLock<()>]>,
+    /// File data: pages, dirty state, writeback (see `pagecache`).
+    pub(crate) pagecache: crate::pagecache::PageCache,
     /// Decoded inodes and directory entries, lock-free on hits, and the grace periods
     /// that keep freed inode numbers from reuse while lockless readers may hold them.
     pub(crate) caches: crate::icache::Caches,
@@ -246,6 +255,12 @@ impl Fs {
                 shutdown: Mutex::new(None),
                 pins: Mutex::new(std::collections::HashMap::new()),
                 io_locks: (0..IO_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
+                tree_locks: (0..IO_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
+                pagecache: crate::pagecache::PageCache::new(
+                    bs as usize,
+                    opts.cache_bytes
+                        .unwrap_or_else(crate::pagecache::default_limit_bytes),
+                ),
                 caches: crate::icache::Caches::new(
                     crate::icache::INODES_DEFAULT,
                     crate::icache::DENTRIES_DEFAULT,
@@ -306,6 +321,7 @@ impl Fs {
                 }
             }
             crate::jwrite::start_commit_thread(&fs, opts.commit_secs);
+            crate::pagecache::writeback::start_writeback_thread(&fs);
         }
         Ok(fs)
     }
@@ -340,6 +356,21 @@ impl Fs {
         &self.inner.io_locks[ino.0 as usize % IO_LOCK_STRIPES]
     }
 
+    /// The tree lock of `ino`, shared: a lockless reader of its extent tree (not
+    /// under the write lock) keeps writeback from changing it meanwhile.
+    pub(crate) fn tree_shared(&self, ino: Ino) -> RwLockReadGuard<'_, ()> {
+        self.inner.tree_locks[ino.0 as usize % IO_LOCK_STRIPES]
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The tree lock of `ino`, exclusive (writeback, before the write lock).
+    pub(crate) fn tree_exclusive(&self, ino: Ino) -> RwLockWriteGuard<'_, ()> {
+        self.inner.tree_locks[ino.0 as usize % IO_LOCK_STRIPES]
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Take the write lock. When the guard goes and too many metadata blocks are
     /// dirty, they are written back (background-style writeback; errors surface at the
     /// next `sync`, whose flush retries them).
@@ -372,8 +403,20 @@ impl Fs {
         }
     }
 
-    /// Write every change to the device and flush it (`syncfs`).
+    /// Write every change to the device and flush it (`syncfs`): all dirty file data,
+    /// then a journal commit.
     pub fn sync(&self) -> Result<()> {
+        if self.inner.read_only {
+            return Ok(());
+        }
+        let data = self.writeback_all();
+        self.sync_metadata()?;
+        data
+    }
+
+    /// Commit the metadata changes made so far (what jbd2's periodic commit does):
+    /// dirty file data stays in the page cache.
+    pub fn sync_metadata(&self) -> Result<()> {
         if self.inner.read_only {
             return Ok(());
         }
@@ -385,8 +428,15 @@ impl Fs {
     /// `ReadOnly`. Dropping the last handle of a read-write `Fs` does this too, but only
     /// `close` reports errors.
     pub fn close(&self) -> Result<()> {
+        let data = if self.inner.read_only || self.live().closed {
+            Ok(())
+        } else {
+            self.writeback_all()
+        };
+        self.inner.pagecache.stop_writeback();
         let _w = self.write_lock();
-        self.inner.close()
+        self.inner.close()?;
+        data
     }
 
     pub fn superblock(&self) -> Superblock {
@@ -668,8 +718,20 @@ impl Drop for WriteGuard<'_> {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Best effort when the last handle goes away without close().
+        // Best effort when the last handle goes away without close() (file data was
+        // written back by the last `Fs` handle's drop).
+        self.pagecache.stop_writeback();
         let _ = self.close();
+    }
+}
+
+impl Drop for Fs {
+    fn drop(&mut self) {
+        // The last handle: write the page cache back while an `Fs` still exists to do
+        // it with (Inner's drop then commits and marks the image clean).
+        if Arc::strong_count(&self.inner) == 1 && !self.inner.read_only && !self.live().closed {
+            let _ = self.writeback_all();
+        }
     }
 }
 

@@ -250,7 +250,8 @@ pub(crate) fn start_commit_thread(fs: &Fs, secs: u64) {
                 return;
             }
             if fs.cache().dirty_count() > 0 || fs.live().dirty {
-                let _ = fs.sync();
+                // Metadata only, as jbd2: file data goes by the writeback thread.
+                let _ = fs.sync_metadata();
             }
         });
     // Without the thread, commits still happen at sync, fsync and close.

@@ -9,13 +9,19 @@
 //! - `path`: path resolution and the path API; `file`: metadata and file reads;
 //!   `dir`: linear and htree directories; `xattr`: extended attributes;
 //! - `map`: logical→physical mapping (extent trees, block maps);
+//! - `icache`/`grace`: inode and dentry caches (lock-free hits), inode reuse grace;
+//! - `pagecache`: file data pages, delayed allocation, read-ahead, writeback;
 //! - `fs`: superblock, feature gate, group descriptors, inode records;
 //! - `cache`: metadata buffers, verified on read;
 //! - `device`: the `BlockDevice` seam (file, memory).
 //!
-//! Everything below `path` takes no lock but the buffer cache's map mutex, which is
-//! never held across I/O for reads; writers serialize on `Fs::write_lock`. An image
-//! whose journal needs recovery is replayed at open (in memory for read-only opens).
+//! Metadata readers take no lock but the buffer cache's map mutex (never held across
+//! I/O); metadata writers serialize on `Fs::write_lock`; file data takes the inode's
+//! I/O lock (shared for reads and writes inside the file). The lock order is in
+//! docs/ARCHITECTURE.md. An image whose journal needs recovery is replayed at open (in
+//! memory for read-only opens). Call [`Fs::close`] at the end: it writes the page cache
+//! back, commits and marks the image clean (dropping the last handle does it too, but
+//! cannot report errors).
 
 mod acl;
 pub mod alloc;
@@ -37,6 +43,7 @@ pub mod map;
 pub mod mkfs;
 pub mod ops;
 pub mod orphan;
+pub mod pagecache;
 pub mod path;
 pub mod perm;
 pub mod store;
@@ -49,6 +56,8 @@ pub use file::{File, FileType, Metadata};
 pub use fs::{Fs, FsOptions, Ino};
 pub use map::Mapping;
 pub use ops::{FallocMode, RenameFlags, SetAttr, StatFs};
+pub use pagecache::rw::Whence;
+pub use pagecache::PageCacheStats;
 pub use path::OpenOptions;
 pub use perm::Creds;
 pub use rext4_format as format;

@@ -369,6 +369,8 @@ impl Fs {
     }
 
     pub(crate) fn free_inode_and_blocks(&self, ino: Ino, mut inode: Inode) -> Result<()> {
+        // Cached data goes with the inode (no writeback can be running: it pins).
+        self.inner.pagecache.discard(ino);
         let is_dir = inode.is_dir();
         if inode.has_flag(flags::EXTENTS) {
             with_tree(self, ino, &mut inode, |t| {
@@ -612,6 +614,10 @@ impl Fs {
     /// chmod/chown/utimens/truncate in one call (like FUSE setattr).
     pub fn setattr_ino(&self, ino: Ino, a: &SetAttr) -> Result<crate::Metadata> {
         let _io = a.size.map(|_| self.io_exclusive(ino));
+        if let Some(size) = a.size {
+            self.check_writable()?;
+            self.prepare_size_change(ino, size)?;
+        }
         let _w = self.write_lock();
         self.check_writable()?;
         if let Some(size) = a.size {
@@ -641,18 +647,42 @@ impl Fs {
             self.chmod_acl(ino, &inode, mode)?;
             inode = self.read_live_inode(ino)?;
         }
+        inode.size = self.vfs_size(ino, &inode);
         Ok(self.metadata_of(ino, &inode))
     }
 
     /// Change the size of a regular file (ftruncate).
     pub fn truncate_ino(&self, ino: Ino, size: u64) -> Result<()> {
         let _io = self.io_exclusive(ino);
+        self.check_writable()?;
+        self.prepare_size_change(ino, size)?;
         let _w = self.write_lock();
         self.check_writable()?;
         self.truncate_locked(ino, size)
     }
 
-    fn max_file_size(&self) -> u64 {
+    /// Page-cache work before the size of `ino` becomes `size` (caller holds the I/O
+    /// lock exclusively, not the write lock): pages past the new end go, and buffered
+    /// data between the on-disk size and the new one is written back first, so the
+    /// size that commits never covers data that is not on the device (a crash must
+    /// not show zeros where the file had data).
+    pub(crate) fn prepare_size_change(&self, ino: Ino, size: u64) -> Result<()> {
+        let inode = self.read_live_inode(ino)?;
+        if !inode.is_reg() {
+            return Ok(());
+        }
+        let vfs = self.vfs_size(ino, &inode);
+        if size < vfs {
+            self.pc_truncate(ino, size, inode.size);
+        }
+        if size > inode.size && vfs > inode.size {
+            let ps = u64::from(self.inner.block_size);
+            self.writeback_ino(ino, inode.size / ps, u64::MAX, true)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn max_file_size(&self) -> u64 {
         MAX_LOGICAL * u64::from(self.inner.block_size) - 1
     }
 
@@ -683,13 +713,15 @@ impl Fs {
         let t = now_ts();
         inode.mtime = t;
         inode.ctime = t;
-        self.write_inode(ino, &inode)
+        self.write_inode(ino, &inode)?;
+        self.pc_disk_size_is(ino, size, true);
+        Ok(())
     }
 
     /// Before the size grows to `new_size`: zero what lies between the old EOF and the
     /// end of its block on disk (left there by an earlier shrinking truncate), so the
     /// file never shows stale bytes past its old end.
-    fn zero_past_eof(&self, ino: Ino, inode: &Inode, new_size: u64) -> Result<()> {
+    pub(crate) fn zero_past_eof(&self, ino: Ino, inode: &Inode, new_size: u64) -> Result<()> {
         let bs = u64::from(self.inner.block_size);
         let old = inode.size;
         if new_size <= old || old.is_multiple_of(bs) {
@@ -700,7 +732,7 @@ impl Fs {
     }
 
     /// Write zeros over `[off, off+len)` where it is mapped to written blocks.
-    fn zero_on_disk(&self, ino: Ino, inode: &Inode, off: u64, len: u64) -> Result<()> {
+    pub(crate) fn zero_on_disk(&self, ino: Ino, inode: &Inode, off: u64, len: u64) -> Result<()> {
         let bs = u64::from(self.inner.block_size);
         let mut pos = off;
         let end = off + len;
@@ -723,47 +755,138 @@ impl Fs {
         Ok(())
     }
 
-    /// Positional write; extends the file as needed. Returns the bytes written.
+    /// Positional write through the page cache; extends the file as needed and
+    /// updates mtime/ctime. Returns the bytes written.
     pub fn write_ino_at(&self, ino: Ino, buf: &[u8], offset: u64) -> Result<usize> {
-        if let Some(n) = self.try_overwrite(ino, buf, offset)? {
-            // The data went in under the shared I/O lock; only the times need the
-            // write lock (the inode is re-read under it: no change is lost).
-            let _w = self.write_lock();
-            self.check_writable()?;
-            let mut inode = self.read_live_inode(ino)?;
-            let t = now_ts();
-            inode.mtime = t;
-            inode.ctime = t;
-            self.write_inode(ino, &inode)?;
-            return Ok(n);
-        }
-        let _io = self.io_exclusive(ino);
-        let _w = self.write_lock();
-        self.check_writable()?;
-        self.write_locked(ino, buf, offset, true)
+        self.write_buffered(ino, buf, Some(offset), true)
     }
 
-    /// A write whose caller keeps mtime/ctime itself (FUSE with the kernel's writeback
-    /// cache: the kernel owns them and sends them by SETATTR). A pure overwrite then
-    /// changes no metadata at all, and runs under the inode's shared I/O lock only, in
-    /// parallel with other overwrites and with every metadata operation.
+    /// A buffered write whose caller keeps mtime/ctime itself (FUSE with the kernel's
+    /// writeback cache: the kernel owns them and sends them by SETATTR). A write inside
+    /// the file changes no metadata at all and runs under the inode's shared I/O lock,
+    /// in parallel with other such writes and with every metadata operation.
     pub fn write_ino_at_keep_times(&self, ino: Ino, buf: &[u8], offset: u64) -> Result<usize> {
-        if let Some(n) = self.try_overwrite(ino, buf, offset)? {
-            return Ok(n);
+        self.write_buffered(ino, buf, Some(offset), false)
+    }
+
+    /// O_APPEND write: at the end of the file, which is read and written under the
+    /// exclusive I/O lock, so concurrent appends never overlap.
+    pub fn append_ino(&self, ino: Ino, buf: &[u8], direct: bool) -> Result<usize> {
+        if direct {
+            self.write_through(ino, buf, None, true)
+        } else {
+            self.write_buffered(ino, buf, None, true)
         }
-        let _io = self.io_exclusive(ino);
+    }
+
+    /// O_DIRECT write: straight to the device, around the page cache (cached pages of
+    /// the range are written back and dropped first, and again afterwards in case a
+    /// reader cached the old bytes meanwhile). An overwrite of written blocks inside
+    /// the on-disk size runs under the shared I/O lock, concurrently with other such
+    /// writes (SEEDS lesson A); anything that allocates, converts or zeroes takes it
+    /// exclusively.
+    pub fn write_direct_ino(
+        &self,
+        ino: Ino,
+        buf: &[u8],
+        offset: u64,
+        update_times: bool,
+    ) -> Result<usize> {
+        let len = buf.len() as u64;
+        self.pc_flush_invalidate(ino, offset, len)?;
+        let r = match self.try_overwrite(ino, buf, offset)? {
+            Some(n) => {
+                if update_times {
+                    self.touch_times(ino)?;
+                }
+                Ok(n)
+            }
+            None => self.write_through(ino, buf, Some(offset), update_times),
+        };
+        self.drop_cache_ino(ino, offset, len.max(1));
+        r
+    }
+
+    /// Set mtime and ctime to now after a data write, unless they are already within
+    /// a millisecond of it (as the kernel's coarse clock makes back-to-back writes
+    /// change nothing).
+    pub(crate) fn touch_times(&self, ino: Ino) -> Result<()> {
         let _w = self.write_lock();
         self.check_writable()?;
-        self.write_locked(ino, buf, offset, false)
+        let mut inode = self.read_live_inode(ino)?;
+        let t = now_ts();
+        let near = |x: Timestamp| {
+            let a = i128::from(x.sec) * 1_000_000_000 + i128::from(x.nsec);
+            let b = i128::from(t.sec) * 1_000_000_000 + i128::from(t.nsec);
+            (b - a).abs() < 1_000_000
+        };
+        if near(inode.mtime) && near(inode.ctime) {
+            return Ok(());
+        }
+        inode.mtime = t;
+        inode.ctime = t;
+        self.write_inode(ino, &inode)
+    }
+
+    /// Write straight to the device with allocation at once (direct I/O, files the
+    /// page cache does not write, and buffered writes when free space is low — exact
+    /// ENOSPC). `offset` `None` appends. Dirty cached data of the file is written back
+    /// first (so the on-disk size is the file's size), and clean pages of the range
+    /// are dropped under the exclusive I/O lock.
+    pub(crate) fn write_through(
+        &self,
+        ino: Ino,
+        buf: &[u8],
+        offset: Option<u64>,
+        update_times: bool,
+    ) -> Result<usize> {
+        let ps = u64::from(self.inner.block_size);
+        for _ in 0..100 {
+            self.writeback_ino(ino, 0, u64::MAX, true)?;
+            let _io = self.io_exclusive(ino);
+            // A buffered writer may have dirtied pages between the writeback and the
+            // lock: write them first (without the lock), then try again.
+            let racing = self
+                .inner
+                .pagecache
+                .file(ino)
+                .is_some_and(|fc| !fc.lock().dirty_idx.is_empty());
+            if racing {
+                continue;
+            }
+            let _w = self.write_lock();
+            self.check_writable()?;
+            let inode = self.read_live_inode(ino)?;
+            let vfs = self.vfs_size(ino, &inode);
+            if vfs > inode.size && inode.is_reg() {
+                // The file's tail past the record's size is a hole (nothing dirty is
+                // left): make the record say so before writing through.
+                self.truncate_locked(ino, vfs)?;
+            }
+            let off = offset.unwrap_or(vfs);
+            let len = buf.len() as u64;
+            if len > 0 {
+                self.drop_cache_ino(ino, off - off % ps, len + off % ps);
+            }
+            let n = self.write_locked(ino, buf, off, update_times)?;
+            let disk = self.read_inode(ino)?.size;
+            self.pc_disk_size_is(ino, disk, false);
+            return Ok(n);
+        }
+        Err(Error::Io(std::io::Error::other(
+            "direct write kept racing buffered writers",
+        )))
     }
 
     /// Write `buf` at `offset` in place if every block of the range is mapped and
     /// written and the range ends within the size; `None` when it is not such a write
     /// (the caller takes the full path). The shared I/O lock keeps the mapping fixed:
-    /// everything that changes it holds the lock exclusively.
+    /// everything that changes it holds the lock exclusively, except writeback, which
+    /// the tree lock keeps out.
     fn try_overwrite(&self, ino: Ino, buf: &[u8], offset: u64) -> Result<Option<usize>> {
         self.check_writable()?;
         let _io = self.io_shared(ino);
+        let _t = self.tree_shared(ino);
         let inode = self.read_live_inode(ino)?;
         let Some(end) = offset.checked_add(buf.len() as u64) else {
             return Ok(None);
@@ -894,7 +1017,8 @@ impl Fs {
                     *pos = run_end;
                 }
                 Mapping::Hole { len } => {
-                    let want_blk = len.min(end.div_ceil(bs) - lblk).min(32768);
+                    let want_blk =
+                        self.data_alloc_cap(len.min(end.div_ceil(bs) - lblk).min(32768))?;
                     let goal = self.data_goal(ino, inode, lblk);
                     let (p, got) = self.alloc_blocks(goal, want_blk as u32)?;
                     let got = u64::from(got);
@@ -926,7 +1050,6 @@ impl Fs {
     /// fallocate(2).
     pub fn fallocate_ino(&self, ino: Ino, mode: FallocMode, offset: u64, len: u64) -> Result<()> {
         let _io = self.io_exclusive(ino);
-        let _w = self.write_lock();
         self.check_writable()?;
         if len == 0 {
             return Err(Error::InvalidInput("fallocate of length 0".into()));
@@ -935,7 +1058,29 @@ impl Fs {
         if end > self.max_file_size() {
             return Err(Error::FileTooLarge);
         }
+        // Page cache first (it may wait for writeback, which needs the write lock):
+        // cached pages of a punched range go; a size that grows past buffered data
+        // not yet written waits for it (see `prepare_size_change`).
+        match mode {
+            FallocMode::PunchHole | FallocMode::ZeroRange { .. } => {
+                self.pc_drop_range(ino, offset, end)
+            }
+            FallocMode::Allocate | FallocMode::KeepSize => {}
+        }
+        let grows = matches!(
+            mode,
+            FallocMode::Allocate | FallocMode::ZeroRange { keep_size: false }
+        );
+        if grows {
+            let i = self.read_live_inode(ino)?;
+            if end > i.size && self.vfs_size(ino, &i) > i.size {
+                self.prepare_size_change(ino, end.max(self.vfs_size(ino, &i)))?;
+            }
+        }
+        let _w = self.write_lock();
+        self.check_writable()?;
         let mut inode = self.read_live_inode(ino)?;
+        let vfs = self.vfs_size(ino, &inode);
         if !inode.is_reg() {
             return Err(if inode.is_dir() {
                 Error::IsADirectory
@@ -952,7 +1097,7 @@ impl Fs {
                     self.write_inode(ino, &inode)?;
                     return Err(e);
                 }
-                if mode == FallocMode::Allocate && end > inode.size {
+                if mode == FallocMode::Allocate && end > vfs {
                     self.zero_past_eof(ino, &inode, end)?;
                     inode.size = end;
                 }
@@ -967,7 +1112,7 @@ impl Fs {
                     self.write_inode(ino, &inode)?;
                     return Err(e);
                 }
-                if !keep_size && end > inode.size {
+                if !keep_size && end > vfs {
                     self.zero_past_eof(ino, &inode, end)?;
                     inode.size = end;
                 }
@@ -977,7 +1122,9 @@ impl Fs {
         if matches!(mode, FallocMode::PunchHole | FallocMode::ZeroRange { .. }) {
             inode.mtime = inode.ctime;
         }
-        self.write_inode(ino, &inode)
+        self.write_inode(ino, &inode)?;
+        self.pc_disk_size_is(ino, inode.size, false);
+        Ok(())
     }
 
     /// Unwritten extents over every hole in logical blocks [first, end).
@@ -987,7 +1134,7 @@ impl Fs {
             match self.map_block(ino, inode, l)? {
                 Mapping::Mapped { len, .. } => l += len,
                 Mapping::Hole { len } => {
-                    let want = len.min(end - l).min(32767);
+                    let want = self.data_alloc_cap(len.min(end - l).min(32767))?;
                     let goal = self.data_goal(ino, inode, l);
                     let (p, got) = self.alloc_blocks(goal, want as u32)?;
                     let ext = Extent {
@@ -1018,13 +1165,15 @@ impl Fs {
                 t.remove(first_full as u32, end_full).map(|_| ())
             })?;
         }
+        // Partial blocks at the edges: zeroed in the cached page if there is one (the
+        // device copy follows at writeback), else on the device.
         let head_end = (first_full * bs).min(end);
         if start < head_end {
-            self.zero_on_disk(ino, inode, start, head_end - start)?;
+            self.zero_partial(ino, inode, start, head_end)?;
         }
         let tail_start = (end_full * bs).max(start);
         if tail_start < end && end_full >= first_full {
-            self.zero_on_disk(ino, inode, tail_start, end - tail_start)?;
+            self.zero_partial(ino, inode, tail_start, end)?;
         }
         Ok(())
     }

@@ -195,6 +195,7 @@ pub struct OpenOptions {
     truncate: bool,
     create: bool,
     create_new: bool,
+    direct: bool,
     mode: u32,
     uid: u32,
     gid: u32,
@@ -216,6 +217,7 @@ impl OpenOptions {
             truncate: false,
             create: false,
             create_new: false,
+            direct: false,
             mode: 0o644,
             uid: 0,
             gid: 0,
@@ -247,6 +249,11 @@ impl OpenOptions {
     /// O_CREAT | O_EXCL.
     pub fn create_new(&mut self, v: bool) -> &mut Self {
         self.create_new = v;
+        self
+    }
+    /// O_DIRECT: reads and writes go to the device, around the page cache.
+    pub fn direct(&mut self, v: bool) -> &mut Self {
+        self.direct = v;
         self
     }
     /// Permission bits of a created file (default 0o644).
@@ -332,6 +339,7 @@ impl OpenOptions {
         f.read = self.read;
         f.write = writing;
         f.append = self.append;
+        f.direct = self.direct;
         Ok(f)
     }
 }

@@ -801,6 +801,21 @@ fn run_seed(seed: u64, ops: usize, bs: u32) {
         fsck.output,
         r.log.join("\n")
     );
+    // What close() left on the image, read back by rext4 (page cache written back,
+    // sizes raised): the same tree.
+    let log = std::mem::take(&mut r.log);
+    drop(r);
+    drop(fs);
+    let again = Fs::open(img.path()).expect("reopen");
+    let reread = normalise(common::snapshot(&again).expect("walk"));
+    let d = diff_trees(&want, &reread, &Compare::exact());
+    assert!(
+        d.is_empty(),
+        "seed {seed}: model vs rext4 after close and reopen:\n{}\nlog:\n{}",
+        d.join("\n"),
+        log.join("\n")
+    );
+    drop(again);
 
     let mnt = match LoopMount::new(img.path(), false, "") {
         Ok(mnt) => mnt,

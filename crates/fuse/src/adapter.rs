@@ -32,9 +32,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    AccessFlags, BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags,
-    RenameFlags as FuseRenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType,
+    Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode,
+    OpenFlags, RenameFlags as FuseRenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
     ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
@@ -42,7 +42,7 @@ use rext4::format::acl;
 use rext4::format::inode::Inode;
 use rext4::format::superblock::feature;
 use rext4::{
-    Creds, Error, FallocMode, Fs, Ino, Mapping, RenameFlags, SetAttr, Timestamp, XattrFlags,
+    Creds, Error, FallocMode, Fs, Ino, RenameFlags, SetAttr, Timestamp, Whence, XattrFlags,
 };
 
 /// How long the kernel may trust attributes and entries we return.
@@ -75,7 +75,12 @@ pub(crate) struct AdapterConfig {
 
 /// One open file or directory.
 enum Handle {
-    File { ino: Ino, append: bool },
+    /// `direct`: opened with O_DIRECT (reads and writes around the page cache).
+    File {
+        ino: Ino,
+        append: bool,
+        direct: bool,
+    },
     Dir(Arc<Mutex<DirSnap>>),
 }
 
@@ -305,7 +310,7 @@ impl Shared {
         }
         let i = self
             .fs
-            .read_inode(ino)
+            .inode_attr(ino)
             .map_err(|e| self.fail("read inode", &e))?;
         if i.mode == 0 {
             return Err(Errno::ENOENT);
@@ -451,6 +456,7 @@ impl Shared {
         let fh = self.new_fh(Handle::File {
             ino,
             append: flags & libc::O_APPEND != 0,
+            direct: flags & libc::O_DIRECT != 0,
         });
         let fl = if flags & libc::O_DIRECT != 0 {
             FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
@@ -525,34 +531,25 @@ impl Shared {
         }
     }
 
-    /// SEEK_DATA / SEEK_HOLE from the block mapping (unwritten extents read as holes).
+    /// SEEK_DATA / SEEK_HOLE (the engine counts dirty cached pages as data).
     fn seek(&self, ino: Ino, offset: u64, whence: i32) -> Result<u64, Errno> {
-        let i = self.load(ino)?;
-        let size = i.size;
-        if offset >= size {
-            return Err(Errno::ENXIO);
-        }
-        let bs = u64::from(self.block_size);
-        let end_blk = size.div_ceil(bs);
-        let mut l = offset / bs;
-        while l < end_blk {
-            let m = self
-                .fs
-                .map_block(ino, &i, l)
-                .map_err(|e| self.fail("lseek", &e))?;
-            let (len, data) = match m {
-                Mapping::Hole { len } => (len, false),
-                Mapping::Mapped { len, unwritten, .. } => (len, !unwritten),
-            };
-            if data == (whence == SEEK_DATA) {
-                return Ok((l * bs).max(offset).min(size));
-            }
-            l = l.saturating_add(len.max(1));
-        }
-        if whence == SEEK_DATA {
-            Err(Errno::ENXIO)
+        let w = if whence == SEEK_DATA {
+            Whence::Data
         } else {
-            Ok(size)
+            Whence::Hole
+        };
+        match self.fs.seek_ino(ino, offset, w) {
+            Ok(Some(o)) => Ok(o),
+            Ok(None) => Err(Errno::ENXIO),
+            Err(e) => Err(self.fail("lseek", &e)),
+        }
+    }
+
+    /// The handle's (direct, append) flags; a handle we do not know is neither.
+    fn handle_flags(&self, fh: FileHandle) -> (bool, bool) {
+        match lock(&self.handles).get(&fh.0) {
+            Some(Handle::File { direct, append, .. }) => (*direct, *append),
+            _ => (false, false),
         }
     }
 
@@ -887,7 +884,7 @@ impl Filesystem for Adapter {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         size: u32,
         _flags: OpenFlags,
@@ -904,11 +901,13 @@ impl Filesystem for Adapter {
         let want = size.min(MAX_IO) as u64;
         let n = i.size.saturating_sub(offset).min(want) as usize;
         let mut buf = vec![0u8; n];
-        let got = tri!(
-            reply,
+        let (direct, _) = s.handle_flags(fh);
+        let r = if direct {
+            s.fs.read_direct_ino(ino, &mut buf, offset)
+        } else {
             s.fs.read_ino_at(ino, &i, &mut buf, offset)
-                .map_err(|e| s.fail("read", &e))
-        );
+        };
+        let got = tri!(reply, r.map_err(|e| s.fail("read", &e)));
         reply.data(&buf[..got.min(n)]);
     }
 
@@ -927,22 +926,18 @@ impl Filesystem for Adapter {
         let s = &self.s;
         let ino = to_ext4(ino);
         tri!(reply, s.writable());
-        let append = matches!(
-            lock(&s.handles).get(&fh.0),
-            Some(Handle::File { append: true, .. })
-        );
-        // With the writeback cache the kernel places O_APPEND writes itself (and may
-        // send them on another handle); otherwise append at the engine's EOF.
-        let off = if append && !s.writeback.load(Ordering::Relaxed) {
-            tri!(reply, s.load(ino)).size
+        let (direct, append) = s.handle_flags(fh);
+        // With the writeback cache the kernel owns mtime/ctime of regular files and
+        // places O_APPEND writes itself (it may send them on another handle).
+        let wb = s.writeback.load(Ordering::Relaxed);
+        let r = if append && !wb {
+            s.fs.append_ino(ino, data, direct)
+        } else if direct {
+            s.fs.write_direct_ino(ino, data, offset, !wb)
+        } else if wb {
+            s.fs.write_ino_at_keep_times(ino, data, offset)
         } else {
-            offset
-        };
-        // With the writeback cache the kernel owns mtime/ctime of regular files.
-        let r = if s.writeback.load(Ordering::Relaxed) {
-            s.fs.write_ino_at_keep_times(ino, data, off)
-        } else {
-            s.fs.write_ino_at(ino, data, off)
+            s.fs.write_ino_at(ino, data, offset)
         };
         let n = tri!(reply, r.map_err(|e| s.fail("write", &e)));
         reply.written(n as u32);
@@ -983,13 +978,17 @@ impl Filesystem for Adapter {
     fn fsync(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
         let s = &self.s;
-        tri!(reply, s.fs.sync().map_err(|e| s.fail("fsync", &e)));
+        tri!(
+            reply,
+            s.fs.fsync_ino(to_ext4(ino))
+                .map_err(|e| s.fail("fsync", &e))
+        );
         reply.ok();
     }
 
@@ -1095,7 +1094,10 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let s = &self.s;
-        tri!(reply, s.fs.sync().map_err(|e| s.fail("fsyncdir", &e)));
+        tri!(
+            reply,
+            s.fs.sync_metadata().map_err(|e| s.fail("fsyncdir", &e))
+        );
         reply.ok();
     }
 
@@ -1288,6 +1290,43 @@ impl Filesystem for Adapter {
                 .map_err(|e| s.fail("fallocate", &e))
         );
         reply.ok();
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        _fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        _fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        let s = &self.s;
+        if !flags.is_empty() {
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        tri!(reply, s.writable());
+        // One reply carries at most u32::MAX bytes; the caller loops for the rest.
+        let len = len.min(u64::from(u32::MAX) & !0xFFF);
+        let wb = s.writeback.load(Ordering::Relaxed);
+        let n = tri!(
+            reply,
+            s.fs.copy_range_ino(
+                to_ext4(ino_in),
+                offset_in,
+                to_ext4(ino_out),
+                offset_out,
+                len,
+                !wb
+            )
+            .map_err(|e| s.fail("copy_file_range", &e))
+        );
+        reply.written(n as u32);
     }
 
     fn lseek(

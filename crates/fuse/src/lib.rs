@@ -69,7 +69,8 @@ pub struct MountOptions {
     pub errors: ErrorsPolicy,
     /// Journal commit interval in seconds (ext4's commit=; 0 disables periodic commits).
     pub commit_secs: u64,
-    /// Metadata cache size in MiB (engine default when `None`).
+    /// Page cache (file data) size in MiB (engine default when `None`: 1/16 of RAM,
+    /// 64 MiB to 2 GiB).
     pub cache_mb: Option<u64>,
     /// Let other users use the mount (FUSE allow_other).
     pub allow_other: bool,
@@ -532,8 +533,8 @@ fn serve_inner(
         ..FsOptions::default()
     };
     if let Some(mb) = opts.cache_mb {
-        // Sized in 4 KiB blocks (the usual block size; smaller blocks get more).
-        fo.cache_blocks = (mb.saturating_mul(256)).clamp(64, 1 << 24) as usize;
+        // The engine's page cache (file data); the metadata cache keeps its default.
+        fo.cache_bytes = Some(mb.max(1).saturating_mul(1 << 20));
     }
     let fs = Fs::open_with(image, fo).map_err(|e| format!("{}: {e}", image.display()))?;
     for w in fs.warnings() {

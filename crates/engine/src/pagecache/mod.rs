@@ -1,0 +1,537 @@
+//! The page cache for file data: pages keyed by (inode, page index), dirty and
+//! writeback state, delayed allocation, read-ahead, a memory bound with reclaim, and
+//! the writeback thread with dirty limits.
+//!
+//! Owns: one [`FileCache`] per regular file with cached data (its pages, the size the
+//! file has in memory when buffered writes ran past the on-disk size, read-ahead state,
+//! the first writeback error since the last fsync), global page and dirty counts, the
+//! delayed-allocation reservation, the reclaim queue, the dirty-file list and the
+//! writeback thread's control block. A page is one filesystem block (`block_size`
+//! bytes), so page `i` of a file is logical block `i`.
+//!
+//! Data flow: `read_ino_at` copies from pages, instantiating missing ones from the
+//! device (one read per contiguous physical run, with read-ahead of a window that
+//! doubles while reads stay sequential); `write_ino_at` copies into pages and marks
+//! them dirty — a page over a hole reserves one block instead of allocating it
+//! (delayed allocation) unless free space is low, when the write goes to the device
+//! with allocation at once (ext4's nodelalloc fallback). Writeback (`writeback.rs`)
+//! takes dirty pages in index order, allocates each hole run as one unwritten extent,
+//! writes the data, then marks the extents written and raises the on-disk size, so a
+//! large file written in any order comes out contiguous and a crash never exposes
+//! unwritten data (the extents read as zeros until the conversion, which commits after
+//! the data is on the device: ordered mode).
+//!
+//! Must hold:
+//! - Bytes of a cached page at or past the file's size are zero (a page loaded from
+//!   the device is zeroed past EOF; truncate zeroes the tail of the EOF page), so
+//!   mmap-style reads of the EOF page never show stale data (SEEDS lesson B).
+//! - The on-disk i_size covers only data that was written: it is raised by writeback
+//!   after the data, never past a dirty page that is not yet written. The size in
+//!   memory ([`FileCache::size`]) is the larger one while they differ; writers of both
+//!   write the inode first and the in-memory size second, readers read the in-memory
+//!   size first, so a lockless stat never sees a size from neither before nor after.
+//! - A dirty page over a hole holds one reserved block (`delalloc`); the reservation is
+//!   released when writeback allocates it or the page is dropped.
+//! - Writeback pins the inode while it runs, so an unlink cannot free the inode (and
+//!   its blocks) under a data write; a discarded [`FileCache`] is marked dead and no
+//!   writeback starts on it.
+//!
+//! Locking (extends the order in docs/ARCHITECTURE.md): inode I/O lock → tree lock →
+//! `Fs::write_lock` → ... ; a `FileCache`'s state mutex and then one page's mutex are
+//! taken inside any of those, held only for map updates and memcpy, never across
+//! device I/O, never while waiting for another lock. The reclaim queue and the
+//! dirty-file list are leaf mutexes. The tree lock (striped RwLock per inode) is taken
+//! shared by lockless readers of a file's extent tree (page instantiation, direct I/O,
+//! SEEK_DATA, FIEMAP) and exclusively by writeback around its extent changes, which
+//! it makes under the write lock; every other tree change holds the inode's I/O lock
+//! exclusively, which already keeps those readers out.
+
+pub(crate) mod rw;
+pub(crate) mod writeback;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use crate::error::Error;
+use crate::fs::Ino;
+
+/// Read-ahead window bounds, in bytes.
+pub const READAHEAD_MIN_BYTES: u64 = 128 << 10;
+pub const READAHEAD_MAX_BYTES: u64 = 2 << 20;
+/// Largest run one writeback pass snapshots and writes (bytes).
+pub const WRITEBACK_CHUNK_BYTES: u64 = 8 << 20;
+/// Dirty data older than this is written back by the writeback thread.
+pub const DIRTY_EXPIRE_SECS: u64 = 5;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How much memory the page cache may use (bytes) when the user does not say:
+/// 1/16 of RAM, between 64 MiB and 2 GiB.
+pub fn default_limit_bytes() -> u64 {
+    let ram = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(1 << 30, |kb| kb * 1024);
+    (ram / 16).clamp(64 << 20, 2 << 30)
+}
+
+/// One cached block of a file.
+pub(crate) struct Page {
+    pub(crate) data: Mutex<PageData>,
+    /// Read or written since the reclaim clock last passed (second chance).
+    pub(crate) hot: AtomicBool,
+}
+
+pub(crate) struct PageData {
+    pub(crate) buf: Box<[u8]>,
+    /// Newer than the device.
+    pub(crate) dirty: bool,
+    /// A writeback has snapshotted this page and not finished yet.
+    pub(crate) writeback: bool,
+    /// Bumped by every change; writeback cleans the page only if it did not move.
+    pub(crate) seq: u64,
+    /// Dirty over a hole: one block is reserved for it (delayed allocation).
+    pub(crate) delalloc: bool,
+}
+
+impl Page {
+    fn new(buf: Box<[u8]>) -> Arc<Page> {
+        Arc::new(Page {
+            data: Mutex::new(PageData {
+                buf,
+                dirty: false,
+                writeback: false,
+                seq: 0,
+                delalloc: false,
+            }),
+            hot: AtomicBool::new(true),
+        })
+    }
+    pub(crate) fn lock(&self) -> MutexGuard<'_, PageData> {
+        lock(&self.data)
+    }
+}
+
+/// An error writeback met, kept for the next fsync (like the kernel's AS_EIO/ENOSPC).
+#[derive(Debug, Clone)]
+pub(crate) enum WbError {
+    NoSpace,
+    Io(String),
+}
+
+impl WbError {
+    pub(crate) fn to_error(&self) -> Error {
+        match self {
+            WbError::NoSpace => Error::NoSpace,
+            WbError::Io(m) => Error::Io(std::io::Error::other(m.clone())),
+        }
+    }
+}
+
+/// The cached data of one file.
+pub(crate) struct FileCache {
+    pub(crate) ino: Ino,
+    pub(crate) state: Mutex<FileState>,
+    /// Signalled when writeback finishes on some of this file's pages.
+    pub(crate) wb_done: Condvar,
+}
+
+pub(crate) struct FileState {
+    pub(crate) pages: BTreeMap<u64, Arc<Page>>,
+    /// Indices of the dirty pages.
+    pub(crate) dirty_idx: BTreeSet<u64>,
+    /// The file's size when it is larger than the inode record's (buffered writes past
+    /// the on-disk size, not yet written back).
+    pub(crate) size: Option<u64>,
+    /// Pages of this file under writeback.
+    pub(crate) writeback: usize,
+    /// Read-ahead: the page a sequential reader asks for next, and the window.
+    pub(crate) ra_next: u64,
+    pub(crate) ra_pages: u64,
+    /// First writeback error since the last fsync.
+    pub(crate) error: Option<WbError>,
+    /// Discarded (the inode was freed): nothing may be added or written back.
+    pub(crate) dead: bool,
+}
+
+impl FileCache {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, FileState> {
+        lock(&self.state)
+    }
+    /// Block until no page of this file in `[first, last]` is under writeback.
+    pub(crate) fn wait_writeback<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, FileState>,
+        first: u64,
+        last: u64,
+    ) -> MutexGuard<'a, FileState> {
+        loop {
+            let busy = st.writeback > 0
+                && st
+                    .pages
+                    .range(first..=last)
+                    .any(|(_, p)| p.lock().writeback);
+            if !busy {
+                return st;
+            }
+            st = self.wb_done.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Block until none of `pages` (taken out of the map) is under writeback.
+    pub(crate) fn wait_pages<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, FileState>,
+        pages: &[Arc<Page>],
+    ) -> MutexGuard<'a, FileState> {
+        while pages.iter().any(|p| p.lock().writeback) {
+            st = self.wb_done.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        st
+    }
+}
+
+/// Writeback thread control, shared with the thread (which must not hold the
+/// filesystem while it sleeps).
+#[derive(Default)]
+pub(crate) struct WbCtl {
+    /// Set to make the thread look for work now.
+    pub(crate) kick: bool,
+    pub(crate) started: bool,
+    /// Set when the filesystem closes: the thread exits.
+    pub(crate) stop: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct WbShared {
+    pub(crate) ctl: Mutex<WbCtl>,
+    pub(crate) cv: Condvar,
+}
+
+impl WbShared {
+    pub(crate) fn ctl(&self) -> MutexGuard<'_, WbCtl> {
+        lock(&self.ctl)
+    }
+}
+
+/// The page cache of one filesystem.
+pub(crate) struct PageCache {
+    pub(crate) page_size: usize,
+    files: papaya::HashMap<u32, Arc<FileCache>>,
+    /// Pages cached, and the bound.
+    pub(crate) pages: AtomicUsize,
+    pub(crate) limit_pages: usize,
+    /// Dirty pages (all files), and the thresholds: writers wait above `dirty_limit`,
+    /// the writeback thread starts above `dirty_background`.
+    pub(crate) dirty: AtomicUsize,
+    pub(crate) dirty_limit: usize,
+    pub(crate) dirty_background: usize,
+    /// Blocks reserved by delayed-allocation pages.
+    pub(crate) reserved: AtomicU64,
+    /// Reclaim order (CLOCK): (inode, page index), oldest first; may hold stale keys.
+    lru: Mutex<VecDeque<(u32, u64)>>,
+    reclaiming: AtomicBool,
+    /// Files with dirty pages, and since when.
+    pub(crate) dirty_files: Mutex<HashMap<u32, Instant>>,
+    pub(crate) wb: Arc<WbShared>,
+}
+
+impl PageCache {
+    pub(crate) fn new(page_size: usize, limit_bytes: u64) -> PageCache {
+        let limit_pages = (limit_bytes / page_size as u64).max(256) as usize;
+        PageCache {
+            page_size,
+            files: papaya::HashMap::new(),
+            pages: AtomicUsize::new(0),
+            limit_pages,
+            dirty: AtomicUsize::new(0),
+            dirty_limit: limit_pages / 2,
+            dirty_background: limit_pages / 8,
+            reserved: AtomicU64::new(0),
+            lru: Mutex::new(VecDeque::new()),
+            reclaiming: AtomicBool::new(false),
+            dirty_files: Mutex::new(HashMap::new()),
+            wb: Arc::new(WbShared::default()),
+        }
+    }
+
+    /// The cache of `ino`, if it has one (lock-free).
+    pub(crate) fn file(&self, ino: Ino) -> Option<Arc<FileCache>> {
+        self.files.pin().get(&ino.0).cloned()
+    }
+
+    /// The cache of `ino`, created if needed. The caller must check `dead` under the
+    /// state lock before adding pages (and retry when it is set).
+    pub(crate) fn file_or_new(&self, ino: Ino) -> Arc<FileCache> {
+        self.files
+            .pin()
+            .get_or_insert_with(ino.0, || {
+                Arc::new(FileCache {
+                    ino,
+                    state: Mutex::new(FileState {
+                        pages: BTreeMap::new(),
+                        dirty_idx: BTreeSet::new(),
+                        size: None,
+                        writeback: 0,
+                        ra_next: u64::MAX,
+                        ra_pages: 0,
+                        error: None,
+                        dead: false,
+                    }),
+                    wb_done: Condvar::new(),
+                })
+            })
+            .clone()
+    }
+
+    /// A live cache for `ino` (created if needed).
+    pub(crate) fn live_file(&self, ino: Ino) -> Arc<FileCache> {
+        loop {
+            let fc = self.file_or_new(ino);
+            if !fc.lock().dead {
+                return fc;
+            }
+            // A dead cache leaves the map right after it dies; a racing lookup may
+            // still see it for a moment.
+            std::thread::yield_now();
+        }
+    }
+
+    /// The in-memory size of `ino` when it runs ahead of the inode record.
+    pub(crate) fn size_override(&self, ino: Ino) -> Option<u64> {
+        self.file(ino).and_then(|f| f.lock().size)
+    }
+
+    /// Every file cache (for sync and reclaim).
+    pub(crate) fn all_files(&self) -> Vec<Arc<FileCache>> {
+        self.files.pin().values().cloned().collect()
+    }
+
+    /// Account page `idx` of a file becoming dirty (state and page locked by the
+    /// caller, who sets the page's flag).
+    pub(crate) fn note_dirty(&self, st: &mut FileState, ino: Ino, idx: u64) {
+        if st.dirty_idx.insert(idx) {
+            self.dirty.fetch_add(1, Ordering::Relaxed);
+            if st.dirty_idx.len() == 1 {
+                lock(&self.dirty_files)
+                    .entry(ino.0)
+                    .or_insert_with(Instant::now);
+            }
+        }
+    }
+
+    /// Account page `idx` of a file becoming clean (or leaving the cache).
+    pub(crate) fn note_clean(&self, st: &mut FileState, ino: Ino, idx: u64) {
+        if st.dirty_idx.remove(&idx) {
+            self.dirty.fetch_sub(1, Ordering::Relaxed);
+            if st.dirty_idx.is_empty() {
+                lock(&self.dirty_files).remove(&ino.0);
+            }
+        }
+    }
+
+    /// Put a new page in `st` (which must be live); returns the page now at `idx`
+    /// (an existing one wins).
+    pub(crate) fn insert_page(
+        &self,
+        st: &mut FileState,
+        ino: Ino,
+        idx: u64,
+        page: Arc<Page>,
+    ) -> Arc<Page> {
+        if let Some(p) = st.pages.get(&idx) {
+            return p.clone();
+        }
+        st.pages.insert(idx, page.clone());
+        self.pages.fetch_add(1, Ordering::Relaxed);
+        lock(&self.lru).push_back((ino.0, idx));
+        page
+    }
+
+    /// Remove page `idx` of a file (state locked): clean-up of its dirty and
+    /// reservation accounting. Returns the page.
+    pub(crate) fn remove_page(&self, st: &mut FileState, ino: Ino, idx: u64) -> Option<Arc<Page>> {
+        let p = st.pages.remove(&idx)?;
+        self.pages.fetch_sub(1, Ordering::Relaxed);
+        let mut d = p.lock();
+        if d.dirty {
+            d.dirty = false;
+            d.seq += 1;
+            self.note_clean(st, ino, idx);
+        }
+        if d.delalloc {
+            d.delalloc = false;
+            self.release(1);
+        }
+        drop(d);
+        Some(p)
+    }
+
+    /// Release `n` reserved blocks.
+    pub(crate) fn release(&self, n: u64) {
+        let _ = self
+            .reserved
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
+                Some(r.saturating_sub(n))
+            });
+    }
+
+    /// Take a dead cache out of the map (exactly that one: a new cache for the same
+    /// inode may already be there).
+    fn forget_file(&self, fc: &Arc<FileCache>) {
+        let _ = self
+            .files
+            .pin()
+            .remove_if(&fc.ino.0, |_, v| Arc::ptr_eq(v, fc));
+    }
+
+    /// Throw away everything cached for `ino` (it was freed). Pages under writeback
+    /// are not waited for: writeback pins the inode, so it cannot be freed under one.
+    pub(crate) fn discard(&self, ino: Ino) {
+        let Some(fc) = self.file(ino) else { return };
+        let mut st = fc.lock();
+        st.dead = true;
+        let idxs: Vec<u64> = st.pages.keys().copied().collect();
+        for i in idxs {
+            self.remove_page(&mut st, ino, i);
+        }
+        st.size = None;
+        lock(&self.dirty_files).remove(&ino.0);
+        drop(st);
+        self.forget_file(&fc);
+        fc.wb_done.notify_all();
+    }
+
+    /// Drop clean pages until the cache is back under its bound (CLOCK over the
+    /// reclaim queue: pages used since the last pass get a second chance, dirty ones
+    /// are skipped and the writeback thread is kicked). One thread reclaims at a time.
+    pub(crate) fn reclaim_if_needed(&self) {
+        if self.pages.load(Ordering::Relaxed) <= self.limit_pages
+            || self.reclaiming.swap(true, Ordering::Acquire)
+        {
+            return;
+        }
+        let target = self.limit_pages - self.limit_pages / 16;
+        let mut budget = lock(&self.lru).len() * 2;
+        let mut skipped_dirty = 0usize;
+        while self.pages.load(Ordering::Relaxed) > target && budget > 0 {
+            budget -= 1;
+            let Some((ino, idx)) = lock(&self.lru).pop_front() else {
+                break;
+            };
+            let Some(fc) = self.file(Ino(ino)) else {
+                continue;
+            };
+            let mut st = fc.lock();
+            let Some(p) = st.pages.get(&idx).cloned() else {
+                continue;
+            };
+            let requeue = {
+                let d = p.lock();
+                if d.dirty || d.writeback {
+                    skipped_dirty += 1;
+                    true
+                } else {
+                    p.hot.swap(false, Ordering::Relaxed)
+                }
+            };
+            if requeue {
+                lock(&self.lru).push_back((ino, idx));
+                continue;
+            }
+            self.remove_page(&mut st, Ino(ino), idx);
+            let empty =
+                st.pages.is_empty() && st.size.is_none() && st.error.is_none() && st.writeback == 0;
+            if empty {
+                st.dead = true;
+                drop(st);
+                self.forget_file(&fc);
+            }
+        }
+        self.reclaiming.store(false, Ordering::Release);
+        if skipped_dirty > 0 {
+            self.kick_writeback();
+        }
+    }
+
+    /// Ask the writeback thread to look for work now.
+    pub(crate) fn kick_writeback(&self) {
+        self.wb.ctl().kick = true;
+        self.wb.cv.notify_all();
+    }
+
+    /// Tell the writeback thread to exit.
+    pub(crate) fn stop_writeback(&self) {
+        self.wb.ctl().stop = true;
+        self.wb.cv.notify_all();
+    }
+
+    /// Files with dirty pages, oldest first, with how long they have been dirty.
+    pub(crate) fn dirty_files_oldest_first(&self) -> Vec<(Ino, std::time::Duration)> {
+        let now = Instant::now();
+        let mut v: Vec<(Ino, std::time::Duration)> = lock(&self.dirty_files)
+            .iter()
+            .map(|(&i, &t)| (Ino(i), now.saturating_duration_since(t)))
+            .collect();
+        v.sort_by_key(|x| std::cmp::Reverse(x.1));
+        v
+    }
+
+    /// (cached pages, dirty pages, reserved blocks, limit pages).
+    pub(crate) fn stats(&self) -> (usize, usize, u64, usize) {
+        (
+            self.pages.load(Ordering::Relaxed),
+            self.dirty.load(Ordering::Relaxed),
+            self.reserved.load(Ordering::Relaxed),
+            self.limit_pages,
+        )
+    }
+}
+
+/// Page cache figures, for tools and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageCacheStats {
+    pub cached_bytes: u64,
+    pub dirty_bytes: u64,
+    pub reserved_blocks: u64,
+    pub limit_bytes: u64,
+}
+
+impl crate::fs::Fs {
+    /// What the page cache holds now.
+    pub fn page_cache_stats(&self) -> PageCacheStats {
+        let pc = &self.inner.pagecache;
+        let (p, d, r, l) = pc.stats();
+        let ps = pc.page_size as u64;
+        PageCacheStats {
+            cached_bytes: p as u64 * ps,
+            dirty_bytes: d as u64 * ps,
+            reserved_blocks: r,
+            limit_bytes: l as u64 * ps,
+        }
+    }
+}
+
+impl std::fmt::Debug for FileCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FileCache({})", self.ino.0)
+    }
+}
+
+/// A page holding `buf` (one page long).
+pub(crate) fn new_page(buf: Box<[u8]>) -> Arc<Page> {
+    Page::new(buf)
+}
+
+/// The number of pages a byte range `[off, off+len)` touches (len > 0).
+pub(crate) fn pages_spanned(off: u64, len: u64, ps: u64) -> (u64, u64) {
+    (off / ps, (off + len - 1) / ps)
+}

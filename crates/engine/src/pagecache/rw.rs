@@ -1,0 +1,707 @@
+//! Buffered reads and writes through the page cache, and the page-cache side of size
+//! changes, hole punching, SEEK_DATA/SEEK_HOLE, direct I/O coherence and mappings.
+//!
+//! Locks (see `mod.rs`): callers of the `pc_*` helpers hold the inode's I/O lock as
+//! noted on each; page instantiation takes the tree lock shared around the extent
+//! lookups and re-reads the inode under it, because writeback may have changed the
+//! extent tree since the caller read it.
+
+use std::sync::Arc;
+
+use rext4_format::inode::{flags, Inode};
+
+use super::{new_page, pages_spanned, FileCache, Page, PageCache};
+use crate::error::{Error, Result};
+use crate::fs::{Fs, Ino};
+use crate::map::Mapping;
+
+/// Where a byte of a file comes from, for SEEK_DATA / SEEK_HOLE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Whence {
+    Data,
+    Hole,
+}
+
+impl Fs {
+    fn pc(&self) -> &PageCache {
+        &self.inner.pagecache
+    }
+
+    fn page_size(&self) -> u64 {
+        self.inner.pagecache.page_size as u64
+    }
+
+    /// The size of `ino` as readers see it: the inode's, or the larger size in memory
+    /// when buffered writes ran past it. `inode` must be the current record.
+    pub(crate) fn vfs_size(&self, ino: Ino, inode: &Inode) -> u64 {
+        self.pc()
+            .size_override(ino)
+            .map_or(inode.size, |s| s.max(inode.size))
+    }
+
+    /// The inode as `stat` shows it (size from memory when it runs ahead). Reads the
+    /// in-memory size before the record: see the ordering rule in `mod.rs`.
+    pub(crate) fn read_inode_vfs(&self, ino: Ino) -> Result<Inode> {
+        let o = self.pc().size_override(ino);
+        let mut i = self.read_live_inode(ino)?;
+        if let Some(s) = o {
+            i.size = i.size.max(s);
+        }
+        Ok(i)
+    }
+
+    /// After the inode record's size became `disk_size`: drop the in-memory size if
+    /// the record caught up with it (or a truncate replaced it).
+    pub(crate) fn pc_disk_size_is(&self, ino: Ino, disk_size: u64, authoritative: bool) {
+        if let Some(fc) = self.pc().file(ino) {
+            let mut st = fc.lock();
+            if authoritative || st.size.is_some_and(|s| s <= disk_size) {
+                st.size = None;
+            }
+        }
+    }
+
+    /// Read pages `first..first+n` of `ino` from the device (holes and unwritten
+    /// blocks as zeros), zeroing everything at or past `size`. Takes the tree lock.
+    fn read_pages(&self, ino: Ino, first: u64, n: u64, size: u64) -> Result<Vec<Box<[u8]>>> {
+        let ps = self.page_size();
+        let mut out: Vec<Box<[u8]>> = (0..n)
+            .map(|_| vec![0u8; ps as usize].into_boxed_slice())
+            .collect();
+        let _t = self.tree_shared(ino);
+        let inode = self.read_inode(ino)?;
+        let dev = self.cache().device().clone();
+        let end_page = size.div_ceil(ps);
+        let mut i = 0u64;
+        let mut tmp = Vec::new();
+        while i < n {
+            let l = first + i;
+            if l >= end_page {
+                break;
+            }
+            let m = self.map_block(ino, &inode, l)?;
+            let (len, phys) = match m {
+                Mapping::Hole { len }
+                | Mapping::Mapped {
+                    len,
+                    unwritten: true,
+                    ..
+                } => (len, None),
+                Mapping::Mapped {
+                    physical,
+                    len,
+                    unwritten: false,
+                } => (len, Some(physical)),
+            };
+            let k = len.max(1).min(n - i).min(end_page - l);
+            if let Some(p) = phys {
+                tmp.resize((k * ps) as usize, 0);
+                dev.read_at(&mut tmp, p * ps)?;
+                for (j, chunk) in tmp.chunks(ps as usize).enumerate() {
+                    out[i as usize + j].copy_from_slice(chunk);
+                }
+            }
+            i += k;
+        }
+        // Past EOF: zeros (stale bytes after a shrinking truncate stay on the device).
+        if size.div_ceil(ps) > first && size.div_ceil(ps) <= first + n && !size.is_multiple_of(ps) {
+            let last = (size / ps - first) as usize;
+            out[last][(size % ps) as usize..].fill(0);
+        }
+        Ok(out)
+    }
+
+    /// Make sure pages `idxs` (sorted) of `ino` are cached, reading the missing ones in
+    /// runs; returns the page now at each index (one cached meanwhile wins). Caller
+    /// holds the I/O lock (either mode).
+    fn instantiate(
+        &self,
+        fc: &FileCache,
+        ino: Ino,
+        idxs: &[u64],
+        size: u64,
+    ) -> Result<Vec<(u64, Arc<Page>)>> {
+        let mut got = Vec::with_capacity(idxs.len());
+        let mut k = 0;
+        while k < idxs.len() {
+            let start = idxs[k];
+            let mut n = 1;
+            while k + n < idxs.len() && idxs[k + n] == start + n as u64 {
+                n += 1;
+            }
+            let bufs = self.read_pages(ino, start, n as u64, size)?;
+            let mut st = fc.lock();
+            if st.dead {
+                return Err(Error::NotFound);
+            }
+            for (j, b) in bufs.into_iter().enumerate() {
+                let i = start + j as u64;
+                got.push((i, self.pc().insert_page(&mut st, ino, i, new_page(b))));
+            }
+            drop(st);
+            k += n;
+        }
+        self.pc().reclaim_if_needed();
+        Ok(got)
+    }
+
+    /// Pages `first..=last` of `ino`, instantiating missing ones; with `readahead`,
+    /// also reads ahead a window past `last` when reads look sequential. Caller holds
+    /// the I/O lock.
+    fn get_pages(
+        &self,
+        fc: &FileCache,
+        ino: Ino,
+        first: u64,
+        last: u64,
+        size: u64,
+        readahead: bool,
+    ) -> Result<Vec<Arc<Page>>> {
+        let ps = self.page_size();
+        let eof_page = size.div_ceil(ps);
+        let mut missing = Vec::new();
+        let mut out: Vec<Option<Arc<Page>>> = Vec::with_capacity((last - first + 1) as usize);
+        {
+            let mut st = fc.lock();
+            if st.dead {
+                return Err(Error::NotFound);
+            }
+            for i in first..=last {
+                match st.pages.get(&i) {
+                    Some(p) => out.push(Some(p.clone())),
+                    None => {
+                        out.push(None);
+                        missing.push(i);
+                    }
+                }
+            }
+            if readahead {
+                let seq = first == st.ra_next;
+                if !missing.is_empty() {
+                    let min = (super::READAHEAD_MIN_BYTES / ps).max(1);
+                    let max = (super::READAHEAD_MAX_BYTES / ps).max(min);
+                    st.ra_pages = if seq {
+                        (st.ra_pages * 2).clamp(min, max)
+                    } else {
+                        min
+                    };
+                    if seq || missing.len() as u64 > min {
+                        let ra_end = (last + st.ra_pages).min(eof_page.saturating_sub(1));
+                        for i in last + 1..=ra_end {
+                            if !st.pages.contains_key(&i) {
+                                missing.push(i);
+                            }
+                        }
+                    }
+                }
+                st.ra_next = last + 1;
+            }
+        }
+        if !missing.is_empty() {
+            for (i, p) in self.instantiate(fc, ino, &missing, size)? {
+                if i <= last {
+                    out[(i - first) as usize] = Some(p);
+                }
+            }
+        }
+        out.into_iter()
+            .map(|p| p.ok_or_else(|| Error::corrupted("page cache lost a page", None)))
+            .collect()
+    }
+
+    /// Buffered read of a regular file. Caller holds the I/O lock; `inode` is current.
+    pub(crate) fn pc_read(
+        &self,
+        ino: Ino,
+        inode: &Inode,
+        buf: &mut [u8],
+        offset: u64,
+        readahead: bool,
+    ) -> Result<usize> {
+        let size = self.vfs_size(ino, inode);
+        if offset >= size || buf.is_empty() {
+            return Ok(0);
+        }
+        let want = (buf.len() as u64).min(size - offset) as usize;
+        let ps = self.page_size();
+        let (first, last) = pages_spanned(offset, want as u64, ps);
+        let fc = self.pc().live_file(ino);
+        let pages = self.get_pages(&fc, ino, first, last, size, readahead)?;
+        let mut done = 0usize;
+        for (k, p) in pages.iter().enumerate() {
+            let idx = first + k as u64;
+            let pstart = idx * ps;
+            let from = (offset + done as u64 - pstart) as usize;
+            let n = (ps as usize - from).min(want - done);
+            p.hot.store(true, std::sync::atomic::Ordering::Relaxed);
+            let d = p.lock();
+            buf[done..done + n].copy_from_slice(&d.buf[from..from + n]);
+            drop(d);
+            done += n;
+        }
+        Ok(done)
+    }
+
+    /// A buffered write (`offset` `None`: O_APPEND, at the end under the exclusive
+    /// lock). The I/O lock is shared for a write that ends inside the file (no size
+    /// changes: such writes run in parallel) and exclusive for one that extends it.
+    /// Files the page cache does not write (not extent-mapped) and writes when free
+    /// space is low go to the device with allocation at once (`write_through`).
+    pub(crate) fn write_buffered(
+        &self,
+        ino: Ino,
+        buf: &[u8],
+        offset: Option<u64>,
+        update_times: bool,
+    ) -> Result<usize> {
+        self.check_writable()?;
+        let len = buf.len() as u64;
+        let guard = loop {
+            let size = self.read_inode_vfs(ino)?.size;
+            match offset {
+                Some(off) if off.saturating_add(len) <= size => {
+                    let g = self.io_shared(ino);
+                    if self.read_inode_vfs(ino)?.size >= off + len {
+                        break IoGuard::Shared(g);
+                    }
+                }
+                _ => break IoGuard::Exclusive(self.io_exclusive(ino)),
+            }
+        };
+        let inode = self.read_live_inode(ino)?;
+        if inode.is_dir() {
+            return Err(Error::IsADirectory);
+        }
+        let size = self.vfs_size(ino, &inode);
+        let append = offset.is_none();
+        let offset = offset.unwrap_or(size);
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let end = offset.checked_add(len).ok_or(Error::FileTooLarge)?;
+        if end > crate::map::MAX_LOGICAL * u64::from(self.inner.block_size) - 1 {
+            return Err(Error::FileTooLarge);
+        }
+        let (first, last) = pages_spanned(offset, len, self.page_size());
+        if !cacheable(&inode) || !self.delalloc_ok(last - first + 1) {
+            drop(guard);
+            let at = if append { None } else { Some(offset) };
+            return self.write_through(ino, buf, at, update_times);
+        }
+        if offset > size && size == inode.size {
+            // Growing past a partial last block whose device copy may hold stale bytes
+            // from an earlier shrink: zero them before a size that shows them commits.
+            let _w = self.write_lock();
+            self.check_writable()?;
+            self.zero_past_eof(ino, &inode, offset)?;
+        }
+        self.pc_write(ino, buf, offset, size, u64::MAX)?;
+        if update_times {
+            self.touch_times(ino)?;
+        }
+        drop(guard);
+        self.balance_dirty();
+        Ok(buf.len())
+    }
+
+    /// Whether delayed allocation may reserve `n` more blocks: free space minus what
+    /// is already reserved keeps a margin (1/64 of the filesystem, at least 256
+    /// blocks); below it writes allocate at once, so ENOSPC is exact when space runs
+    /// out (ext4's switch to nodelalloc).
+    pub(crate) fn delalloc_ok(&self, n: u64) -> bool {
+        let free = self.live().sb.free_blocks_count;
+        let reserved = self
+            .pc()
+            .reserved
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let margin = (self.inner.sb.blocks_count / 64).max(256);
+        free > reserved.saturating_add(n).saturating_add(margin)
+    }
+
+    /// How many of `want` data blocks an allocation made at write time (not by
+    /// writeback) may take: what delayed allocations reserved is theirs, and a small
+    /// reserve (1/256 of the filesystem, 16 to 4096 blocks) stays for the extent-tree
+    /// blocks their writeback may need. `NoSpace` when nothing is left.
+    pub(crate) fn data_alloc_cap(&self, want: u64) -> Result<u64> {
+        let free = self.live().sb.free_blocks_count;
+        let reserved = self
+            .pc()
+            .reserved
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if reserved == 0 {
+            return Ok(want);
+        }
+        let keep = (self.inner.sb.blocks_count / 256).clamp(16, 4096);
+        match free.saturating_sub(reserved).saturating_sub(keep) {
+            0 => Err(Error::NoSpace),
+            avail => Ok(want.min(avail)),
+        }
+    }
+
+    /// Copy `buf` into the cached pages of `ino` at `offset` and mark them dirty; pages
+    /// that become dirty over holes reserve a block each. `size` is the file's current
+    /// size (the caller holds the I/O lock: shared when the write ends within `size`,
+    /// exclusive otherwise). `limit` bounds what may be written (mappings never write
+    /// past the end of the file): bytes past it are dropped. The caller checked
+    /// `delalloc_ok` for the pages this may reserve.
+    pub(crate) fn pc_write(
+        &self,
+        ino: Ino,
+        buf: &[u8],
+        offset: u64,
+        size: u64,
+        limit: u64,
+    ) -> Result<()> {
+        let ps = self.page_size();
+        let end = offset + buf.len() as u64;
+        let (first, last) = pages_spanned(offset, buf.len() as u64, ps);
+        let fc = self.pc().live_file(ino);
+        // Pages only partly overwritten need their old contents.
+        let mut need = Vec::new();
+        {
+            let st = fc.lock();
+            for i in first..=last {
+                if st.pages.contains_key(&i) {
+                    continue;
+                }
+                let whole = offset <= i * ps && end >= (i + 1) * ps;
+                if !whole {
+                    need.push(i);
+                }
+            }
+        }
+        if !need.is_empty() {
+            self.instantiate(&fc, ino, &need, size)?;
+        }
+        let mut newly_dirty = Vec::new();
+        {
+            let mut st = fc.lock();
+            if st.dead {
+                return Err(Error::NotFound);
+            }
+            for i in first..=last {
+                let p = match st.pages.get(&i) {
+                    Some(p) => p.clone(),
+                    None => {
+                        let p = new_page(vec![0u8; ps as usize].into_boxed_slice());
+                        self.pc().insert_page(&mut st, ino, i, p)
+                    }
+                };
+                let pstart = i * ps;
+                let from = offset.max(pstart);
+                let to = end.min(pstart + ps).min(limit.max(from));
+                let mut d = p.lock();
+                if to > from {
+                    d.buf[(from - pstart) as usize..(to - pstart) as usize]
+                        .copy_from_slice(&buf[(from - offset) as usize..(to - offset) as usize]);
+                }
+                d.seq += 1;
+                if !d.dirty {
+                    d.dirty = true;
+                    self.pc().note_dirty(&mut st, ino, i);
+                    newly_dirty.push(i);
+                }
+                drop(d);
+                p.hot.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            if end > size && limit >= end {
+                st.size = Some(end);
+            }
+        }
+        if !newly_dirty.is_empty() {
+            self.reserve_holes(&fc, ino, &newly_dirty)?;
+        }
+        Ok(())
+    }
+
+    /// Pages that just became dirty: those over holes reserve one block each (the
+    /// caller checked `delalloc_ok`).
+    fn reserve_holes(&self, fc: &FileCache, ino: Ino, idxs: &[u64]) -> Result<()> {
+        let holes: Vec<u64> = {
+            let _t = self.tree_shared(ino);
+            let inode = self.read_inode(ino)?;
+            let mut v = Vec::new();
+            for &i in idxs {
+                if matches!(self.map_block(ino, &inode, i)?, Mapping::Hole { .. }) {
+                    v.push(i);
+                }
+            }
+            v
+        };
+        if holes.is_empty() {
+            return Ok(());
+        }
+        let st = fc.lock();
+        let mut n = 0;
+        for i in holes {
+            if let Some(p) = st.pages.get(&i) {
+                let mut d = p.lock();
+                if d.dirty && !d.delalloc {
+                    d.delalloc = true;
+                    n += 1;
+                }
+            }
+        }
+        drop(st);
+        self.pc()
+            .reserved
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Before the size of `ino` changes to `new_size` (truncate): drop the pages past
+    /// it (waiting for writeback on them) and zero the tail of the page holding the new
+    /// end. The tail is zeroed in memory only: the device keeps its bytes until the file
+    /// grows again (`zero_past_eof`), so nothing committed changes before the truncate
+    /// commits. Caller holds the I/O lock exclusively, not the write lock.
+    pub(crate) fn pc_truncate(&self, ino: Ino, new_size: u64, disk_size: u64) {
+        let Some(fc) = self.pc().file(ino) else {
+            return;
+        };
+        let ps = self.page_size();
+        let first_gone = new_size.div_ceil(ps);
+        let mut st = fc.lock();
+        let gone: Vec<u64> = st.pages.range(first_gone..).map(|(&i, _)| i).collect();
+        let mut removed = Vec::with_capacity(gone.len());
+        for i in gone {
+            if let Some(p) = self.pc().remove_page(&mut st, ino, i) {
+                removed.push(p);
+            }
+        }
+        let mut st = fc.wait_pages(st, &removed);
+        if !new_size.is_multiple_of(ps) {
+            if let Some(p) = st.pages.get(&(new_size / ps)) {
+                let mut d = p.lock();
+                d.buf[(new_size % ps) as usize..].fill(0);
+                d.seq += 1;
+            }
+        }
+        // Past the record's size the in-memory size changes now (readers see the new
+        // size at once); below it, after the record is written (`pc_disk_size_is`),
+        // so until then readers see the old size, never a mix.
+        if new_size > disk_size && st.size.is_some_and(|s| s > new_size) {
+            st.size = Some(new_size);
+        }
+        drop(st);
+        fc.wb_done.notify_all();
+    }
+
+    /// Drop the cached pages wholly inside `[start, end)` (bytes), waiting for
+    /// writeback on them: their blocks are about to be punched. Caller holds the I/O
+    /// lock exclusively.
+    pub(crate) fn pc_drop_range(&self, ino: Ino, start: u64, end: u64) {
+        let Some(fc) = self.pc().file(ino) else {
+            return;
+        };
+        let ps = self.page_size();
+        let (a, b) = (start.div_ceil(ps), end / ps);
+        if a >= b {
+            return;
+        }
+        let mut st = fc.lock();
+        let gone: Vec<u64> = st.pages.range(a..b).map(|(&i, _)| i).collect();
+        let mut removed = Vec::new();
+        for i in gone {
+            if let Some(p) = self.pc().remove_page(&mut st, ino, i) {
+                removed.push(p);
+            }
+        }
+        drop(fc.wait_pages(st, &removed));
+    }
+
+    /// Zero `[from, to)` (within one page) of `ino`: in the cached page if there is one
+    /// (dirtying it when the device copy is written data), else on the device where the
+    /// block is written. The cache is checked first: under the exclusive I/O lock no
+    /// page can appear meanwhile, while one that was there and was written back and
+    /// reclaimed is already reflected by the mapping (SEEDS lesson B's race).
+    pub(crate) fn zero_partial(&self, ino: Ino, inode: &Inode, from: u64, to: u64) -> Result<()> {
+        let ps = self.page_size();
+        let idx = from / ps;
+        if let Some(fc) = self.pc().file(ino) {
+            let mut st = fc.lock();
+            if let Some(p) = st.pages.get(&idx).cloned() {
+                let mut d = p.lock();
+                let base = idx * ps;
+                d.buf[(from - base) as usize..(to - base) as usize].fill(0);
+                d.seq += 1;
+                if !d.dirty {
+                    let written = matches!(
+                        self.map_block(ino, inode, idx)?,
+                        Mapping::Mapped {
+                            unwritten: false,
+                            ..
+                        }
+                    );
+                    if written {
+                        d.dirty = true;
+                        self.pc().note_dirty(&mut st, ino, idx);
+                    }
+                }
+                return Ok(());
+            }
+        }
+        self.zero_on_disk(ino, inode, from, to - from)
+    }
+
+    /// Write back and drop the cached pages of `ino` overlapping `[off, off+len)`, so
+    /// the device holds everything and no page can shadow a direct write.
+    pub(crate) fn pc_flush_invalidate(&self, ino: Ino, off: u64, len: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let Some(fc) = self.pc().file(ino) else {
+            return Ok(());
+        };
+        let (first, last) = pages_spanned(off, len, self.page_size());
+        self.writeback_ino(ino, first, last, true)?;
+        let mut st = fc.lock();
+        let idxs: Vec<u64> = st.pages.range(first..=last).map(|(&i, _)| i).collect();
+        for i in idxs {
+            let clean = st.pages.get(&i).is_some_and(|p| {
+                let d = p.lock();
+                !d.dirty && !d.writeback
+            });
+            if clean {
+                self.pc().remove_page(&mut st, ino, i);
+            }
+        }
+        Ok(())
+    }
+
+    /// Drop the clean cached pages of `ino` in `[off, off+len)` (`len` 0: to the end),
+    /// like POSIX_FADV_DONTNEED: dirty pages and pages under writeback stay.
+    pub fn drop_cache_ino(&self, ino: Ino, off: u64, len: u64) {
+        let Some(fc) = self.pc().file(ino) else {
+            return;
+        };
+        let ps = self.page_size();
+        let first = off / ps;
+        let last = if len == 0 {
+            u64::MAX
+        } else {
+            (off.saturating_add(len) - 1) / ps
+        };
+        let mut st = fc.lock();
+        let idxs: Vec<u64> = st.pages.range(first..=last).map(|(&i, _)| i).collect();
+        for i in idxs {
+            let clean = st.pages.get(&i).is_some_and(|p| {
+                let d = p.lock();
+                !d.dirty && !d.writeback
+            });
+            if clean {
+                self.pc().remove_page(&mut st, ino, i);
+            }
+        }
+    }
+
+    /// copy_file_range(2) within the image: up to `len` bytes of `src` from `off_in`
+    /// to `dst` at `off_out`, through the page cache (ext4 has no shared extents, so
+    /// the kernel copies too). Returns the bytes copied: fewer at the source's end.
+    /// Overlapping ranges of one file are EINVAL, as in Linux.
+    pub fn copy_range_ino(
+        &self,
+        src: Ino,
+        off_in: u64,
+        dst: Ino,
+        off_out: u64,
+        len: u64,
+        update_times: bool,
+    ) -> Result<u64> {
+        if src == dst
+            && off_in < off_out.saturating_add(len)
+            && off_out < off_in.saturating_add(len)
+        {
+            return Err(Error::InvalidInput(
+                "copy_file_range of overlapping ranges of one file".into(),
+            ));
+        }
+        let si = self.read_live_inode(src)?;
+        let di = self.read_live_inode(dst)?;
+        if si.is_dir() || di.is_dir() {
+            return Err(Error::IsADirectory);
+        }
+        if !si.is_reg() || !di.is_reg() {
+            return Err(Error::InvalidInput(
+                "copy_file_range between non-regular files".into(),
+            ));
+        }
+        let mut buf = vec![0u8; len.min(1 << 20) as usize];
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(buf.len() as u64) as usize;
+            let inode = self.read_inode(src)?;
+            let got = self.read_ino_at(src, &inode, &mut buf[..n], off_in + done)?;
+            if got == 0 {
+                break;
+            }
+            self.write_buffered(dst, &buf[..got], Some(off_out + done), update_times)?;
+            done += got as u64;
+        }
+        Ok(done)
+    }
+
+    /// SEEK_DATA / SEEK_HOLE from `offset`: data is a written extent or a dirty page
+    /// (delayed allocation or not yet converted); `None` is ENXIO.
+    pub fn seek_ino(&self, ino: Ino, offset: u64, whence: Whence) -> Result<Option<u64>> {
+        let _io = self.io_shared(ino);
+        let _t = self.tree_shared(ino);
+        let inode = self.read_inode_vfs(ino)?;
+        let size = inode.size;
+        if offset >= size {
+            return Ok(None);
+        }
+        let ps = self.page_size();
+        let end_blk = size.div_ceil(ps);
+        let dirty: Vec<u64> = match self.pc().file(ino) {
+            Some(fc) => fc
+                .lock()
+                .dirty_idx
+                .range(offset / ps..end_blk)
+                .copied()
+                .collect(),
+            None => Vec::new(),
+        };
+        let is_dirty = |l: u64| dirty.binary_search(&l).is_ok();
+        let next_dirty = |l: u64| dirty.get(dirty.partition_point(|&d| d < l)).copied();
+        let mut l = offset / ps;
+        while l < end_blk {
+            let (len, data) = match self.map_block(ino, &inode, l)? {
+                Mapping::Hole { len } => (len, false),
+                Mapping::Mapped { len, unwritten, .. } => (len, !unwritten),
+            };
+            let run_end = l.saturating_add(len.max(1)).min(end_blk);
+            // Split a non-data run at the dirty pages inside it.
+            let (is_data, upto) = if data {
+                (true, run_end)
+            } else if is_dirty(l) {
+                let mut e = l + 1;
+                while e < run_end && is_dirty(e) {
+                    e += 1;
+                }
+                (true, e)
+            } else {
+                (false, next_dirty(l).map_or(run_end, |d| d.min(run_end)))
+            };
+            if is_data == (whence == Whence::Data) {
+                return Ok(Some((l * ps).max(offset).min(size)));
+            }
+            l = upto;
+        }
+        Ok(match whence {
+            Whence::Data => None,
+            Whence::Hole => Some(size),
+        })
+    }
+}
+
+/// The inode I/O lock a buffered write holds (kept for its `Drop`).
+#[allow(dead_code)]
+enum IoGuard<'a> {
+    Shared(std::sync::RwLockReadGuard<'a, ()>),
+    Exclusive(std::sync::RwLockWriteGuard<'a, ()>),
+}
+
+/// Whether `inode` is a regular, extent-mapped file (what the page cache writes).
+pub(crate) fn cacheable(inode: &Inode) -> bool {
+    inode.is_reg() && inode.has_flag(flags::EXTENTS)
+}

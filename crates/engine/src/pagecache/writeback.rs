@@ -1,0 +1,507 @@
+//! Writeback: dirty pages to the device, with delayed allocation, and the background
+//! thread with its dirty limits.
+//!
+//! One pass over a file (`writeback_ino`): pin the inode (so an unlink turns it into
+//! an orphan instead of freeing it under the pass), then, chunk by chunk in page order:
+//! 1. snapshot up to [`WRITEBACK_CHUNK_BYTES`] of dirty pages (mark them `writeback`,
+//!    copy their bytes, remember their `seq`), under the file's state lock;
+//! 2. for each run of consecutive pages: under the tree lock (exclusive) and the write
+//!    lock, map the run's next piece; a hole gets blocks at once, inserted as one
+//!    *unwritten* extent (so a commit at any moment sees zeros there, never stale
+//!    blocks); then, without locks, write the data where the piece maps;
+//! 3. under the tree and write locks again: mark the pieces written, and raise the
+//!    on-disk size up to the in-memory size, but not past the first dirty page that is
+//!    still unwritten — so the i_size that commits covers only written data;
+//! 4. clear `dirty` on the pages whose `seq` did not move (a write during the pass
+//!    leaves its page dirty for the next one), release their reservations, wake
+//!    waiters.
+//!
+//! A device write error shuts the filesystem down (as a failed commit does) and is
+//! kept for the next fsync; running out of space despite the reservations (it should
+//! not happen: the margin in `delalloc_ok` covers extent-tree blocks) drops the
+//! chunk's dirty data with a message, as the kernel does, and reports ENOSPC at fsync.
+//!
+//! The writeback thread wakes every second (or when kicked): it writes back files
+//! oldest-dirty first while the dirty count is above the background threshold or a
+//! file has been dirty longer than [`DIRTY_EXPIRE_SECS`]. Writers over the dirty
+//! limit write back the oldest file themselves before returning (`balance_dirty`).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rext4_format::extent::Extent;
+
+use super::{FileCache, WbError, DIRTY_EXPIRE_SECS, WRITEBACK_CHUNK_BYTES};
+use crate::error::{Error, Result};
+use crate::fs::{Fs, Ino};
+use crate::inode_write::with_tree;
+use crate::map::Mapping;
+
+/// One snapshotted page: index, the page, its `seq` at snapshot time.
+type Snap = (u64, Arc<super::Page>, u64);
+
+/// What a piece of a run maps to when its data is written.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Piece {
+    /// Written blocks: overwrite in place.
+    Overwrite,
+    /// Unwritten blocks (found so, or just allocated): write, then mark written.
+    Convert,
+}
+
+impl Fs {
+    /// Write back the dirty pages of `ino` in pages `[first, last]`. With `wait`, first
+    /// wait for passes already running on that range, so that everything dirty before
+    /// the call is on the device when it returns (fsync).
+    /// Returns the number of pages written.
+    pub(crate) fn writeback_ino(
+        &self,
+        ino: Ino,
+        first: u64,
+        last: u64,
+        wait: bool,
+    ) -> Result<usize> {
+        let Some(fc) = self.inner.pagecache.file(ino) else {
+            return Ok(0);
+        };
+        let whole = first == 0 && last == u64::MAX;
+        {
+            let st = fc.lock();
+            let idle = st.dirty_idx.range(first..=last).next().is_none() && st.writeback == 0;
+            if st.dead || (idle && !(whole && st.size.is_some())) {
+                return Ok(0);
+            }
+        }
+        self.pin(ino);
+        let r = self
+            .writeback_pinned(&fc, ino, first, last, wait)
+            .and_then(|n| {
+                if whole {
+                    self.settle_size(&fc, ino)?;
+                }
+                Ok(n)
+            });
+        let u = self.unpin(ino);
+        let n = r?;
+        u?;
+        Ok(n)
+    }
+
+    /// After a whole-file pass: if the in-memory size is still ahead of the record but
+    /// no data past the record's size waits to be written (a punch or truncate dropped
+    /// the dirty pages there), the rest is a hole — raise the record's size to it.
+    /// The stale tail of the old last block is zeroed on the device first.
+    fn settle_size(&self, fc: &FileCache, ino: Ino) -> Result<()> {
+        let ps = self.inner.pagecache.page_size as u64;
+        let _t = self.tree_exclusive(ino);
+        let _w = self.write_lock();
+        self.check_writable()?;
+        let mut inode = self.read_inode(ino)?;
+        let target = {
+            let mut st = fc.lock();
+            let Some(s) = st.size else { return Ok(()) };
+            if st.dead || inode.mode == 0 || !inode.is_reg() {
+                return Ok(());
+            }
+            if s <= inode.size {
+                st.size = None;
+                return Ok(());
+            }
+            let pending = st.dirty_idx.range(inode.size / ps..).next().is_some();
+            if pending || st.writeback > 0 {
+                return Ok(());
+            }
+            s
+        };
+        self.zero_past_eof(ino, &inode, target)?;
+        inode.size = target;
+        self.write_inode(ino, &inode)?;
+        let mut st = fc.lock();
+        // A writer may have moved the in-memory size on meanwhile (it holds the I/O
+        // lock, which this pass does not): keep that.
+        if st.size == Some(target) {
+            st.size = None;
+        }
+        Ok(())
+    }
+
+    fn writeback_pinned(
+        &self,
+        fc: &FileCache,
+        ino: Ino,
+        first: u64,
+        last: u64,
+        wait: bool,
+    ) -> Result<usize> {
+        let pc = &self.inner.pagecache;
+        let ps = pc.page_size as u64;
+        let chunk_pages = (WRITEBACK_CHUNK_BYTES / ps).max(1) as usize;
+        let mut from = first;
+        let mut written = 0usize;
+        loop {
+            // 1. Snapshot.
+            let (snaps, runs, bound) = {
+                let mut st = fc.lock();
+                if st.dead {
+                    return Ok(written);
+                }
+                if wait {
+                    st = fc.wait_writeback(st, from, last);
+                }
+                let idxs: Vec<u64> = st
+                    .dirty_idx
+                    .range(from..=last)
+                    .copied()
+                    .filter(|i| st.pages.get(i).is_some_and(|p| !p.lock().writeback))
+                    .take(chunk_pages)
+                    .collect();
+                if idxs.is_empty() {
+                    return Ok(written);
+                }
+                let mut snaps: Vec<Snap> = Vec::with_capacity(idxs.len());
+                let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+                for &i in &idxs {
+                    let Some(p) = st.pages.get(&i).cloned() else {
+                        continue;
+                    };
+                    let mut d = p.lock();
+                    d.writeback = true;
+                    match runs.last_mut() {
+                        Some((s, data)) if *s + (data.len() as u64 / ps) == i => {
+                            data.extend_from_slice(&d.buf)
+                        }
+                        _ => runs.push((i, d.buf.to_vec())),
+                    }
+                    snaps.push((i, p.clone(), d.seq));
+                }
+                st.writeback += snaps.len();
+                let after = idxs.last().map_or(from, |&l| l + 1);
+                // The first page still dirty after this chunk (anywhere in the file):
+                // the on-disk size must not pass it.
+                let bound = st
+                    .dirty_idx
+                    .range(after..)
+                    .next()
+                    .map_or(u64::MAX, |&i| i * ps);
+                from = after;
+                (snaps, runs, bound)
+            };
+            // 2 and 3.
+            let r = self.write_chunk(fc, ino, &runs, bound);
+            // 4. Completion.
+            let mut st = fc.lock();
+            let drop_data = matches!(r, Err(Error::NoSpace));
+            for (i, p, seq) in &snaps {
+                let mut d = p.lock();
+                d.writeback = false;
+                if (r.is_ok() && d.seq == *seq) || drop_data {
+                    if d.dirty {
+                        d.dirty = false;
+                        pc.note_clean(&mut st, ino, *i);
+                    }
+                    if d.delalloc {
+                        d.delalloc = false;
+                        pc.release(1);
+                    }
+                }
+            }
+            st.writeback -= snaps.len();
+            if let Err(e) = &r {
+                let we = match e {
+                    Error::NoSpace => {
+                        eprintln!(
+                            "rext4: writeback of inode {} ran out of space: {} dirty \
+                             pages dropped",
+                            ino.0,
+                            snaps.len()
+                        );
+                        WbError::NoSpace
+                    }
+                    other => WbError::Io(other.to_string()),
+                };
+                st.error.get_or_insert(we);
+            }
+            drop(st);
+            fc.wb_done.notify_all();
+            r?;
+            written += snaps.len();
+            if from > last {
+                return Ok(written);
+            }
+        }
+    }
+
+    /// Write the snapshotted runs of one chunk: steps 2 and 3 of the module note.
+    fn write_chunk(
+        &self,
+        fc: &FileCache,
+        ino: Ino,
+        runs: &[(u64, Vec<u8>)],
+        bound: u64,
+    ) -> Result<()> {
+        let ps = self.inner.pagecache.page_size as u64;
+        let dev = self.cache().device().clone();
+        let mut converts: Vec<(u64, u64)> = Vec::new();
+        for (start, data) in runs {
+            let n = data.len() as u64 / ps;
+            let mut i = 0u64;
+            while i < n {
+                let lblk = start + i;
+                let Some((phys, len, piece)) = self.map_for_writeback(fc, ino, lblk, n - i)? else {
+                    return Ok(()); // the inode was freed: nothing to write
+                };
+                let bytes = &data[(i * ps) as usize..((i + len) * ps) as usize];
+                if let Err(e) = dev.write_at(bytes, phys * ps) {
+                    let why = format!("data write failed: {e}");
+                    *self
+                        .inner
+                        .shutdown
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = Some(why);
+                    return Err(Error::Io(e));
+                }
+                if piece == Piece::Convert {
+                    match converts.last_mut() {
+                        Some((l, k)) if *l + *k == lblk => *k += len,
+                        _ => converts.push((lblk, len)),
+                    }
+                }
+                i += len;
+            }
+        }
+        self.finish_chunk(fc, ino, &converts, bound)
+    }
+
+    /// Step 2's metadata part for logical block `lblk` (at most `max` blocks): the
+    /// physical start, length and kind of the piece. `None` when the inode is gone.
+    fn map_for_writeback(
+        &self,
+        fc: &FileCache,
+        ino: Ino,
+        lblk: u64,
+        max: u64,
+    ) -> Result<Option<(u64, u64, Piece)>> {
+        let _t = self.tree_exclusive(ino);
+        let _w = self.write_lock();
+        self.check_writable()?;
+        if fc.lock().dead {
+            return Ok(None);
+        }
+        let mut inode = self.read_inode(ino)?;
+        if inode.mode == 0 || !inode.is_reg() {
+            return Ok(None);
+        }
+        Ok(Some(match self.map_block(ino, &inode, lblk)? {
+            Mapping::Mapped {
+                physical,
+                len,
+                unwritten,
+            } => (
+                physical,
+                len.min(max),
+                if unwritten {
+                    Piece::Convert
+                } else {
+                    Piece::Overwrite
+                },
+            ),
+            Mapping::Hole { len } => {
+                // Unwritten extents hold at most 32767 blocks.
+                let want = len.min(max).min(32767);
+                let goal = self.data_goal(ino, &inode, lblk);
+                let (p, got) = match self.alloc_blocks(goal, want as u32) {
+                    Err(Error::NoSpace) => {
+                        // Blocks freed by the running transaction become usable at
+                        // its commit.
+                        self.inner.sync_locked()?;
+                        self.alloc_blocks(goal, want as u32)?
+                    }
+                    r => r?,
+                };
+                let ext = Extent {
+                    logical: lblk as u32,
+                    len: got as u16,
+                    physical: p,
+                    unwritten: true,
+                };
+                if let Err(e) = with_tree(self, ino, &mut inode, |t| t.insert(ext)) {
+                    let _ = self.free_blocks(p, u64::from(got));
+                    return Err(e);
+                }
+                inode.blocks_raw += u64::from(got) * u64::from(self.inner.block_size) / 512;
+                self.write_inode(ino, &inode)?;
+                (p, u64::from(got), Piece::Convert)
+            }
+        }))
+    }
+
+    /// Step 3: mark the converted pieces written and raise the on-disk size.
+    fn finish_chunk(
+        &self,
+        fc: &FileCache,
+        ino: Ino,
+        converts: &[(u64, u64)],
+        bound: u64,
+    ) -> Result<()> {
+        let _t = self.tree_exclusive(ino);
+        let _w = self.write_lock();
+        self.check_writable()?;
+        if fc.lock().dead {
+            return Ok(());
+        }
+        let mut inode = self.read_inode(ino)?;
+        if inode.mode == 0 || !inode.is_reg() {
+            return Ok(());
+        }
+        let before = inode.clone();
+        for &(l, n) in converts {
+            let mut at = l;
+            while at < l + n {
+                let k = (l + n - at).min(32768);
+                with_tree(self, ino, &mut inode, |t| {
+                    t.mark_written(at as u32, k as u32)
+                })?;
+                at += k;
+            }
+        }
+        let vfs = fc.lock().size.map_or(inode.size, |s| s.max(inode.size));
+        let new_disk = inode.size.max(vfs.min(bound));
+        inode.size = new_disk;
+        if inode != before {
+            self.write_inode(ino, &inode)?;
+        }
+        let mut st = fc.lock();
+        if st.size.is_some_and(|s| s <= new_disk) {
+            st.size = None;
+        }
+        Ok(())
+    }
+
+    /// Write back every dirty file and wait for it (syncfs's data part). Returns the
+    /// first error met, also errors kept from background writeback since the last
+    /// sync.
+    pub(crate) fn writeback_all(&self) -> Result<()> {
+        let mut first_err = None;
+        for fc in self.inner.pagecache.all_files() {
+            let r = self.writeback_ino(fc.ino, 0, u64::MAX, true).map(|_| ());
+            let kept = fc.lock().error.take();
+            if first_err.is_none() {
+                if let Err(e) = r {
+                    first_err = Some(e);
+                } else if let Some(k) = kept {
+                    first_err = Some(k.to_error());
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// fsync/fdatasync of one file: its dirty pages, then the journal.
+    pub fn fsync_ino(&self, ino: Ino) -> Result<()> {
+        if self.inner.read_only {
+            return Ok(());
+        }
+        self.writeback_ino(ino, 0, u64::MAX, true)?;
+        if let Some(fc) = self.inner.pagecache.file(ino) {
+            if let Some(e) = fc.lock().error.take() {
+                return Err(e.to_error());
+            }
+        }
+        self.sync_metadata()
+    }
+
+    /// sync_file_range(WRITE | WAIT_AFTER) of bytes `[off, off+len)` (`len` 0: to the
+    /// end): write the range's dirty pages back, without a journal commit.
+    pub fn sync_range_ino(&self, ino: Ino, off: u64, len: u64) -> Result<()> {
+        if self.inner.read_only {
+            return Ok(());
+        }
+        let ps = self.inner.pagecache.page_size as u64;
+        let last = if len == 0 {
+            u64::MAX
+        } else {
+            (off.saturating_add(len) - 1) / ps
+        };
+        self.writeback_ino(ino, off / ps, last, true).map(|_| ())
+    }
+
+    /// After a buffered write: kick the writeback thread above the background
+    /// threshold, and above the dirty limit write back the oldest files here until
+    /// under it again (the writer pays for the dirt it makes, like the kernel's
+    /// balance_dirty_pages).
+    pub(crate) fn balance_dirty(&self) {
+        let pc = &self.inner.pagecache;
+        let dirty = pc.dirty.load(Ordering::Relaxed);
+        if dirty > pc.dirty_background {
+            pc.kick_writeback();
+        }
+        let mut rounds = 0;
+        while pc.dirty.load(Ordering::Relaxed) > pc.dirty_limit && rounds < 1000 {
+            rounds += 1;
+            let Some((ino, _)) = pc.dirty_files_oldest_first().first().copied() else {
+                break;
+            };
+            match self.writeback_ino(ino, 0, u64::MAX, false) {
+                // Everything there is under writeback already: let it finish.
+                Ok(0) => std::thread::sleep(Duration::from_millis(1)),
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+/// Start the writeback thread of a read-write `fs` (it holds only a weak reference and
+/// ends with the filesystem).
+pub(crate) fn start_writeback_thread(fs: &Fs) {
+    let weak = Arc::downgrade(&fs.inner);
+    let ctl = fs.inner.pagecache.wb.clone();
+    {
+        let mut c = ctl.ctl();
+        if c.started {
+            return;
+        }
+        c.started = true;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("rext4-writeback".into())
+        .spawn(move || loop {
+            // Sleep on the shared control block, not holding the filesystem.
+            {
+                let c = ctl.ctl();
+                let (mut c, _) = ctl
+                    .cv
+                    .wait_timeout_while(c, Duration::from_secs(1), |w| !w.kick && !w.stop)
+                    .unwrap_or_else(|p| p.into_inner());
+                if c.stop {
+                    return;
+                }
+                c.kick = false;
+            }
+            let Some(inner) = weak.upgrade() else { return };
+            let fs = Fs { inner };
+            if fs.check_writable().is_err() {
+                return;
+            }
+            let pc = &fs.inner.pagecache;
+            let expire = Duration::from_secs(DIRTY_EXPIRE_SECS);
+            for _ in 0..10_000 {
+                let over = pc.dirty.load(Ordering::Relaxed) > pc.dirty_background;
+                let files = pc.dirty_files_oldest_first();
+                let Some(&(ino, age)) = files.first() else {
+                    break;
+                };
+                if !over && age < expire {
+                    break;
+                }
+                match fs.writeback_ino(ino, 0, u64::MAX, false) {
+                    Ok(n) if n > 0 => {}
+                    // Nothing to take (others are writing it), or an error (kept for
+                    // the next fsync): do not spin.
+                    _ => break,
+                }
+            }
+        });
+    drop(spawned);
+}
