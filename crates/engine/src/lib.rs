@@ -56,6 +56,7 @@ pub use file::{File, FileType, Metadata};
 pub use fs::{Fs, FsOptions, Ino};
 pub use map::Mapping;
 pub use ops::{FallocMode, RenameFlags, SetAttr, StatFs};
+pub use pagecache::mapping::MappedRange;
 pub use pagecache::rw::Whence;
 pub use pagecache::PageCacheStats;
 pub use path::OpenOptions;

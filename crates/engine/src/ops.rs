@@ -1178,15 +1178,18 @@ impl Fs {
         Ok(())
     }
 
-    /// statfs(2).
+    /// statfs(2). Blocks reserved by delayed allocations count as used (as the
+    /// kernel's dirty clusters do).
     pub fn statfs(&self) -> StatFs {
         let sb = self.superblock();
         let overhead = u64::from(sb.overhead_clusters);
+        let reserved = self.page_cache_stats().reserved_blocks;
+        let free = sb.free_blocks_count.saturating_sub(reserved);
         StatFs {
             block_size: self.inner.block_size,
             blocks: sb.blocks_count.saturating_sub(overhead),
-            blocks_free: sb.free_blocks_count,
-            blocks_available: sb.free_blocks_count.saturating_sub(sb.r_blocks_count),
+            blocks_free: free,
+            blocks_available: free.saturating_sub(sb.r_blocks_count),
             inodes: u64::from(sb.inodes_count),
             inodes_free: u64::from(sb.free_inodes_count),
             name_max: NAME_MAX as u32,

@@ -1,7 +1,7 @@
-//! Concurrent I/O on one `Fs` from several threads: in-place overwrites (which run under
-//! the inode's shared I/O lock only) racing with truncates, reads and the creation of
-//! other files must never write into a block that changed owner, and the image must
-//! stay consistent.
+//! Concurrent I/O on one `Fs` from several threads: in-place overwrites (buffered, and
+//! O_DIRECT ones under the inode's shared I/O lock only) racing with truncates, reads,
+//! writeback and the creation of other files must never write into a block that
+//! changed owner, and the image must stay consistent.
 //!
 //! One thread overwrites file A at random offsets with 0xAA; another keeps truncating A
 //! to nothing and writing it back; a third creates files whose blocks come from what
@@ -41,10 +41,16 @@ fn overwrites_racing_truncates_never_touch_other_files() {
             while !stop.load(Ordering::Relaxed) {
                 let off = rng.next_u64() % (A_LEN as u64 - 8192);
                 let len = 1 + (rng.next_u64() % 8192) as usize;
-                // Only within the current size: racing truncates may shrink A, then
-                // this write extends it again (full path) or overwrites in place.
-                fs.write_ino_at_keep_times(a, &buf[..len], off)
-                    .expect("overwrite");
+                // Racing truncates may shrink A, then this write extends it again
+                // (full path) or overwrites in place. Every other write is O_DIRECT
+                // (the device path, in place under the shared lock when it can be).
+                if n.is_multiple_of(2) {
+                    fs.write_direct_ino(a, &buf[..len], off, false)
+                        .expect("direct overwrite");
+                } else {
+                    fs.write_ino_at_keep_times(a, &buf[..len], off)
+                        .expect("overwrite");
+                }
                 n += 1;
             }
             n
@@ -127,12 +133,23 @@ fn overwrites_racing_truncates_never_touch_other_files() {
     }
 }
 
-/// SEEDS lesson A: concurrent 1 KiB and 2 KiB writes into the same 4 KiB blocks, over
-/// written, unwritten (fallocated) and hole ranges. Writes into written blocks run
-/// under the shared I/O lock, the others take it exclusively and zero the rest of the
-/// block: no byte of any completed write may be lost and no stale byte may appear.
+/// SEEDS lesson A: concurrent 1 KiB and 2 KiB O_DIRECT writes into the same 4 KiB
+/// blocks, over written, unwritten (fallocated) and hole ranges. Writes into written
+/// blocks run under the shared I/O lock, the others take it exclusively and zero the
+/// rest of the block: no byte of any completed write may be lost and no stale byte may
+/// appear.
 #[test]
-fn concurrent_sub_block_writes_lose_nothing() {
+fn concurrent_sub_block_direct_writes_lose_nothing() {
+    sub_block_writes(true);
+}
+
+/// The same through the page cache (the FUSE path's writes).
+#[test]
+fn concurrent_sub_block_buffered_writes_lose_nothing() {
+    sub_block_writes(false);
+}
+
+fn sub_block_writes(direct: bool) {
     let img = mkfs(&MkfsOptions::new(4096, 32 << 20)).expect("mkfs");
     let fs = rw(img.path());
     const BLOCKS: u64 = 64;
@@ -163,12 +180,13 @@ fn concurrent_sub_block_writes_lose_nothing() {
                     }
                     for b in order {
                         let byte = (t as u8 + 1) * 16 + (b % 16) as u8;
-                        fs.write_ino_at_keep_times(
-                            ino,
-                            &vec![byte; piece as usize],
-                            b * 4096 + t * piece,
-                        )
-                        .expect("write");
+                        let data = vec![byte; piece as usize];
+                        let at = b * 4096 + t * piece;
+                        if direct {
+                            fs.write_direct_ino(ino, &data, at, false).expect("write");
+                        } else {
+                            fs.write_ino_at_keep_times(ino, &data, at).expect("write");
+                        }
                     }
                 })
             })

@@ -223,6 +223,34 @@ impl Fs {
             return Ok(0);
         }
         let want = (buf.len() as u64).min(size - offset) as usize;
+        self.copy_from_pages(ino, &mut buf[..want], offset, size, readahead)
+    }
+
+    /// Copy `buf.len()` bytes at `offset` out of the cached pages (instantiating
+    /// them), whatever the size says: for mappings, which may read the EOF page's tail
+    /// (zeros). Caller holds the I/O lock and checked the range.
+    pub(crate) fn pc_read_pages(
+        &self,
+        ino: Ino,
+        buf: &mut [u8],
+        offset: u64,
+        size: u64,
+    ) -> Result<usize> {
+        self.copy_from_pages(ino, buf, offset, size, false)
+    }
+
+    fn copy_from_pages(
+        &self,
+        ino: Ino,
+        buf: &mut [u8],
+        offset: u64,
+        size: u64,
+        readahead: bool,
+    ) -> Result<usize> {
+        let want = buf.len();
+        if want == 0 {
+            return Ok(0);
+        }
         let ps = self.page_size();
         let (first, last) = pages_spanned(offset, want as u64, ps);
         let fc = self.pc().live_file(ino);
@@ -301,6 +329,7 @@ impl Fs {
         }
         drop(guard);
         self.balance_dirty();
+        self.pc().reclaim_if_needed();
         Ok(buf.len())
     }
 

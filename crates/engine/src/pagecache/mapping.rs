@@ -1,0 +1,175 @@
+//! Mappings of file ranges onto the page cache: the embedding API's `mmap`.
+//!
+//! A [`MappedRange`] reads and writes the very pages `read_at`/`write_at` use, so it is
+//! coherent with them at every moment (there is no second copy to invalidate). Writes
+//! mark pages dirty like any write, so writeback, `sync` and fsync carry them to the
+//! device; [`MappedRange::sync`] is msync(MS_SYNC). As with mmap(2): a mapping never
+//! changes the file's size, access to a memory page ([`MMAP_PAGE`] bytes, or a block
+//! if larger) wholly past the end of the file fails (the SIGBUS case), and inside the
+//! last one the bytes past the end read as zeros and writes to them are dropped (the
+//! kernel zeroes them at writeback).
+//!
+//! Locks: each access takes the inode's I/O lock shared, like a read, so it is
+//! ordered with truncate (exclusive) — a truncate that cuts the mapping makes later
+//! accesses past the new end fail, and the EOF page's tail reads zeros at once.
+
+use crate::error::{Error, Result};
+use crate::fs::{Fs, Ino};
+
+/// A mapped range of a file (see the module note). Holds a reference on the inode
+/// (it stays valid if unlinked) until dropped.
+pub struct MappedRange {
+    fs: Fs,
+    ino: Ino,
+    offset: u64,
+    len: u64,
+    writable: bool,
+}
+
+/// The memory page size mappings behave as if they had (the x86-64 page).
+pub const MMAP_PAGE: u64 = 4096;
+
+fn sigbus() -> Error {
+    Error::InvalidInput("access past the last page of the file (SIGBUS)".into())
+}
+
+impl crate::File {
+    /// Map `len` bytes from `offset` (offset a multiple of the block size, as mmap
+    /// wants it page-aligned). Writable when the file was opened for writing.
+    pub fn map(&self, offset: u64, len: u64) -> Result<MappedRange> {
+        let bs = u64::from(self.fs.block_size());
+        if len == 0 || !offset.is_multiple_of(bs) || offset.checked_add(len).is_none() {
+            return Err(Error::InvalidInput(
+                "mapping needs a length and a block-aligned offset".into(),
+            ));
+        }
+        let inode = self.fs.read_live_inode(self.ino)?;
+        if !inode.is_reg() {
+            return Err(Error::InvalidInput(
+                "only regular files can be mapped".into(),
+            ));
+        }
+        self.fs.pin(self.ino);
+        Ok(MappedRange {
+            fs: self.fs.clone(),
+            ino: self.ino,
+            offset,
+            len,
+            writable: self.write,
+        })
+    }
+}
+
+impl MappedRange {
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn is_writable(&self) -> bool {
+        self.writable
+    }
+
+    /// File position of mapping offset `at` for `n` bytes, checked against the
+    /// mapping's bounds.
+    fn span(&self, at: u64, n: usize) -> Result<u64> {
+        match at.checked_add(n as u64) {
+            Some(end) if end <= self.len => Ok(self.offset + at),
+            _ => Err(Error::InvalidInput(format!(
+                "{n} bytes at {at} are outside the {}-byte mapping",
+                self.len
+            ))),
+        }
+    }
+
+    /// Copy `buf.len()` bytes at mapping offset `at` out of the page cache.
+    pub fn read(&self, at: u64, buf: &mut [u8]) -> Result<()> {
+        let pos = self.span(at, buf.len())?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let fs = &self.fs;
+        let _io = fs.io_shared(self.ino);
+        let inode = fs.read_inode(self.ino)?;
+        let size = fs.vfs_size(self.ino, &inode);
+        let page = MMAP_PAGE.max(u64::from(fs.block_size()));
+        let end = pos + buf.len() as u64;
+        if end > size.div_ceil(page) * page {
+            return Err(sigbus());
+        }
+        let n = fs.pc_read_pages(self.ino, buf, pos, size)?;
+        debug_assert_eq!(n, buf.len());
+        Ok(())
+    }
+
+    /// Copy `data` into the page cache at mapping offset `at` (dirtying the pages).
+    pub fn write(&self, at: u64, data: &[u8]) -> Result<()> {
+        if !self.writable {
+            return Err(Error::InvalidInput(
+                "mapping of a file not open for writing".into(),
+            ));
+        }
+        let pos = self.span(at, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let fs = &self.fs;
+        fs.check_writable()?;
+        {
+            let _io = fs.io_shared(self.ino);
+            let inode = fs.read_inode(self.ino)?;
+            let size = fs.vfs_size(self.ino, &inode);
+            let bs = u64::from(fs.block_size());
+            let page = MMAP_PAGE.max(bs);
+            let end = pos + data.len() as u64;
+            if end > size.div_ceil(page) * page {
+                return Err(sigbus());
+            }
+            // A page fault on a hole must get its block (or its reservation) now.
+            if !fs.delalloc_ok(end.div_ceil(bs) - pos / bs) {
+                return Err(Error::NoSpace);
+            }
+            fs.pc_write(self.ino, data, pos, size, size)?;
+        }
+        fs.touch_times(self.ino)?;
+        fs.balance_dirty();
+        fs.inner.pagecache.reclaim_if_needed();
+        Ok(())
+    }
+
+    /// msync(MS_SYNC) of `len` bytes at mapping offset `at` (`len` 0: the whole
+    /// mapping): write the dirty pages of the range back and commit the journal.
+    pub fn sync(&self, at: u64, len: u64) -> Result<()> {
+        let len = if len == 0 {
+            self.len.saturating_sub(at)
+        } else {
+            len
+        };
+        let pos = self.span(at, len as usize)?;
+        self.fs.sync_range_ino(self.ino, pos, len.max(1))?;
+        self.fs.sync_metadata()
+    }
+}
+
+impl Drop for MappedRange {
+    fn drop(&mut self) {
+        let _ = self.fs.unpin(self.ino);
+    }
+}
+
+impl std::fmt::Debug for MappedRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "MappedRange(ino {}, {}+{}{})",
+            self.ino.0,
+            self.offset,
+            self.len,
+            if self.writable { ", writable" } else { "" }
+        )
+    }
+}

@@ -1,0 +1,496 @@
+//! The page cache through the embedding API: SEEDS lesson B (no stale bytes past EOF
+//! while truncates race writeback and page eviction), read-ahead, the memory bound,
+//! delayed-allocation accounting, SEEK_DATA/HOLE over dirty data, O_DIRECT coherence,
+//! mappings, copy_file_range, and the durability rules (data before the size that
+//! shows it).
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use rext4::device::{BlockDevice, MemDevice};
+use rext4::{Error, FallocMode, Fs, FsOptions, OpenOptions, Whence};
+use rext4_testkit::{e2fsck_fn, mkfs, MkfsOptions, TempDir};
+
+use common::open_rw as rw;
+
+/// Counts device reads (calls and bytes).
+struct Counting {
+    mem: MemDevice,
+    reads: AtomicU64,
+    read_bytes: AtomicU64,
+}
+
+impl BlockDevice for Counting {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.read_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.mem.read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
+        self.mem.write_at(buf, off)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.mem.flush()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.mem.size_bytes()
+    }
+    fn is_read_only(&self) -> bool {
+        false
+    }
+}
+
+fn mem_fs(bs: u32, size: u64, opts: FsOptions) -> (Arc<Counting>, Fs) {
+    let img = mkfs(&MkfsOptions::new(bs, size)).expect("mkfs");
+    let dev = Arc::new(Counting {
+        mem: MemDevice::new(std::fs::read(img.path()).expect("read image")),
+        reads: AtomicU64::new(0),
+        read_bytes: AtomicU64::new(0),
+    });
+    let fs = Fs::open_device(dev.clone(), opts).expect("open");
+    (dev, fs)
+}
+
+fn rw_opts() -> FsOptions {
+    FsOptions {
+        read_only: false,
+        ..FsOptions::default()
+    }
+}
+
+/// What the device holds now, opened as an image (journal replayed in memory).
+fn crash_view(dev: &Counting) -> Fs {
+    let snap = dev.mem.snapshot();
+    Fs::open_device(Arc::new(MemDevice::read_only(snap)), FsOptions::default())
+        .expect("open the device's contents")
+}
+
+/// SEEDS lesson B's reproducer, in-process: one thread loops truncate 0, fallocate
+/// 0..32K, pwrite 4K of 0xcd, truncate 2K, then reads the 16 bytes at 2K through a
+/// mapping (the EOF page's tail); another writes the file back (sync_file_range) and
+/// drops its clean pages (fadvise DONTNEED) as fast as it can. The tail must read as
+/// zeros every time: a stale 0xcd there means the truncate's zeroing was lost to a
+/// page written back and evicted between a mapping lookup and a cache lookup.
+#[test]
+fn no_stale_bytes_past_eof_while_writeback_and_eviction_race() {
+    for bs in [4096u32, 1024] {
+        let img = mkfs(&MkfsOptions::new(bs, 64 << 20)).expect("mkfs");
+        let fs = rw(img.path());
+        let f = Arc::new(
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .open(&fs, "/stale")
+                .expect("create"),
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let racer = {
+            let (f, stop) = (f.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    f.sync_range(0, 0).expect("sync_range");
+                    f.drop_cache(0, 0);
+                    n += 1;
+                }
+                n
+            })
+        };
+        let iters = 3000;
+        let mut bad = 0;
+        for i in 0..iters {
+            f.set_len(0).expect("truncate 0");
+            fs.fallocate_ino(f.ino(), FallocMode::Allocate, 0, 32 << 10)
+                .expect("falloc");
+            f.write_all_at(&[0xcd; 4096], 0).expect("pwrite");
+            f.set_len(2048).expect("truncate 2k");
+            let m = f.map(0, 4096).expect("mmap");
+            let mut tail = [0xffu8; 16];
+            m.read(2048, &mut tail).expect("mread");
+            if tail != [0u8; 16] {
+                bad += 1;
+                eprintln!("bs {bs} iteration {i}: past EOF: {tail:02x?}");
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let raced = racer.join().expect("racer");
+        assert_eq!(bad, 0, "bs {bs}: {bad} of {iters} reads saw stale bytes");
+        assert!(raced > 100, "the racer ran ({raced} passes)");
+        // The same file through read(): 2048 bytes of 0xcd, then EOF.
+        let mut buf = vec![0u8; 4096];
+        assert_eq!(f.read_at(&mut buf, 0).expect("read"), 2048);
+        assert!(buf[..2048].iter().all(|&b| b == 0xcd));
+        drop(f);
+        fs.close().expect("close");
+        let r = e2fsck_fn(img.path());
+        assert!(r.clean, "bs {bs}: {}", r.output);
+    }
+}
+
+/// Sequential small reads of a file not in the cache cost few device reads (the
+/// read-ahead window grows to 2 MiB), random small reads cost about one small read
+/// each (no window wasted on them).
+#[test]
+fn readahead_serves_sequential_reads_in_large_requests() {
+    let (dev, fs) = mem_fs(4096, 64 << 20, rw_opts());
+    let data: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
+    fs.write("/seq", &data).expect("write");
+    fs.sync().expect("sync");
+    // A fresh open of the same device: nothing cached.
+    drop(fs);
+    let fs = Fs::open_device(dev.clone(), FsOptions::default()).expect("reopen");
+    let f = fs.open_file("/seq").expect("open");
+    let before = dev.reads.load(Ordering::Relaxed);
+    let mut buf = vec![0u8; 4096];
+    for off in (0..data.len()).step_by(4096) {
+        assert_eq!(f.read_at(&mut buf, off as u64).expect("read"), 4096);
+        assert_eq!(&buf[..], &data[off..off + 4096], "at {off}");
+    }
+    let seq_reads = dev.reads.load(Ordering::Relaxed) - before;
+    assert!(
+        seq_reads < 64,
+        "2048 sequential 4 KiB reads took {seq_reads} device reads"
+    );
+    // Random 4 KiB reads of another file: no read-ahead.
+    drop(f);
+    drop(fs);
+    let fs = Fs::open_device(dev.clone(), FsOptions::default()).expect("reopen");
+    let f = fs.open_file("/seq").expect("open");
+    let (r0, b0) = (
+        dev.reads.load(Ordering::Relaxed),
+        dev.read_bytes.load(Ordering::Relaxed),
+    );
+    let mut x = 7u64;
+    for _ in 0..200 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let off = (x >> 33) % (data.len() as u64 / 4096) * 4096;
+        f.read_at(&mut buf, off).expect("read");
+        assert_eq!(&buf[..], &data[off as usize..off as usize + 4096]);
+    }
+    let bytes = dev.read_bytes.load(Ordering::Relaxed) - b0;
+    let reads = dev.reads.load(Ordering::Relaxed) - r0;
+    assert!(
+        bytes <= 2 * 200 * 4096 + (1 << 20),
+        "200 random 4 KiB reads read {bytes} bytes in {reads} device reads"
+    );
+}
+
+/// A cache of 4 MiB serves a 48 MiB file written and read back: the bound holds
+/// (writers write back above the dirty limit, clean pages are reclaimed), the data is
+/// right, and the image is clean.
+#[test]
+fn the_memory_bound_holds() {
+    let img = mkfs(&MkfsOptions::new(4096, 128 << 20)).expect("mkfs");
+    let fs = Fs::open_with(
+        img.path(),
+        FsOptions {
+            read_only: false,
+            cache_bytes: Some(4 << 20),
+            ..FsOptions::default()
+        },
+    )
+    .expect("open");
+    let limit = fs.page_cache_stats().limit_bytes;
+    assert_eq!(limit, 4 << 20);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .open(&fs, "/big")
+        .expect("create");
+    let chunk: Vec<u8> = (0..256u32 << 10).map(|i| (i % 241) as u8).collect();
+    let mut peak = 0;
+    for k in 0..192u64 {
+        f.write_all_at(&chunk, k * chunk.len() as u64)
+            .expect("write");
+        peak = peak.max(fs.page_cache_stats().cached_bytes);
+    }
+    let mut buf = vec![0u8; chunk.len()];
+    for k in (0..192u64).rev() {
+        f.read_exact_at(&mut buf, k * chunk.len() as u64)
+            .expect("read");
+        assert!(buf == chunk, "chunk {k}");
+        peak = peak.max(fs.page_cache_stats().cached_bytes);
+    }
+    // One request's worth of slack above the bound (a write or read-ahead window
+    // is inserted before reclaim runs).
+    assert!(
+        peak <= limit + (2 << 20),
+        "the cache grew to {peak} bytes with a {limit}-byte bound"
+    );
+    drop(f);
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "{}", r.output);
+}
+
+/// Buffered writes over holes reserve their blocks at once (statfs shows them gone)
+/// and allocate them at writeback, as one contiguous extent.
+#[test]
+fn delayed_allocation_reserves_then_allocates_contiguously() {
+    let img = mkfs(&MkfsOptions::new(4096, 128 << 20)).expect("mkfs");
+    let fs = rw(img.path());
+    let free0 = fs.statfs().blocks_free;
+    let f = fs.create("/d").expect("create");
+    // 4 MiB in 64 KiB pieces, in a scattered order.
+    let order = [7u64, 1, 13, 0, 9, 3, 15, 5, 11, 2, 14, 6, 10, 4, 12, 8];
+    for round in 0..4u64 {
+        for &p in &order {
+            let i = round * 16 + p;
+            f.write_all_at(&vec![i as u8; 65536], i * 65536)
+                .expect("write");
+        }
+    }
+    let reserved = fs.page_cache_stats().reserved_blocks;
+    assert_eq!(reserved, 1024, "4 MiB of new pages reserve 1024 blocks");
+    assert_eq!(fs.statfs().blocks_free, free0 - 1024, "statfs counts them");
+    f.sync_all().expect("fsync");
+    assert_eq!(fs.page_cache_stats().reserved_blocks, 0);
+    let ext = f.extents().expect("extents");
+    assert_eq!(ext.len(), 1, "one extent: {ext:?}");
+    assert!(fs.statfs().blocks_free <= free0 - 1024);
+    drop(f);
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "{}", r.output);
+}
+
+/// SEEK_DATA / SEEK_HOLE see data that is only in the cache.
+#[test]
+fn seek_finds_dirty_data() {
+    let img = mkfs(&MkfsOptions::new(4096, 64 << 20)).expect("mkfs");
+    let fs = rw(img.path());
+    let f = fs.create("/sparse").expect("create");
+    f.set_len(4 << 20).expect("size");
+    f.write_all_at(&[1u8; 8192], 1 << 20).expect("write");
+    for pass in ["dirty", "written back"] {
+        assert_eq!(
+            f.seek(0, Whence::Data).expect("seek"),
+            Some(1 << 20),
+            "{pass}"
+        );
+        assert_eq!(
+            f.seek(1 << 20, Whence::Hole).expect("seek"),
+            Some((1 << 20) + 8192),
+            "{pass}"
+        );
+        assert_eq!(f.seek(0, Whence::Hole).expect("seek"), Some(0), "{pass}");
+        assert_eq!(f.seek((2 << 20) + 1, Whence::Data).expect("seek"), None);
+        f.sync_all().expect("fsync");
+    }
+    drop(f);
+    fs.close().expect("close");
+}
+
+/// O_DIRECT reads see buffered data not yet written back, buffered reads and
+/// mappings see direct writes, and the two never leave each other stale.
+#[test]
+fn direct_io_and_the_cache_agree() {
+    let img = mkfs(&MkfsOptions::new(4096, 64 << 20)).expect("mkfs");
+    let fs = rw(img.path());
+    let b = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .open(&fs, "/f")
+        .expect("open buffered");
+    let d = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .direct(true)
+        .open(&fs, "/f")
+        .expect("open direct");
+    b.write_all_at(&[0xAA; 10000], 0).expect("buffered write");
+    let mut buf = vec![0u8; 10000];
+    assert_eq!(d.read_at(&mut buf, 0).expect("direct read"), 10000);
+    assert!(
+        buf.iter().all(|&x| x == 0xAA),
+        "direct read sees buffered data"
+    );
+    // Cache the pages, then overwrite part of them directly.
+    b.read_exact_at(&mut buf, 0).expect("buffered read");
+    d.write_all_at(&[0xBB; 3000], 4000).expect("direct write");
+    b.read_exact_at(&mut buf, 0).expect("buffered read");
+    assert!(buf[..4000].iter().all(|&x| x == 0xAA));
+    assert!(
+        buf[4000..7000].iter().all(|&x| x == 0xBB),
+        "cache not stale"
+    );
+    assert!(buf[7000..].iter().all(|&x| x == 0xAA));
+    let m = b.map(0, 8192).expect("map");
+    let mut w = [0u8; 8];
+    m.read(4000, &mut w).expect("mread");
+    assert_eq!(w, [0xBB; 8]);
+    // A direct write past EOF after buffered growth.
+    b.write_all_at(&[0xCC; 100], 20_000).expect("buffered grow");
+    d.write_all_at(&[0xDD; 4096], 24_576).expect("direct grow");
+    assert_eq!(b.len().expect("len"), 28_672);
+    b.read_exact_at(&mut buf[..100], 20_000).expect("read");
+    assert!(buf[..100].iter().all(|&x| x == 0xCC));
+    drop((m, b, d));
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "{}", r.output);
+    let fs = Fs::open(img.path()).expect("reopen");
+    let all = fs.read("/f").expect("read");
+    assert_eq!(all.len(), 28_672);
+    assert!(all[4000..7000].iter().all(|&x| x == 0xBB));
+    assert!(all[24_576..].iter().all(|&x| x == 0xDD));
+}
+
+/// Mappings: writes through one are seen by read() and the other way round at once;
+/// msync makes them durable; pages wholly past EOF are out of reach (SIGBUS).
+#[test]
+fn mappings_are_coherent_and_msync_makes_them_durable() {
+    let (dev, fs) = mem_fs(4096, 64 << 20, rw_opts());
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .open(&fs, "/m")
+        .expect("create");
+    f.write_all_at(&[1u8; 6000], 0).expect("write");
+    let m = f.map(0, 16384).expect("map");
+    m.write(100, b"hello").expect("mwrite");
+    let mut b = [0u8; 5];
+    f.read_exact_at(&mut b, 100).expect("read");
+    assert_eq!(&b, b"hello");
+    f.write_all_at(b"world", 200).expect("write");
+    m.read(200, &mut b).expect("mread");
+    assert_eq!(&b, b"world");
+    // Past EOF inside the last page: zeros, and writes there are dropped.
+    m.write(6000, b"zz").expect("mwrite past EOF");
+    m.read(6000, &mut b[..2]).expect("mread past EOF");
+    assert_eq!(&b[..2], &[0, 0]);
+    assert_eq!(f.len().expect("len"), 6000);
+    // Wholly past the last page.
+    assert!(matches!(m.read(8192, &mut b), Err(Error::InvalidInput(_))));
+    m.sync(0, 0).expect("msync");
+    let seen = crash_view(&dev);
+    let data = seen.read("/m").expect("read after msync");
+    assert_eq!(&data[100..105], b"hello");
+    assert_eq!(&data[200..205], b"world");
+    assert_eq!(data.len(), 6000);
+    drop(m);
+    drop(f);
+    fs.close().expect("close");
+}
+
+/// The on-disk size never covers data that is not on the device: growing a file by
+/// truncate over buffered data writes that data first, and a crash right after the
+/// truncate commits shows the data, not zeros.
+#[test]
+fn a_growing_truncate_writes_buffered_data_first() {
+    let (dev, fs) = mem_fs(4096, 64 << 20, rw_opts());
+    let f = fs.create("/g").expect("create");
+    f.sync_all().expect("fsync empty");
+    f.write_all_at(&[0x5A; 8192], 0).expect("buffered write");
+    f.set_len(100_000).expect("grow");
+    fs.sync_metadata()
+        .expect("commit the truncate, not the data");
+    let seen = crash_view(&dev);
+    let data = seen.read("/g").expect("read");
+    assert_eq!(data.len(), 100_000);
+    assert!(
+        data[..8192].iter().all(|&b| b == 0x5A),
+        "data before the size"
+    );
+    assert!(data[8192..].iter().all(|&b| b == 0));
+    drop(f);
+    fs.close().expect("close");
+}
+
+/// Without fsync, buffered data and the size it gives are not on the device yet; a
+/// commit of other metadata does not expose zeros where the data will be.
+#[test]
+fn uncommitted_buffered_growth_never_shows_zeros() {
+    let (dev, fs) = mem_fs(4096, 64 << 20, rw_opts());
+    fs.write("/a", vec![7u8; 5000]).expect("write a");
+    fs.sync().expect("sync");
+    let f = fs
+        .open_ino(fs.resolve(b"/a", true).expect("resolve"))
+        .expect("open");
+    drop(f);
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&fs, "/a")
+        .expect("open rw");
+    f.write_all_at(&[8u8; 20000], 5000).expect("append");
+    fs.create_dir("/other").expect("mkdir");
+    fs.sync_metadata().expect("commit metadata only");
+    let seen = crash_view(&dev);
+    let data = seen.read("/a").expect("read");
+    // Either the old file or the new one, never the new size with zeros.
+    let old = vec![7u8; 5000];
+    let mut new = vec![7u8; 5000];
+    new.extend(vec![8u8; 20000]);
+    assert!(data == old || data == new, "got {} bytes", data.len());
+    f.sync_all().expect("fsync");
+    let seen = crash_view(&dev);
+    assert_eq!(seen.read("/a").expect("read"), new);
+    drop(f);
+    fs.close().expect("close");
+}
+
+/// copy_file_range: copies through the cache (also uncommitted data), stops at the
+/// source's end, refuses overlapping ranges of one file.
+#[test]
+fn copy_range_within_the_image() {
+    let img = mkfs(&MkfsOptions::new(4096, 64 << 20)).expect("mkfs");
+    let fs = rw(img.path());
+    let src: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+    fs.write("/src", &src).expect("write");
+    fs.write("/dst", b"").expect("create");
+    let s = fs.resolve(b"/src", true).expect("src");
+    let d = fs.resolve(b"/dst", true).expect("dst");
+    let n = fs
+        .copy_range_ino(s, 1000, d, 50, 1 << 20, true)
+        .expect("copy");
+    assert_eq!(n, 299_000, "stops at the source's end");
+    let got = fs.read("/dst").expect("read");
+    assert_eq!(&got[50..], &src[1000..]);
+    assert!(got[..50].iter().all(|&b| b == 0));
+    assert!(matches!(
+        fs.copy_range_ino(s, 0, s, 100, 1000, true),
+        Err(Error::InvalidInput(_))
+    ));
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "{}", r.output);
+}
+
+/// A full filesystem: buffered writes switch to allocating at once before the
+/// reservations could overcommit, ENOSPC comes from a write (never from writeback),
+/// and everything written before it is there after close.
+#[test]
+fn enospc_is_reported_by_the_write_not_lost_in_writeback() {
+    let tmp = TempDir::new("pc-enospc").expect("tmp");
+    let img = tmp.join("img");
+    std::fs::write(&img, vec![0u8; 16 << 20]).expect("image");
+    rext4_testkit::tools::mkfs_at(&img, &MkfsOptions::new(1024, 16 << 20)).expect("mkfs");
+    let fs = rw(&img);
+    let mut written = Vec::new();
+    let err = 'fill: loop {
+        let i = written.len();
+        let data = vec![(i % 250) as u8 + 1; 40_000 + i * 100];
+        match fs.write(format!("/f{i}"), &data) {
+            Ok(()) => written.push(data),
+            Err(e) => break 'fill e,
+        }
+    };
+    assert!(matches!(err, Error::NoSpace), "{err}");
+    fs.close()
+        .expect("close: writeback must not run out of space");
+    let r = e2fsck_fn(&img);
+    assert!(r.clean, "{}", r.output);
+    let fs = Fs::open(&img).expect("reopen");
+    for (i, data) in written.iter().enumerate() {
+        assert_eq!(&fs.read(format!("/f{i}")).expect("read"), data, "/f{i}");
+    }
+}
