@@ -43,6 +43,11 @@ pub struct FsOptions {
     /// Memory the page cache (file data) may use, in bytes; `None`: 1/16 of RAM
     /// between 64 MiB and 2 GiB (`pagecache::default_limit_bytes`).
     pub cache_bytes: Option<u64>,
+    /// Keep clean pages cached (read pages, and written pages after writeback). A
+    /// frontend that caches file data itself (the FUSE mount under the kernel's
+    /// writeback cache) turns this off: the engine then holds only dirty data, and
+    /// reads copy what is cached and read the rest from the device.
+    pub cache_clean: bool,
 }
 
 impl Default for FsOptions {
@@ -53,6 +58,7 @@ impl Default for FsOptions {
             cache_blocks: 16384,
             commit_secs: 5,
             cache_bytes: None,
+            cache_clean: true,
         }
     }
 }
@@ -260,6 +266,7 @@ impl Fs {
                     bs as usize,
                     opts.cache_bytes
                         .unwrap_or_else(crate::pagecache::default_limit_bytes),
+                    opts.cache_clean,
                 ),
                 caches: crate::icache::Caches::new(
                     crate::icache::INODES_DEFAULT,

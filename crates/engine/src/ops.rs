@@ -651,6 +651,42 @@ impl Fs {
         Ok(self.metadata_of(ino, &inode))
     }
 
+    /// The mode `ino` keeps after privileges are dropped, as Linux drops them before
+    /// an unprivileged write or truncate and on chown: set-user-ID goes, set-group-ID
+    /// goes when the group may execute (without that it marks mandatory locking and
+    /// stays). Directories keep both. `None` when nothing would change.
+    pub fn mode_without_privs(&self, ino: Ino) -> Result<Option<u32>> {
+        let inode = self.read_live_inode(ino)?;
+        if inode.is_dir() {
+            return Ok(None);
+        }
+        let mut m = inode.mode;
+        m &= !m::S_ISUID;
+        if m & m::S_ISGID != 0 && m & 0o010 != 0 {
+            m &= !m::S_ISGID;
+        }
+        Ok((m != inode.mode).then_some(u32::from(m & 0o7777)))
+    }
+
+    /// Drop set-user-ID, set-group-ID (see [`Fs::mode_without_privs`]) and file
+    /// capabilities (security.capability) of `ino`, as a write or truncate by an
+    /// unprivileged caller does (FUSE's KILLPRIV_V2 leaves this to the server).
+    pub fn kill_privs_ino(&self, ino: Ino) -> Result<()> {
+        if let Some(mode) = self.mode_without_privs(ino)? {
+            self.setattr_ino(
+                ino,
+                &SetAttr {
+                    mode: Some(mode),
+                    ..SetAttr::default()
+                },
+            )?;
+        }
+        match self.remove_xattr_ino(ino, b"security.capability") {
+            Ok(()) | Err(Error::NotFound) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Change the size of a regular file (ftruncate).
     pub fn truncate_ino(&self, ino: Ino, size: u64) -> Result<()> {
         let _io = self.io_exclusive(ino);

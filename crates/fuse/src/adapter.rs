@@ -104,6 +104,9 @@ pub(crate) struct Shared {
     latched_ro: AtomicBool,
     /// Whether the kernel accepted FUSE_WRITEBACK_CACHE.
     writeback: AtomicBool,
+    /// Whether the kernel accepted FUSE_HANDLE_KILLPRIV_V2: dropping set-ID bits and
+    /// file capabilities on write, truncate and chown is then ours to do.
+    killpriv: AtomicBool,
     /// Sends invalidations to the kernel (set once the session exists).
     pub(crate) notifier: std::sync::OnceLock<fuser::Notifier>,
 }
@@ -251,6 +254,7 @@ impl Shared {
             next_fh: AtomicU64::new(1),
             latched_ro: AtomicBool::new(false),
             writeback: AtomicBool::new(false),
+            killpriv: AtomicBool::new(false),
             notifier: std::sync::OnceLock::new(),
         }
     }
@@ -291,6 +295,14 @@ impl Shared {
             eprintln!("rext4-fuse: {what}: {e}");
         }
         errno(e)
+    }
+
+    /// Remove security.capability (KILLPRIV_V2: with the set-ID bits it guards).
+    fn drop_caps(&self, ino: Ino) -> Result<(), Errno> {
+        match self.fs.remove_xattr_ino(ino, b"security.capability") {
+            Ok(()) | Err(Error::NotFound) => Ok(()),
+            Err(e) => Err(self.fail("drop capabilities", &e)),
+        }
     }
 
     /// Refuse changes once errors=remount-ro has latched.
@@ -602,6 +614,11 @@ impl Filesystem for Adapter {
         if self.s.cfg.writeback_cache && !self.s.fs.is_read_only() {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
+        // The server drops set-ID bits and capabilities on write, truncate and chown
+        // (the WRITE flag, and Linux's rules in setattr and open), so the kernel can
+        // mark the superblock SB_NOSEC: without it every write() asks for the
+        // security.capability xattr first, a second request per write.
+        want |= InitFlags::FUSE_HANDLE_KILLPRIV_V2;
         if self.s.cfg.default_permissions {
             // The kernel enforces ACLs (it reads system.posix_acl_* through getxattr)
             // and leaves the umask to us: the engine applies a parent's default ACL, and
@@ -614,6 +631,10 @@ impl Filesystem for Adapter {
         }
         self.s.writeback.store(
             got.contains(InitFlags::FUSE_WRITEBACK_CACHE),
+            Ordering::SeqCst,
+        );
+        self.s.killpriv.store(
+            got.contains(InitFlags::FUSE_HANDLE_KILLPRIV_V2),
             Ordering::SeqCst,
         );
         let _ = config.set_max_write(MAX_IO);
@@ -661,7 +682,7 @@ impl Filesystem for Adapter {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -686,7 +707,7 @@ impl Filesystem for Adapter {
                 ino.0
             )
         });
-        let a = SetAttr {
+        let mut a = SetAttr {
             mode: mode.map(|m| m & 0o7777),
             uid,
             gid,
@@ -695,6 +716,20 @@ impl Filesystem for Adapter {
             mtime: mtime.map(time_or_now),
             ctime: ctime.map(timestamp),
         };
+        // KILLPRIV_V2: the kernel no longer sends the mode change that drops set-ID
+        // bits on chown (any caller) and on truncate (unprivileged callers); its
+        // FATTR_KILL_SUIDGID flag is not passed on by fuser, so apply Linux's rules.
+        let chown = uid.is_some() || gid.is_some();
+        let trunc = size.is_some() && req.uid() != 0;
+        let mut drop_caps = false;
+        if s.killpriv.load(Ordering::Relaxed) && a.mode.is_none() && (chown || trunc) {
+            a.mode = tri!(
+                reply,
+                s.fs.mode_without_privs(ino)
+                    .map_err(|e| s.fail("setattr", &e))
+            );
+            drop_caps = true;
+        }
         let any = a.mode.is_some()
             || a.uid.is_some()
             || a.gid.is_some()
@@ -708,6 +743,9 @@ impl Filesystem for Adapter {
                 reply,
                 s.fs.setattr_ino(ino, &a).map_err(|e| s.fail("setattr", &e))
             );
+            if drop_caps {
+                tri!(reply, s.drop_caps(ino));
+            }
         }
         let attr = tri!(reply, s.getattr_ino(ino));
         reply.attr(&TTL, &attr);
@@ -875,8 +913,21 @@ impl Filesystem for Adapter {
         reply.entry(&TTL, &attr, generation);
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let (fh, fl) = tri!(reply, self.s.open_file(to_ext4(ino), flags.0));
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let s = &self.s;
+        let ino = to_ext4(ino);
+        let (fh, fl) = tri!(reply, s.open_file(ino, flags.0));
+        // KILLPRIV_V2: an unprivileged O_TRUNC drops the set-ID bits (open_file did
+        // the truncate).
+        if flags.0 & libc::O_TRUNC != 0 && req.uid() != 0 && s.killpriv.load(Ordering::Relaxed) {
+            if let Err(e) = s.fs.kill_privs_ino(ino) {
+                if let Some(Handle::File { ino, .. }) = lock(&s.handles).remove(&fh) {
+                    let _ = s.fs.unpin(ino);
+                }
+                reply.error(s.fail("open O_TRUNC", &e));
+                return;
+            }
+        }
         reply.opened(FileHandle(fh), fl);
     }
 
@@ -918,7 +969,7 @@ impl Filesystem for Adapter {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -926,6 +977,13 @@ impl Filesystem for Adapter {
         let s = &self.s;
         let ino = to_ext4(ino);
         tri!(reply, s.writable());
+        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            tri!(
+                reply,
+                s.fs.kill_privs_ino(ino)
+                    .map_err(|e| s.fail("write: drop privileges", &e))
+            );
+        }
         let (direct, append) = s.handle_flags(fh);
         // With the writeback cache the kernel owns mtime/ctime of regular files and
         // places O_APPEND writes itself (it may send them on another handle).

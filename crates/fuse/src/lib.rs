@@ -530,6 +530,9 @@ fn serve_inner(
     let mut fo = FsOptions {
         read_only: ro,
         commit_secs: opts.commit_secs,
+        // The kernel's page cache holds file data (KEEP_CACHE, and the writeback
+        // cache): the engine keeps only dirty pages, for delayed allocation.
+        cache_clean: false,
         ..FsOptions::default()
     };
     if let Some(mb) = opts.cache_mb {

@@ -58,6 +58,8 @@ use std::time::Instant;
 use crate::error::Error;
 use crate::fs::Ino;
 
+/// Reads at least this large go around the cache (`read_around`).
+pub const READ_AROUND_BYTES: u64 = 256 << 10;
 /// Read-ahead window bounds, in bytes.
 pub const READAHEAD_MIN_BYTES: u64 = 128 << 10;
 pub const READAHEAD_MAX_BYTES: u64 = 2 << 20;
@@ -226,6 +228,8 @@ impl WbShared {
 /// The page cache of one filesystem.
 pub(crate) struct PageCache {
     pub(crate) page_size: usize,
+    /// `FsOptions::cache_clean`.
+    pub(crate) keep_clean: bool,
     files: papaya::HashMap<u32, Arc<FileCache>>,
     /// Pages cached, and the bound.
     pub(crate) pages: AtomicUsize,
@@ -243,24 +247,65 @@ pub(crate) struct PageCache {
     /// Files with dirty pages, and since when.
     pub(crate) dirty_files: Mutex<HashMap<u32, Instant>>,
     pub(crate) wb: Arc<WbShared>,
+    /// Recycled page buffers (see `alloc_buf`).
+    pool: Mutex<Vec<Box<[u8]>>>,
+    pool_max: usize,
 }
 
 impl PageCache {
-    pub(crate) fn new(page_size: usize, limit_bytes: u64) -> PageCache {
+    pub(crate) fn new(page_size: usize, limit_bytes: u64, keep_clean: bool) -> PageCache {
         let limit_pages = (limit_bytes / page_size as u64).max(256) as usize;
         PageCache {
             page_size,
+            keep_clean,
             files: papaya::HashMap::new(),
             pages: AtomicUsize::new(0),
             limit_pages,
             dirty: AtomicUsize::new(0),
             dirty_limit: limit_pages / 2,
-            dirty_background: limit_pages / 8,
+            // Under a frontend that delays writes itself (the kernel's writeback cache)
+            // what reaches us is already old: start writing it soon, in parallel with
+            // what keeps coming, instead of collecting an eighth of the cache first.
+            dirty_background: if keep_clean {
+                limit_pages / 8
+            } else {
+                (limit_pages / 8).min((32 << 20) / page_size)
+            },
             reserved: AtomicU64::new(0),
             lru: Mutex::new(VecDeque::new()),
             reclaiming: AtomicBool::new(false),
             dirty_files: Mutex::new(HashMap::new()),
             wb: Arc::new(WbShared::default()),
+            pool: Mutex::new(Vec::new()),
+            pool_max: (limit_pages / 8).clamp(64, 8192),
+        }
+    }
+
+    /// A page buffer with unspecified contents (the caller fills all of it). Buffers
+    /// of dropped pages are recycled: a fresh allocation per page would cost a page
+    /// fault and the kernel's zeroing each time, which showed as a third of the CPU of
+    /// a sequential write.
+    pub(crate) fn alloc_buf(&self) -> Box<[u8]> {
+        lock(&self.pool)
+            .pop()
+            .unwrap_or_else(|| vec![0u8; self.page_size].into_boxed_slice())
+    }
+
+    /// A zeroed page buffer.
+    pub(crate) fn alloc_zeroed(&self) -> Box<[u8]> {
+        let mut b = self.alloc_buf();
+        b.fill(0);
+        b
+    }
+
+    /// Give the buffer of a page nobody else holds back to the pool.
+    pub(crate) fn recycle(&self, page: Arc<Page>) {
+        if let Ok(p) = Arc::try_unwrap(page) {
+            let buf = p.data.into_inner().unwrap_or_else(|e| e.into_inner()).buf;
+            let mut pool = lock(&self.pool);
+            if pool.len() < self.pool_max && buf.len() == self.page_size {
+                pool.push(buf);
+            }
         }
     }
 
@@ -402,7 +447,9 @@ impl PageCache {
         st.dead = true;
         let idxs: Vec<u64> = st.pages.keys().copied().collect();
         for i in idxs {
-            self.remove_page(&mut st, ino, i);
+            if let Some(p) = self.remove_page(&mut st, ino, i) {
+                self.recycle(p);
+            }
         }
         st.size = None;
         lock(&self.dirty_files).remove(&ino.0);
@@ -448,7 +495,9 @@ impl PageCache {
                 lock(&self.lru).push_back((ino, idx));
                 continue;
             }
-            self.remove_page(&mut st, Ino(ino), idx);
+            if let Some(p) = self.remove_page(&mut st, Ino(ino), idx) {
+                self.recycle(p);
+            }
             let empty =
                 st.pages.is_empty() && st.size.is_none() && st.error.is_none() && st.writeback == 0;
             if empty {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use rext4_format::inode::{flags, Inode};
 
-use super::{new_page, pages_spanned, FileCache, Page, PageCache};
+use super::{new_page, pages_spanned, FileCache, Page, PageCache, READ_AROUND_BYTES};
 use crate::error::{Error, Result};
 use crate::fs::{Fs, Ino};
 use crate::map::Mapping;
@@ -65,9 +65,7 @@ impl Fs {
     /// blocks as zeros), zeroing everything at or past `size`. Takes the tree lock.
     fn read_pages(&self, ino: Ino, first: u64, n: u64, size: u64) -> Result<Vec<Box<[u8]>>> {
         let ps = self.page_size();
-        let mut out: Vec<Box<[u8]>> = (0..n)
-            .map(|_| vec![0u8; ps as usize].into_boxed_slice())
-            .collect();
+        let mut out: Vec<Box<[u8]>> = (0..n).map(|_| self.pc().alloc_zeroed()).collect();
         let _t = self.tree_shared(ino);
         let inode = self.read_inode(ino)?;
         let dev = self.cache().device().clone();
@@ -223,7 +221,61 @@ impl Fs {
             return Ok(0);
         }
         let want = (buf.len() as u64).min(size - offset) as usize;
+        if !self.pc().keep_clean || want as u64 >= READ_AROUND_BYTES {
+            return self.read_around(ino, &mut buf[..want], offset, size);
+        }
         self.copy_from_pages(ino, &mut buf[..want], offset, size, readahead)
+    }
+
+    /// A read that does not fill the cache: what is cached (dirty or not) is copied,
+    /// the gaps are read straight from the device. For large reads (they are their own
+    /// read-ahead, and would only push other pages out) and for frontends that cache
+    /// clean data themselves. Caller holds the I/O lock; `size` is the file's size.
+    fn read_around(&self, ino: Ino, buf: &mut [u8], offset: u64, size: u64) -> Result<usize> {
+        let ps = self.page_size();
+        let len = buf.len() as u64;
+        let (first, last) = pages_spanned(offset, len, ps);
+        let cached: Vec<(u64, Arc<Page>)> = match self.pc().file(ino) {
+            Some(fc) => fc
+                .lock()
+                .pages
+                .range(first..=last)
+                .map(|(&i, p)| (i, p.clone()))
+                .collect(),
+            None => Vec::new(),
+        };
+        let _t = self.tree_shared(ino);
+        // The record as it is now (writeback may have changed the tree), sized as the
+        // file: past the record's size there is nothing on the device (holes).
+        let mut dev_inode = self.read_inode(ino)?;
+        dev_inode.size = size;
+        let end = offset + len;
+        let mut pos = offset;
+        let mut next = cached.iter().peekable();
+        while pos < end {
+            let idx = pos / ps;
+            while next.peek().is_some_and(|(i, _)| *i < idx) {
+                next.next();
+            }
+            let at = (pos - offset) as usize;
+            match next.peek() {
+                Some((i, p)) if *i == idx => {
+                    let upto = end.min((idx + 1) * ps);
+                    let from = (pos - idx * ps) as usize;
+                    let n = (upto - pos) as usize;
+                    buf[at..at + n].copy_from_slice(&p.lock().buf[from..from + n]);
+                    pos = upto;
+                }
+                other => {
+                    let upto = other.map_or(end, |(i, _)| (i * ps).min(end));
+                    let n = (upto - pos) as usize;
+                    let got = self.read_device(ino, &dev_inode, &mut buf[at..at + n], pos)?;
+                    buf[at + got..at + n].fill(0);
+                    pos = upto;
+                }
+            }
+        }
+        Ok(len as usize)
     }
 
     /// Copy `buf.len()` bytes at `offset` out of the cached pages (instantiating
@@ -412,8 +464,14 @@ impl Fs {
                 let p = match st.pages.get(&i) {
                     Some(p) => p.clone(),
                     None => {
-                        let p = new_page(vec![0u8; ps as usize].into_boxed_slice());
-                        self.pc().insert_page(&mut st, ino, i, p)
+                        // Wholly overwritten below (it was not read), unless the limit
+                        // cuts the write: then the rest must read as zeros.
+                        let buf = if limit >= end {
+                            self.pc().alloc_buf()
+                        } else {
+                            self.pc().alloc_zeroed()
+                        };
+                        self.pc().insert_page(&mut st, ino, i, new_page(buf))
                     }
                 };
                 let pstart = i * ps;
@@ -498,6 +556,9 @@ impl Fs {
             }
         }
         let mut st = fc.wait_pages(st, &removed);
+        for p in removed {
+            self.pc().recycle(p);
+        }
         if !new_size.is_multiple_of(ps) {
             if let Some(p) = st.pages.get(&(new_size / ps)) {
                 let mut d = p.lock();
@@ -536,6 +597,9 @@ impl Fs {
             }
         }
         drop(fc.wait_pages(st, &removed));
+        for p in removed {
+            self.pc().recycle(p);
+        }
     }
 
     /// Zero `[from, to)` (within one page) of `ino`: in the cached page if there is one

@@ -139,6 +139,9 @@ impl Fs {
         let chunk_pages = (WRITEBACK_CHUNK_BYTES / ps).max(1) as usize;
         let mut from = first;
         let mut written = 0usize;
+        // One snapshot buffer for the whole pass (a fresh one per chunk would fault in
+        // up to 8 MiB of new memory each time).
+        let mut scratch: Vec<u8> = Vec::with_capacity(chunk_pages * ps as usize);
         loop {
             // 1. Snapshot.
             let (snaps, runs, bound) = {
@@ -160,18 +163,20 @@ impl Fs {
                     return Ok(written);
                 }
                 let mut snaps: Vec<Snap> = Vec::with_capacity(idxs.len());
-                let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+                // Runs of consecutive pages: (first page, pages), their bytes one after
+                // the other in `scratch`.
+                let mut runs: Vec<(u64, u64)> = Vec::new();
+                scratch.clear();
                 for &i in &idxs {
                     let Some(p) = st.pages.get(&i).cloned() else {
                         continue;
                     };
                     let mut d = p.lock();
                     d.writeback = true;
+                    scratch.extend_from_slice(&d.buf);
                     match runs.last_mut() {
-                        Some((s, data)) if *s + (data.len() as u64 / ps) == i => {
-                            data.extend_from_slice(&d.buf)
-                        }
-                        _ => runs.push((i, d.buf.to_vec())),
+                        Some((s, n)) if *s + *n == i => *n += 1,
+                        _ => runs.push((i, 1)),
                     }
                     snaps.push((i, p.clone(), d.seq));
                 }
@@ -188,7 +193,7 @@ impl Fs {
                 (snaps, runs, bound)
             };
             // 2 and 3.
-            let r = self.write_chunk(fc, ino, &runs, bound);
+            let r = self.write_chunk(fc, ino, &runs, &scratch, bound);
             // 4. Completion.
             let mut st = fc.lock();
             let drop_data = matches!(r, Err(Error::NoSpace));
@@ -207,6 +212,19 @@ impl Fs {
                 }
             }
             st.writeback -= snaps.len();
+            if !pc.keep_clean {
+                // The frontend keeps its own copy: hold only dirty data.
+                for (i, p, _) in &snaps {
+                    let clean = {
+                        let d = p.lock();
+                        !d.dirty && !d.writeback
+                    };
+                    let same = st.pages.get(i).is_some_and(|q| Arc::ptr_eq(q, p));
+                    if clean && same {
+                        pc.remove_page(&mut st, ino, *i);
+                    }
+                }
+            }
             if let Err(e) = &r {
                 let we = match e {
                     Error::NoSpace => {
@@ -226,6 +244,9 @@ impl Fs {
             fc.wb_done.notify_all();
             r?;
             written += snaps.len();
+            for (_, p, _) in snaps {
+                pc.recycle(p); // only pages that left the cache (ours is the last Arc)
+            }
             if from > last {
                 return Ok(written);
             }
@@ -237,14 +258,17 @@ impl Fs {
         &self,
         fc: &FileCache,
         ino: Ino,
-        runs: &[(u64, Vec<u8>)],
+        runs: &[(u64, u64)],
+        scratch: &[u8],
         bound: u64,
     ) -> Result<()> {
         let ps = self.inner.pagecache.page_size as u64;
         let dev = self.cache().device().clone();
         let mut converts: Vec<(u64, u64)> = Vec::new();
-        for (start, data) in runs {
-            let n = data.len() as u64 / ps;
+        let mut at = 0usize;
+        for &(start, n) in runs {
+            let data = &scratch[at..at + (n * ps) as usize];
+            at += data.len();
             let mut i = 0u64;
             while i < n {
                 let lblk = start + i;
