@@ -6,7 +6,13 @@
 //! writes), `pread [-b bs] [-qv] off len` (xfs_io's hexdump with -v), `truncate off`,
 //! `falloc [-k] off len`, `fpunch off len`, `fzero [-k] off len`, `fsync`, `fdatasync`,
 //! `stat [-v]`, `fiemap [-lv] [off [len]]` (512-byte units, holes as "hole", flags
-//! 0x800 unwritten and 0x1 last in -v), `help`, `quit`. Numbers take xfs_io's suffixes
+//! 0x800 unwritten and 0x1 last in -v), `help`, `quit`, and the memory-mapping
+//! commands over the engine's page cache (`File::map`: coherent with pread/pwrite,
+//! written back like any dirty page): `mmap [N] | [-rwx] [off len]` (list, select or
+//! create a mapping; addresses are made up, as there is no address space here),
+//! `mread [-f|-v] [-r] [off len]`, `mwrite [-r] [-S seed] [off len]` (default seed
+//! 'X'), `msync [-ais] [off len]`, `munmap`. Accessing a page wholly past the end of
+//! the file is an error here where xfs_io dies of SIGBUS. Numbers take xfs_io's suffixes
 //! (cvtnum): k/m/g/t/p/e (powers of 1024), s (512-byte sectors), b (the block size);
 //! 0x and 0 prefixes select hex and octal.
 //!
@@ -309,6 +315,46 @@ const CMDS: &[CmdInfo] = &[
         max: 1,
     },
     CmdInfo {
+        name: "mmap",
+        args: "[N] | [-rwx] [off len]",
+        help: "mmap a range in the current file, show mappings",
+        opts: "rwxSs:",
+        min: 0,
+        max: 2,
+    },
+    CmdInfo {
+        name: "mread",
+        args: "[-r] [off len]",
+        help: "reads data from a region in the current memory mapping",
+        opts: "frv",
+        min: 0,
+        max: 2,
+    },
+    CmdInfo {
+        name: "msync",
+        args: "[-ais] [off len]",
+        help: "flush a region in the current memory mapping",
+        opts: "ais",
+        min: 0,
+        max: 2,
+    },
+    CmdInfo {
+        name: "munmap",
+        args: "",
+        help: "unmaps the current memory mapping",
+        opts: "",
+        min: 0,
+        max: 0,
+    },
+    CmdInfo {
+        name: "mwrite",
+        args: "[-r] [-S seed] [off len]",
+        help: "writes data into a region in the current memory mapping",
+        opts: "rS:",
+        min: 0,
+        max: 2,
+    },
+    CmdInfo {
         name: "pread",
         args: "[-b bs] [-qv] off len",
         help: "reads a number of bytes at a specified offset",
@@ -413,6 +459,17 @@ struct Shell<'a> {
     block_size: u64,
     out: Box<dyn Write + 'a>,
     failed: bool,
+    /// Memory mappings (`mmap`), and which one the m* commands use.
+    maps: Vec<Map>,
+    cur_map: usize,
+}
+
+/// One `mmap`: the engine's mapping and the protection asked for.
+struct Map {
+    m: rext4::MappedRange,
+    prot: String,
+    /// The made-up address shown by `mmap` (no address space here).
+    addr: u64,
 }
 
 /// Why a command did not complete.
@@ -511,6 +568,11 @@ impl Shell<'_> {
             "fsync" | "fdatasync" => self.fs.fsync_ino(self.ino).map_err(|e| sys(name, &e)),
             "stat" => self.stat(has('v')),
             "fiemap" => self.fiemap(has('v'), has('l'), &operands),
+            "mmap" => self.mmap(&opts, &operands),
+            "mread" => self.mread(has('f'), has('v'), has('r'), &operands),
+            "mwrite" => self.mwrite(val('S'), has('r'), &operands),
+            "msync" => self.msync(has('a'), has('i'), &operands),
+            "munmap" => self.munmap(),
             "help" => {
                 let mut text = String::new();
                 for c in CMDS
@@ -646,6 +708,193 @@ impl Shell<'_> {
             self.print(&r);
         }
         Ok(())
+    }
+
+    /// The mapping list, as `mmap` prints it (also after selecting and unmapping).
+    fn list_maps(&mut self) -> CmdResult {
+        if self.maps.is_empty() {
+            return Err(CmdError::Sys("no mapped regions, try 'help mmap'".into()));
+        }
+        let mut s = String::new();
+        for (i, mp) in self.maps.iter().enumerate() {
+            let (l, r) = if i == self.cur_map {
+                ('[', ']')
+            } else {
+                (' ', ' ')
+            };
+            s.push_str(&format!(
+                "{l}{i:03}{r} 0x{:x} - 0x{:x} {}  {:>14} ({} : {})\n",
+                mp.addr,
+                mp.addr + mp.m.len(),
+                mp.prot,
+                self.path,
+                mp.m.offset(),
+                mp.m.len()
+            ));
+        }
+        self.print(&s);
+        Ok(())
+    }
+
+    /// `mmap`: list the mappings (no operands), select one (`N`, then list), or map
+    /// `len` bytes at `off` with the protection of -r/-w/-x (all three by default).
+    fn mmap(&mut self, opts: &[(char, Option<String>)], ops: &[String]) -> CmdResult {
+        match ops.len() {
+            0 => self.list_maps(),
+            1 => {
+                let n = self.num(&ops[0], "mapping number")? as usize;
+                if n >= self.maps.len() {
+                    return Err(CmdError::Sys(format!("mapping {n} does not exist")));
+                }
+                self.cur_map = n;
+                self.list_maps()
+            }
+            _ => {
+                let off = self.num(&ops[0], "offset argument")?;
+                let len = self.num(&ops[1], "length argument")?;
+                let has = |c: char| opts.iter().any(|(o, _)| *o == c);
+                if has('S') {
+                    // MAP_SYNC needs a DAX device.
+                    return Err(sys_errno("mmap", libc::EOPNOTSUPP));
+                }
+                let (r, w, x) = if has('r') || has('w') || has('x') {
+                    (has('r'), has('w'), has('x'))
+                } else {
+                    (true, true, true)
+                };
+                if w && !self.writable {
+                    return Err(sys_errno("mmap", libc::EACCES));
+                }
+                let f = self
+                    .fs
+                    .open_ino_with(self.ino, w)
+                    .map_err(|e| sys("mmap", &e))?;
+                let m = f.map(off, len).map_err(|e| sys("mmap", &e))?;
+                let prot = format!(
+                    "{}{}{}",
+                    if r { 'r' } else { '-' },
+                    if w { 'w' } else { '-' },
+                    if x { 'x' } else { '-' }
+                );
+                // Made-up addresses, each mapping 4 GiB above the last.
+                let addr = 0x7f00_0000_0000 + ((self.maps.len() as u64) << 32);
+                self.maps.push(Map { m, prot, addr });
+                self.cur_map = self.maps.len() - 1;
+                Ok(())
+            }
+        }
+    }
+
+    /// The current mapping and the (offset, length) of the m* command's range
+    /// (default: the whole mapping), checked against it.
+    fn map_range(&self, name: &str, ops: &[String]) -> Result<(usize, u64, u64), CmdError> {
+        let Some(mp) = self.maps.get(self.cur_map) else {
+            return Err(CmdError::Sys("no mapped regions, try 'help mmap'".into()));
+        };
+        let (off, len) = match ops.len() {
+            0 => (0, mp.m.len()),
+            1 => {
+                let off = self.num(&ops[0], "offset argument")?;
+                (off, mp.m.len().saturating_sub(off))
+            }
+            _ => (
+                self.num(&ops[0], "offset argument")?,
+                self.num(&ops[1], "length argument")?,
+            ),
+        };
+        if off > mp.m.len() {
+            return Err(CmdError::Sys(format!(
+                "offset ({off}) is beyond end of mapping ({})",
+                mp.m.offset()
+            )));
+        }
+        if off.saturating_add(len) > mp.m.len() {
+            return Err(CmdError::Sys(format!(
+                "{name}: length ({len}) is beyond end of mapping ({})",
+                mp.m.len()
+            )));
+        }
+        // Where a real mapping would fault: pages wholly past the end of the file.
+        if name != "msync" && len > 0 {
+            let size = self.fs.stat_ino(self.ino).map_err(|e| sys(name, &e))?.size;
+            let page = rext4::pagecache::mapping::MMAP_PAGE.max(self.block_size);
+            if mp.m.offset() + off + len > size.div_ceil(page) * page {
+                return Err(CmdError::Sys(format!(
+                    "{name}: Bus error (access past the last page of the file)"
+                )));
+            }
+        }
+        Ok((self.cur_map, off, len))
+    }
+
+    fn mread(&mut self, file_rel: bool, verbose: bool, reverse: bool, ops: &[String]) -> CmdResult {
+        let (i, off, len) = self.map_range("mread", ops)?;
+        let mut buf = vec![0u8; len as usize];
+        let m = &self.maps[i].m;
+        if reverse {
+            // From the end backwards, a page at a time (the order of the accesses is
+            // all -r changes).
+            let mut end = len;
+            while end > 0 {
+                let start = end.saturating_sub(4096);
+                m.read(off + start, &mut buf[start as usize..end as usize])
+                    .map_err(|e| sys("mread", &e))?;
+                end = start;
+            }
+        } else {
+            m.read(off, &mut buf).map_err(|e| sys("mread", &e))?;
+        }
+        if file_rel || verbose {
+            let base = if file_rel { m.offset() + off } else { off };
+            let d = hexdump(&buf, base);
+            self.print(&d);
+        }
+        Ok(())
+    }
+
+    fn mwrite(&mut self, seed: Option<String>, _reverse: bool, ops: &[String]) -> CmdResult {
+        let seed = match seed {
+            Some(s) => parse_ulong(&s)
+                .ok_or_else(|| CmdError::Usage(format!("non-numeric seed -- {s}")))?
+                as u8,
+            None => b'X',
+        };
+        let (i, off, len) = self.map_range("mwrite", ops)?;
+        let mp = &self.maps[i];
+        if !mp.prot.contains('w') {
+            // xfs_io dies of SIGSEGV here.
+            return Err(sys_errno("mwrite", libc::EACCES));
+        }
+        mp.m.write(off, &vec![seed; len as usize])
+            .map_err(|e| sys("mwrite", &e))
+    }
+
+    fn msync(&mut self, async_: bool, invalidate: bool, ops: &[String]) -> CmdResult {
+        let (i, off, len) = self.map_range("msync", ops)?;
+        let m = &self.maps[i].m;
+        if invalidate {
+            // MS_INVALIDATE: later accesses see the file (they always do here); drop
+            // the clean pages so they are read back from the device.
+            self.fs
+                .drop_cache_ino(self.ino, m.offset() + off, len.max(1));
+        }
+        if !async_ {
+            m.sync(off, len).map_err(|e| sys("msync", &e))?;
+        }
+        Ok(())
+    }
+
+    fn munmap(&mut self) -> CmdResult {
+        if self.maps.is_empty() {
+            return Err(CmdError::Sys("no mapped regions, try 'help mmap'".into()));
+        }
+        self.maps.remove(self.cur_map);
+        self.cur_map = self.maps.len().saturating_sub(1);
+        if self.maps.is_empty() {
+            Ok(())
+        } else {
+            self.list_maps()
+        }
     }
 
     fn truncate(&mut self, arg: &str) -> CmdResult {
@@ -902,6 +1151,8 @@ fn run_open(fs: &Fs, path: &[u8], args: &IoArgs) -> Result<(), Failure> {
         block_size: u64::from(fs.block_size()),
         out: Box::new(stdout.lock()),
         failed: false,
+        maps: Vec::new(),
+        cur_map: 0,
     };
     for c in &args.cmds {
         if !sh.run_line(c) {

@@ -295,6 +295,17 @@ impl Fs {
         Ok((inode, ext))
     }
 
+    /// Open inode `ino` for reading, and for writing too when `write` (the
+    /// filesystem must be writable then).
+    pub fn open_ino_with(&self, ino: Ino, write: bool) -> Result<File> {
+        if write {
+            self.check_writable()?;
+        }
+        let mut f = self.open_ino(ino)?;
+        f.write = write;
+        Ok(f)
+    }
+
     /// Open inode `ino` as a read-only [`File`].
     pub fn open_ino(&self, ino: Ino) -> Result<File> {
         self.read_live_inode(ino)?;

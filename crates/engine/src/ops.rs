@@ -671,7 +671,9 @@ impl Fs {
     /// Drop set-user-ID, set-group-ID (see [`Fs::mode_without_privs`]) and file
     /// capabilities (security.capability) of `ino`, as a write or truncate by an
     /// unprivileged caller does (FUSE's KILLPRIV_V2 leaves this to the server).
-    pub fn kill_privs_ino(&self, ino: Ino) -> Result<()> {
+    /// Returns whether anything changed.
+    pub fn kill_privs_ino(&self, ino: Ino) -> Result<bool> {
+        let mut changed = false;
         if let Some(mode) = self.mode_without_privs(ino)? {
             self.setattr_ino(
                 ino,
@@ -680,9 +682,11 @@ impl Fs {
                     ..SetAttr::default()
                 },
             )?;
+            changed = true;
         }
         match self.remove_xattr_ino(ino, b"security.capability") {
-            Ok(()) | Err(Error::NotFound) => Ok(()),
+            Ok(()) => Ok(true),
+            Err(Error::NotFound) => Ok(changed),
             Err(e) => Err(e),
         }
     }

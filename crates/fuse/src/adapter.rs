@@ -45,8 +45,13 @@ use rext4::{
     Creds, Error, FallocMode, Fs, Ino, RenameFlags, SetAttr, Timestamp, Whence, XattrFlags,
 };
 
-/// How long the kernel may trust attributes and entries we return.
-const TTL: Duration = Duration::from_secs(1);
+/// How long the kernel may trust attributes and entries we return. Nothing changes
+/// the image behind this mount's back (it holds the image lock), and what the server
+/// changes on its own (the mode after an ACL change or a set-ID drop) it invalidates
+/// with a notification, so the kernel may keep what it has: a short TTL would cost a
+/// LOOKUP or GETATTR per path walk component and per stat after it expires
+/// (FUSE-NOTES pitfall 6).
+const TTL: Duration = Duration::from_secs(3600);
 /// Largest READ/WRITE request we ask for (FUSE_MAX_PAGES; the kernel's limit here is
 /// 256 pages).
 pub(crate) const MAX_IO: u32 = 1 << 20;
@@ -920,12 +925,16 @@ impl Filesystem for Adapter {
         // KILLPRIV_V2: an unprivileged O_TRUNC drops the set-ID bits (open_file did
         // the truncate).
         if flags.0 & libc::O_TRUNC != 0 && req.uid() != 0 && s.killpriv.load(Ordering::Relaxed) {
-            if let Err(e) = s.fs.kill_privs_ino(ino) {
-                if let Some(Handle::File { ino, .. }) = lock(&s.handles).remove(&fh) {
-                    let _ = s.fs.unpin(ino);
+            match s.fs.kill_privs_ino(ino) {
+                Ok(true) => s.invalidate_attrs(ino),
+                Ok(false) => {}
+                Err(e) => {
+                    if let Some(Handle::File { ino, .. }) = lock(&s.handles).remove(&fh) {
+                        let _ = s.fs.unpin(ino);
+                    }
+                    reply.error(s.fail("open O_TRUNC", &e));
+                    return;
                 }
-                reply.error(s.fail("open O_TRUNC", &e));
-                return;
             }
         }
         reply.opened(FileHandle(fh), fl);
@@ -978,11 +987,14 @@ impl Filesystem for Adapter {
         let ino = to_ext4(ino);
         tri!(reply, s.writable());
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            tri!(
+            let changed = tri!(
                 reply,
                 s.fs.kill_privs_ino(ino)
                     .map_err(|e| s.fail("write: drop privileges", &e))
             );
+            if changed {
+                s.invalidate_attrs(ino);
+            }
         }
         let (direct, append) = s.handle_flags(fh);
         // With the writeback cache the kernel owns mtime/ctime of regular files and
@@ -1009,7 +1021,10 @@ impl Filesystem for Adapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        // Nothing to do at close (data goes by the kernel's writeback and fsync; locks
+        // are the kernel's): ENOSYS makes the kernel stop sending FLUSH, one request
+        // less per close.
+        reply.error(Errno::ENOSYS);
     }
 
     fn release(

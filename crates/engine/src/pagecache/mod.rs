@@ -46,7 +46,7 @@
 //! it makes under the write lock; every other tree change holds the inode's I/O lock
 //! exclusively, which already keeps those readers out.
 
-pub(crate) mod mapping;
+pub mod mapping;
 pub(crate) mod rw;
 pub(crate) mod writeback;
 
