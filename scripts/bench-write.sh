@@ -5,6 +5,11 @@
 #      mount) vs the anchors' mdtest.c on a kernel ext4 loop mount of the same-size image
 #   3. sequential write of SIZE (default 1g) in 1 MiB requests + fsync: `rext4 bench
 #      seqwrite` vs `dd bs=1M conv=fsync` on the kernel loop mount
+#   4. journaling on/off; 5. small fsynced files
+#   6. SEEDS lesson B: pwrite 4 KiB + ftruncate 2 KiB loop (plain and with fallocate):
+#      `rext4 bench pwtrunc` vs the anchors' pwrite_trunc on the kernel loop mount
+#   7. SEEDS lesson C: create+unlink of one name alone and while a thread stats a
+#      16-deep path and a symlink: `rext4 bench churn` vs the anchors' seedC binaries
 # Usage (root, for the loop mount): scripts/bench-write.sh [RUNS]
 # Env: SRC=/usr/share/doc N=100000 SIZE=1g IMG_SIZE=4G
 set -euo pipefail
@@ -111,3 +116,35 @@ for who in rext4 kernel; do
   echo "RESULT|$who|smallfsync|files_per_s|$v|files/s"
   echo "RESULT|$who|smallfsync|fsync_latency_ms|$(awk -v r="$v" 'BEGIN{printf "%.3f", 1000/r}')|ms"
 done
+
+echo "## 6. SEEDS B: pwrite 4 KiB + ftruncate 2 KiB, $N iterations (plain, falloc), median of $RUNS"
+PWT=$SHARED/bench/bin/pwrite_trunc
+for i in $(seq "$RUNS"); do
+  rm -f "$W/b.img"; mkfs.ext4 -q -F "$W/b.img" "$IMG_SIZE" >/dev/null; drop
+  "$R" bench pwtrunc -n "$N" "$W/b.img" | grep '^phase=' | sed 's/^/rext4 /'
+  mount -o loop "$W/b.img" "$MNT"; drop
+  for m in plain falloc; do
+    o=$("$PWT" "$MNT/pt.$m" "$N" "$m" 4096 2048 32768)
+    ph=pwrite_trunc; [ $m = falloc ] && ph=falloc_pwrite_trunc
+    echo "kernel phase=$ph $(sed 's/.*iters_per_s=/ops_per_s=/;s/ .*//' <<<"$o")"
+    rm -f "$MNT/pt.$m"
+  done
+  umount "$MNT"
+done > "$W/b.txt"
+for who in rext4 kernel; do for ph in pwrite_trunc falloc_pwrite_trunc; do
+  v=$(grep "^$who phase=$ph " "$W/b.txt" | sed 's/.*ops_per_s=//' | med)
+  echo "RESULT|$who|pwtrunc|${ph}_iters_per_s|$v|iters/s"
+done; done
+
+echo "## 7. SEEDS C: create+unlink alone / with a lookup thread, 5 s phases, median of $RUNS"
+for i in $(seq "$RUNS"); do
+  rm -f "$W/c.img"; mkfs.ext4 -q -F "$W/c.img" "$IMG_SIZE" >/dev/null; drop
+  "$R" bench churn --secs 5 --threads 1 "$W/c.img" | grep '^phase=' | sed 's/^/rext4 /'
+done > "$W/c.txt"
+for ph in create_unlink_alone lookups_alone create_unlink_with_lookups lookups_with_create_unlink; do
+  v=$(grep "^rext4 phase=$ph " "$W/c.txt" | sed 's/.*ops_per_s=//' | med)
+  echo "RESULT|rext4|churn|${ph}_per_s|$v|ops/s"
+done
+mount -o loop "$W/c.img" "$MNT"
+C_SECONDS=5 BENCH_LABEL=kernel "$SHARED/bench/seedC_create_unlink_lookup.sh" "$MNT" 2>&1 | grep '^RESULT' || true
+umount "$MNT"

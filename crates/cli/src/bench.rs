@@ -6,7 +6,9 @@
 //! Workloads: `mdtest N` (create N empty files in one directory, stat them, unlink them,
 //! like the anchors' mdtest.c), `seqwrite SIZE` (one file written in 1 MiB requests,
 //! then synced), `seqread` (read that file back), `smallfsync N` (N small files each
-//! written and synced), `churn` (SEEDS lesson C, like the anchors' seedC script:
+//! written and synced), `pwtrunc` (SEEDS lesson B, like the anchors' pwrite_trunc:
+//! `-n` iterations of pwrite 4 KiB at 0 + ftruncate 2 KiB, then the same with a
+//! fallocate 0..32 KiB first in each iteration), `churn` (SEEDS lesson C, like the anchors' seedC script:
 //! create+unlink of one name in a tight loop for `--secs`, alone, then while
 //! `--threads` threads stat a 16-deep path and a symlink to it; and the lookups alone).
 //! mdtest phases, like the anchors' mdtest.c on a mount, do not sync (the kernel's
@@ -20,7 +22,7 @@ use rext4::{Fs, FsOptions, Ino};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// mdtest | seqwrite | seqread | smallfsync | churn
+    /// mdtest | seqwrite | seqread | smallfsync | pwtrunc | churn
     pub workload: String,
     /// The image to run on (opened read-write).
     pub image: std::path::PathBuf,
@@ -181,9 +183,35 @@ fn workload(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
             );
         }
         "churn" => churn(fs, a)?,
+        "pwtrunc" => {
+            let n = a.count.unwrap_or(50_000);
+            let f = fs.create("/pwtrunc").map_err(e)?;
+            let ino = f.ino();
+            let data = [0xcdu8; 4096];
+            for falloc in [false, true] {
+                let t = Instant::now();
+                for _ in 0..n {
+                    if falloc {
+                        fs.fallocate_ino(ino, rext4::FallocMode::Allocate, 0, 32 << 10)
+                            .map_err(e)?;
+                    }
+                    f.write_all_at(&data, 0).map_err(e)?;
+                    f.set_len(2048).map_err(e)?;
+                }
+                let name = if falloc {
+                    "falloc_pwrite_trunc"
+                } else {
+                    "pwrite_trunc"
+                };
+                phase(&a.label, "pwtrunc", name, n, t.elapsed().as_secs_f64());
+            }
+            drop(f);
+            fs.remove_file("/pwtrunc").map_err(e)?;
+        }
         other => {
             return Err(format!(
-                "unknown workload {other:?} (mdtest, seqwrite, seqread, smallfsync, churn)"
+                "unknown workload {other:?} (mdtest, seqwrite, seqread, smallfsync, pwtrunc, \
+                 churn)"
             ))
         }
     }

@@ -11,7 +11,8 @@ use clap::ArgAction;
 #[derive(clap::Args, Debug, Clone)]
 pub struct MountArgs {
     /// Mount options, comma-separated (ro, rw, errors=continue|remount-ro, commit=SECS,
-    /// cache_mb=MIB, threads=N, bdi_max_ratio=PCT (dirty-page share, default 40; 0 keeps
+    /// cache_mb=MIB (the engine's page cache bound; default 1/16 of RAM, 64 MiB to 2 GiB),
+    /// threads=N, bdi_max_ratio=PCT (dirty-page share, default 40; 0 keeps
     /// the kernel's 1% strict FUSE limit), allow_other, default_permissions,
     /// nodefault_permissions, nowriteback_cache, debug, dev, suid, noexec...).
     #[arg(short = 'o', value_name = "OPTIONS", action = ArgAction::Append)]

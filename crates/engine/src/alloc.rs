@@ -226,7 +226,13 @@ impl Fs {
                     continue;
                 }
                 if !usable(x) {
-                    x += 1;
+                    // A busy run (free in the bitmap, freed by the running
+                    // transaction) is skipped in one step: many frees since the last
+                    // commit must not make every allocation walk them bit by bit.
+                    x = match busy.run_end(first + x) {
+                        Some(end) if !bitmap::test(&b, x) => (end - first).max(x + 1),
+                        _ => x + 1,
+                    };
                     continue;
                 }
                 let mut len = 1;
@@ -270,8 +276,7 @@ impl Fs {
         self.cache().forget(start, len);
         if self.journaling() {
             let mut busy = self.inner.busy.lock().unwrap_or_else(|p| p.into_inner());
-            busy.blocks.insert(start, len);
-            busy.block_count += len;
+            busy.add(start, len);
         }
         while blk < end {
             let g = self.group_of_block(blk);

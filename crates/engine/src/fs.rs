@@ -76,6 +76,33 @@ pub(crate) struct Busy {
 }
 
 impl Busy {
+    /// Record `[start, start+len)` as freed by the running transaction, merged with
+    /// the runs it touches.
+    pub(crate) fn add(&mut self, start: u64, len: u64) {
+        let (mut s, mut e) = (start, start + len);
+        if let Some((&ps, &pl)) = self.blocks.range(..=s).next_back() {
+            if ps + pl >= s {
+                s = ps;
+                e = e.max(ps + pl);
+                self.blocks.remove(&ps);
+                self.block_count -= pl;
+            }
+        }
+        while let Some((&ns, &nl)) = self.blocks.range(s..=e).next() {
+            e = e.max(ns + nl);
+            self.blocks.remove(&ns);
+            self.block_count -= nl;
+        }
+        self.blocks.insert(s, e - s);
+        self.block_count += e - s;
+    }
+
+    /// The end of the busy run holding `blk`, if it is busy.
+    pub(crate) fn run_end(&self, blk: u64) -> Option<u64> {
+        let (&s, &l) = self.blocks.range(..=blk).next_back()?;
+        (s + l > blk).then_some(s + l)
+    }
+
     /// First busy block in `[start, end)`, if any.
     pub(crate) fn first_in(&self, start: u64, end: u64) -> Option<u64> {
         if let Some((&s, &l)) = self.blocks.range(..=start).next_back() {
@@ -787,4 +814,29 @@ fn check_group(sb: &Superblock, g: u64, gd: &GroupDesc) -> rext4_format::Result<
             gd.free_inodes_count
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Busy;
+
+    #[test]
+    fn busy_runs_merge_and_answer_run_ends() {
+        let mut b = Busy::default();
+        b.add(10, 5); // 10..15
+        b.add(20, 5); // 20..25
+        b.add(15, 5); // joins both: 10..25
+        assert_eq!(b.blocks.len(), 1, "{:?}", b.blocks);
+        assert_eq!(b.block_count, 15);
+        assert_eq!(b.run_end(10), Some(25));
+        assert_eq!(b.run_end(24), Some(25));
+        assert_eq!(b.run_end(25), None);
+        assert_eq!(b.run_end(9), None);
+        b.add(12, 2); // inside
+        assert_eq!((b.blocks.len(), b.block_count), (1, 15));
+        b.add(30, 1);
+        assert_eq!(b.first_in(25, 31), Some(30));
+        assert_eq!(b.first_in(26, 30), None);
+        assert_eq!(b.block_count, 16);
+    }
 }

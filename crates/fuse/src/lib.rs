@@ -25,9 +25,15 @@
 //! `access` is a minimal owner/group/other check for the other case; without
 //! `default_permissions` no other operation is checked). POSIX ACLs are stored as
 //! xattrs and kept in step with the mode (setting an access ACL sets the permission
-//! bits, an ACL equal to them is not stored, chmod rewrites the ACL), but the kernel
-//! does not enforce them and new files do not inherit default ACLs: FUSE_POSIX_ACL is
-//! not requested in this version.
+//! bits, an ACL equal to them is not stored, chmod rewrites the ACL); with
+//! `default_permissions` the mount asks for FUSE_POSIX_ACL, so the kernel enforces them
+//! and the engine applies default ACLs to new inodes. FUSE_HANDLE_KILLPRIV_V2 leaves
+//! dropping set-ID bits and capabilities to the adapter (see `adapter`).
+//!
+//! Caching: the kernel's page cache holds file data (writeback cache on by default);
+//! the engine is opened with `cache_clean: false`, so its page cache keeps only dirty
+//! data (delayed allocation) and `cache_mb=` bounds it. Entries and attributes are
+//! cached by the kernel for an hour: only this mount changes the image.
 //!
 //! Workers: `threads` fuser worker threads (default 2x CPUs, at least 2), each reading
 //! its own cloned /dev/fuse descriptor (FUSE_DEV_IOC_CLONE), all calling one shared
