@@ -145,6 +145,25 @@ pub(crate) struct FileCache {
     pub(crate) state: Mutex<FileState>,
     /// Signalled when writeback finishes on some of this file's pages.
     pub(crate) wb_done: Condvar,
+    /// Readers and writers working with this cache (`FileRef`): an empty cache is not
+    /// retired while any is, so none of them finds it dead halfway.
+    users: AtomicUsize,
+}
+
+/// A live file cache in use (see `PageCache::live_file`).
+pub(crate) struct FileRef(Arc<FileCache>);
+
+impl std::ops::Deref for FileRef {
+    type Target = FileCache;
+    fn deref(&self) -> &FileCache {
+        &self.0
+    }
+}
+
+impl Drop for FileRef {
+    fn drop(&mut self) {
+        self.0.users.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 pub(crate) struct FileState {
@@ -333,18 +352,23 @@ impl PageCache {
                         dead: false,
                     }),
                     wb_done: Condvar::new(),
+                    users: AtomicUsize::new(0),
                 })
             })
             .clone()
     }
 
-    /// A live cache for `ino` (created if needed).
-    pub(crate) fn live_file(&self, ino: Ino) -> Arc<FileCache> {
+    /// A live cache for `ino` (created if needed), held in use until dropped.
+    pub(crate) fn live_file(&self, ino: Ino) -> FileRef {
         loop {
             let fc = self.file_or_new(ino);
+            // Counted before the check: `drop_if_empty` looks at the count under the
+            // same lock, so either it sees us or we see it dead.
+            fc.users.fetch_add(1, Ordering::SeqCst);
             if !fc.lock().dead {
-                return fc;
+                return FileRef(fc);
             }
+            fc.users.fetch_sub(1, Ordering::SeqCst);
             // A dead cache leaves the map right after it dies; a racing lookup may
             // still see it for a moment.
             std::thread::yield_now();
@@ -430,6 +454,23 @@ impl PageCache {
             });
     }
 
+    /// Retire a file cache that holds nothing (no pages, no size ahead of the record,
+    /// no kept error, no writeback running): one per file ever touched would pile up.
+    pub(crate) fn drop_if_empty(&self, fc: &Arc<FileCache>) {
+        let mut st = fc.lock();
+        let empty = !st.dead
+            && fc.users.load(Ordering::SeqCst) == 0
+            && st.pages.is_empty()
+            && st.size.is_none()
+            && st.error.is_none()
+            && st.writeback == 0;
+        if empty {
+            st.dead = true;
+            drop(st);
+            self.forget_file(fc);
+        }
+    }
+
     /// Take a dead cache out of the map (exactly that one: a new cache for the same
     /// inode may already be there).
     fn forget_file(&self, fc: &Arc<FileCache>) {
@@ -498,13 +539,8 @@ impl PageCache {
             if let Some(p) = self.remove_page(&mut st, Ino(ino), idx) {
                 self.recycle(p);
             }
-            let empty =
-                st.pages.is_empty() && st.size.is_none() && st.error.is_none() && st.writeback == 0;
-            if empty {
-                st.dead = true;
-                drop(st);
-                self.forget_file(&fc);
-            }
+            drop(st);
+            self.drop_if_empty(&fc);
         }
         self.reclaiming.store(false, Ordering::Release);
         if skipped_dirty > 0 {

@@ -82,6 +82,9 @@ impl Fs {
                 }
                 Ok(n)
             });
+        if !self.inner.pagecache.keep_clean {
+            self.inner.pagecache.drop_if_empty(&fc);
+        }
         let u = self.unpin(ino);
         let n = r?;
         u?;
