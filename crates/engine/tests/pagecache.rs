@@ -494,3 +494,44 @@ fn enospc_is_reported_by_the_write_not_lost_in_writeback() {
         assert_eq!(&fs.read(format!("/f{i}")).expect("read"), data, "/f{i}");
     }
 }
+
+/// Regression (found by the mount stress test): with `cache_clean: false` (the mount)
+/// a large aligned write goes to the device at once; a dirty page *below* the on-disk
+/// size once kept that write's size from being recorded, leaving written data past
+/// the on-disk size, which a growing truncate then "zeroed" as stale bytes.
+#[test]
+fn data_written_at_once_is_never_past_the_on_disk_size() {
+    let (_dev, fs) = mem_fs(
+        4096,
+        64 << 20,
+        FsOptions {
+            read_only: false,
+            cache_clean: false,
+            ..FsOptions::default()
+        },
+    );
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .open(&fs, "/w")
+        .expect("create");
+    f.write_all_at(&vec![0x11; 410_965], 0).expect("write");
+    f.sync_all().expect("fsync");
+    f.write_all_at(&[0x22; 10], 4096)
+        .expect("dirty page below the size");
+    f.write_all_at(&vec![0x33; 1 << 20], 409_600)
+        .expect("large aligned write");
+    f.set_len(4 << 20).expect("grow");
+    f.sync_all().expect("fsync");
+    let mut buf = vec![0u8; 1 << 20];
+    f.read_exact_at(&mut buf, 409_600).expect("read");
+    if let Some(bad) = buf.iter().position(|&b| b != 0x33) {
+        panic!("byte {} is {:#x}", 409_600 + bad, buf[bad]);
+    }
+    let mut b = [0u8; 10];
+    f.read_exact_at(&mut b, 4096).expect("read");
+    assert_eq!(b, [0x22; 10]);
+    drop(f);
+    fs.close().expect("close");
+}

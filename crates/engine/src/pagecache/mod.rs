@@ -58,6 +58,9 @@ use std::time::Instant;
 use crate::error::Error;
 use crate::fs::Ino;
 
+/// Page-aligned writes at least this large go to the device at once when the frontend
+/// caches clean data itself (`write_now`).
+pub const WRITE_NOW_BYTES: u64 = 128 << 10;
 /// Reads at least this large go around the cache (`read_around`).
 pub const READ_AROUND_BYTES: u64 = 256 << 10;
 /// Read-ahead window bounds, in bytes.

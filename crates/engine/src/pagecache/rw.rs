@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use rext4_format::inode::{flags, Inode};
 
-use super::{new_page, pages_spanned, FileCache, Page, PageCache, READ_AROUND_BYTES};
+use super::{
+    new_page, pages_spanned, FileCache, Page, PageCache, READ_AROUND_BYTES, WRITE_NOW_BYTES,
+};
 use crate::error::{Error, Result};
 use crate::fs::{Fs, Ino};
 use crate::map::Mapping;
@@ -336,10 +338,19 @@ impl Fs {
     ) -> Result<usize> {
         self.check_writable()?;
         let len = buf.len() as u64;
+        let ps = self.page_size();
+        // A large page-aligned write under a frontend that caches and delays writes
+        // itself (the kernel's writeback cache) is already writeback: it goes to the
+        // device at once, through writeback's own path, unless pages of its range are
+        // cached. It takes the exclusive lock, so no partial write can slip in.
+        let now = !self.pc().keep_clean
+            && len >= WRITE_NOW_BYTES
+            && len.is_multiple_of(ps)
+            && offset.is_some_and(|o| o.is_multiple_of(ps));
         let guard = loop {
             let size = self.read_inode_vfs(ino)?.size;
             match offset {
-                Some(off) if off.saturating_add(len) <= size => {
+                Some(off) if off.saturating_add(len) <= size && !now => {
                     let g = self.io_shared(ino);
                     if self.read_inode_vfs(ino)?.size >= off + len {
                         break IoGuard::Shared(g);
@@ -375,7 +386,11 @@ impl Fs {
             self.check_writable()?;
             self.zero_past_eof(ino, &inode, offset)?;
         }
-        self.pc_write(ino, buf, offset, size, u64::MAX)?;
+        if now && self.pc_uncached(ino, first, last) {
+            self.write_now(ino, buf, offset, end.max(size))?;
+        } else {
+            self.pc_write(ino, buf, offset, size, u64::MAX)?;
+        }
         if update_times {
             self.touch_times(ino)?;
         }
@@ -383,6 +398,57 @@ impl Fs {
         self.balance_dirty();
         self.pc().reclaim_if_needed();
         Ok(buf.len())
+    }
+
+    /// Whether no page of `ino` in `[first, last]` is cached.
+    fn pc_uncached(&self, ino: Ino, first: u64, last: u64) -> bool {
+        self.pc()
+            .file(ino)
+            .is_none_or(|fc| fc.lock().pages.range(first..=last).next().is_none())
+    }
+
+    /// Write whole pages straight to the device the way writeback would (unwritten
+    /// extents for holes, the data, then conversion and the size), from `buf` at
+    /// page-aligned `offset`; `new_size` is the file's size after the write. Caller
+    /// holds the I/O lock exclusively and found no cached page in the range.
+    fn write_now(&self, ino: Ino, buf: &[u8], offset: u64, new_size: u64) -> Result<()> {
+        let ps = self.page_size();
+        let fc = self.pc().live_file(ino);
+        let last = (offset + buf.len() as u64) / ps - 1;
+        // Buffered data between the on-disk size and this write goes first, so the
+        // size can follow this write's data (no data may lie past the on-disk size).
+        let disk_page = self.read_inode(ino)?.size / ps;
+        let below =
+            disk_page <= last && fc.lock().dirty_idx.range(disk_page..=last).next().is_some();
+        if below {
+            self.writeback_ino(ino, disk_page, last, true)?;
+        }
+        let disk = self.read_inode(ino)?.size;
+        let (bound, before) = {
+            let mut st = fc.lock();
+            let before = st.size;
+            if new_size > disk {
+                st.size = Some(before.map_or(new_size, |s| s.max(new_size)));
+            }
+            // Dirty pages past this write keep the on-disk size below them.
+            let after = st.dirty_idx.range(last + 1..).next();
+            (after.map_or(u64::MAX, |&i| i * ps), before)
+        };
+        self.pin(ino);
+        let runs = [(offset / ps, buf.len() as u64 / ps)];
+        let r = self.write_chunk(&fc, ino, &runs, buf, bound);
+        if r.is_err() {
+            // The write did not happen: the file keeps the size it had.
+            let mut st = fc.lock();
+            if self
+                .read_inode(ino)
+                .map_or(true, |i| before.is_none_or(|b| b > i.size))
+            {
+                st.size = before;
+            }
+        }
+        let u = self.unpin(ino);
+        r.and(u)
     }
 
     /// Whether delayed allocation may reserve `n` more blocks: free space minus what

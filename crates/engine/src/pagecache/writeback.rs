@@ -140,7 +140,16 @@ impl Fs {
         let pc = &self.inner.pagecache;
         let ps = pc.page_size as u64;
         let chunk_pages = (WRITEBACK_CHUNK_BYTES / ps).max(1) as usize;
-        let mut from = first;
+        // Data past the on-disk size is written in page order, from the first dirty
+        // page past it: the size then follows the data and no data ever lies past it
+        // (so the stale tail of the last block may always be zeroed when it grows).
+        let disk_page = self.read_inode(ino)?.size / ps;
+        let lower = if disk_page < first {
+            fc.lock().dirty_idx.range(disk_page..first).next().copied()
+        } else {
+            None
+        };
+        let mut from = lower.unwrap_or(first);
         let mut written = 0usize;
         // One snapshot buffer for the whole pass (a fresh one per chunk would fault in
         // up to 8 MiB of new memory each time).
@@ -185,13 +194,18 @@ impl Fs {
                 }
                 st.writeback += snaps.len();
                 let after = idxs.last().map_or(from, |&l| l + 1);
-                // The first page still dirty after this chunk (anywhere in the file):
-                // the on-disk size must not pass it.
-                let bound = st
-                    .dirty_idx
-                    .range(after..)
-                    .next()
-                    .map_or(u64::MAX, |&i| i * ps);
+                // The first page still dirty outside this chunk past the on-disk size
+                // (after it, or before it under another pass): the on-disk size must
+                // not pass it.
+                let chunk_first = idxs.first().copied().unwrap_or(from);
+                let before = if disk_page < chunk_first {
+                    st.dirty_idx.range(disk_page..chunk_first).next().copied()
+                } else {
+                    None
+                };
+                let bound = before
+                    .or_else(|| st.dirty_idx.range(after..).next().copied())
+                    .map_or(u64::MAX, |i| i * ps);
                 from = after;
                 (snaps, runs, bound)
             };
@@ -257,7 +271,7 @@ impl Fs {
     }
 
     /// Write the snapshotted runs of one chunk: steps 2 and 3 of the module note.
-    fn write_chunk(
+    pub(crate) fn write_chunk(
         &self,
         fc: &FileCache,
         ino: Ino,
