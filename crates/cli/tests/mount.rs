@@ -19,7 +19,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use fuse_mount::{bin, is_mounted, Mounted};
+use fuse_mount::{bin, is_mounted, renameat2, Mounted};
 use rext4_testkit::{
     diff_trees, e2fsck_fn, mkfs, skip, snapshot_dir, Compare, Image, LoopMount, MkfsOptions,
     TempDir, Tree,
@@ -156,25 +156,6 @@ fn errno_of<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
     r.expect_err("expected an error")
         .raw_os_error()
         .unwrap_or(0)
-}
-
-fn renameat2(a: &Path, b: &Path, flags: u32) -> std::io::Result<()> {
-    let (a, b) = (cstr(a), cstr(b));
-    // SAFETY: valid C strings; AT_FDCWD.
-    let r = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            a.as_ptr(),
-            libc::AT_FDCWD,
-            b.as_ptr(),
-            flags,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
 }
 
 /// The namespace and data operations through std::fs and libc.

@@ -27,15 +27,12 @@ use std::ffi::CString;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{symlink, FileExt, FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use fuse_mount::Mounted;
+use fuse_mount::{cpath, renameat2, Mounted, Watchdog};
 use rext4_testkit::{can_loop_mount, e2fsck_fn, mkfs, skip, LoopMount, MkfsOptions};
 
 /// Checks that fail on rext4 for an understood reason (check name, reason). The suite
@@ -136,10 +133,6 @@ const NOGROUP: u32 = 65534;
 // ---------------------------------------------------------------------------------
 // Syscall wrappers (io::Result, errno preserved).
 
-fn cpath(p: &Path) -> CString {
-    CString::new(p.as_os_str().as_bytes()).expect("path without NUL")
-}
-
 fn cstr(s: &str) -> CString {
     CString::new(s).expect("string without NUL")
 }
@@ -171,21 +164,6 @@ fn open(p: &Path, flags: i32, mode: u32) -> io::Result<File> {
 fn creat(p: &Path, data: &[u8]) -> io::Result<()> {
     let mut f = open(p, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, 0o644)?;
     f.write_all(data)
-}
-
-fn renameat2(a: &Path, b: &Path, flags: u32) -> io::Result<()> {
-    let (ca, cb) = (cpath(a), cpath(b));
-    // SAFETY: valid C strings; AT_FDCWD.
-    cvt(unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            ca.as_ptr(),
-            libc::AT_FDCWD,
-            cb.as_ptr(),
-            flags,
-        )
-    })
-    .map(drop)
 }
 
 fn mkdir(p: &Path, mode: u32) -> io::Result<()> {
@@ -2446,38 +2424,6 @@ fn cannot_run() -> Option<String> {
     None
 }
 
-/// Kills the FUSE server (SIGKILL, by pid) if the suite is not done in time, so a
-/// stuck request fails the test instead of hanging it.
-struct Watchdog {
-    done: Arc<AtomicBool>,
-}
-
-impl Watchdog {
-    fn new(pid: i32, limit: Duration) -> Watchdog {
-        let done = Arc::new(AtomicBool::new(false));
-        let d2 = Arc::clone(&done);
-        std::thread::spawn(move || {
-            let t0 = Instant::now();
-            while !d2.load(Ordering::SeqCst) {
-                if t0.elapsed() > limit {
-                    eprintln!("posix: suite stuck for {limit:?}: killing rext4 server {pid}");
-                    // SAFETY: signalling the server process this test spawned.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        });
-        Watchdog { done }
-    }
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        self.done.store(true, Ordering::SeqCst);
-    }
-}
-
 /// Runs every check in a fresh directory under `root`; one result per check.
 fn run_all(root: &Path) -> Vec<Res> {
     CHECKS
@@ -2530,7 +2476,7 @@ fn run_rext4(label: &'static str, opts: &str, keep: bool) -> Run {
     let img = mkfs(&MkfsOptions::new(4096, 64 << 20)).expect("mkfs.ext4");
     let mut m = Mounted::new(img.path(), &[opts]);
     let results = {
-        let _dog = Watchdog::new(m.pid(), Duration::from_secs(120));
+        let _dog = Watchdog::new("posix", m.pid(), Duration::from_secs(120));
         run_all(m.path())
     };
     let log = m.stderr();

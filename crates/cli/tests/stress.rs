@@ -53,20 +53,16 @@
 mod fuse_mount;
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
 use std::fmt::Write as _;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
 use std::os::fd::AsRawFd;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use fuse_mount::{wait_child, Mounted};
+use fuse_mount::{renameat2, wait_child, Mounted, Watchdog};
 use rext4_testkit::crash::Rng;
 use rext4_testkit::{can_loop_mount, e2fsck_fn, mkfs, skip, LoopMount, MkfsOptions, TempDir};
 
@@ -443,29 +439,6 @@ impl Drop for Mapping {
         // SAFETY: unmapping exactly the mapping this guard made; no reference into it
         // outlives the guard (reads and writes copy).
         unsafe { libc::munmap(self.ptr, self.len) };
-    }
-}
-
-fn cpath(p: &Path) -> CString {
-    CString::new(p.as_os_str().as_bytes()).expect("path without NUL")
-}
-
-fn renameat2(from: &Path, to: &Path, flags: libc::c_uint) -> io::Result<()> {
-    let (a, b) = (cpath(from), cpath(to));
-    // SAFETY: two valid NUL-terminated paths relative to the working directory.
-    let r = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            a.as_ptr(),
-            libc::AT_FDCWD,
-            b.as_ptr(),
-            flags,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
     }
 }
 
@@ -1642,38 +1615,6 @@ fn tail(text: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// Kills the FUSE server (SIGKILL, by pid) if the test is not done in time, so a stuck
-/// request fails the test instead of hanging it.
-struct Watchdog {
-    done: Arc<AtomicBool>,
-}
-
-impl Watchdog {
-    fn new(pid: i32, limit: Duration) -> Watchdog {
-        let done = Arc::new(AtomicBool::new(false));
-        let d2 = Arc::clone(&done);
-        std::thread::spawn(move || {
-            let t0 = Instant::now();
-            while !d2.load(Ordering::SeqCst) {
-                if t0.elapsed() > limit {
-                    eprintln!("stress: stuck for {limit:?}: killing rext4 server {pid}");
-                    // SAFETY: signalling the server process this test spawned.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        });
-        Watchdog { done }
-    }
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        self.done.store(true, Ordering::SeqCst);
-    }
-}
-
 /// The worker processes; any still running on drop are killed and reaped.
 struct Workers {
     procs: Vec<Proc>,
@@ -2020,7 +1961,8 @@ fn stress_random_operations_over_the_mount() {
     fs::create_dir(root.join("shared")).expect("mkdir shared");
     File::create(root.join("striped")).expect("create the striped file");
     let server = subject.server_pid();
-    let dog = server.map(|pid| Watchdog::new(pid, GRACE * 2 + Duration::from_secs(cfg.secs)));
+    let dog =
+        server.map(|pid| Watchdog::new("stress", pid, GRACE * 2 + Duration::from_secs(cfg.secs)));
 
     let deadline_ms = now_ms() + cfg.secs * 1000;
     let limit = Instant::now() + Duration::from_secs(cfg.secs) + GRACE;

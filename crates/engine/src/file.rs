@@ -249,20 +249,7 @@ impl Fs {
             let pos = offset + done as u64;
             let lblk = pos / bs;
             let in_blk = pos % bs;
-            let m = self.map_block(ino, inode, lblk)?;
-            let (run_blocks, phys) = match m {
-                Mapping::Hole { len } => (len, None),
-                Mapping::Mapped {
-                    unwritten: true,
-                    len,
-                    ..
-                } => (len, None),
-                Mapping::Mapped {
-                    physical,
-                    len,
-                    unwritten: false,
-                } => (len, Some(physical)),
-            };
+            let (run_blocks, phys) = self.map_block(ino, inode, lblk)?.data_run();
             let run_bytes = run_blocks.saturating_mul(bs).saturating_sub(in_blk);
             let n = (want - done)
                 .min(run_bytes.min(usize::MAX as u64) as usize)

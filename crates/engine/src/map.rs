@@ -30,6 +30,26 @@ pub enum Mapping {
     },
 }
 
+impl Mapping {
+    /// (blocks in this run, where its data starts on the device): `None` for a hole or
+    /// an unwritten extent, which read as zeros.
+    pub fn data_run(&self) -> (u64, Option<u64>) {
+        match *self {
+            Mapping::Hole { len }
+            | Mapping::Mapped {
+                len,
+                unwritten: true,
+                ..
+            } => (len, None),
+            Mapping::Mapped {
+                physical,
+                len,
+                unwritten: false,
+            } => (len, Some(physical)),
+        }
+    }
+}
+
 /// Logical blocks are 32-bit.
 pub const MAX_LOGICAL: u64 = 1 << 32;
 

@@ -1,12 +1,15 @@
-//! The FUSE mount guard shared by the mount tests: a running `rext4 mount -f IMAGE MNT`
-//! that is unmounted (fusermount3 -u, then umount -l) and reaped on drop, even when the
-//! test panics.
+//! What the mount tests share: the FUSE mount guard (a running `rext4 mount -f IMAGE
+//! MNT` that is unmounted — fusermount3 -u, then umount -l — and reaped on drop, even
+//! when the test panics), a watchdog that kills a stuck server, and renameat2(2).
 #![allow(dead_code)]
 
+use std::ffi::CString;
 use std::fs::{self, File};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rext4_testkit::TempDir;
@@ -150,5 +153,62 @@ impl Drop for Mounted {
             self.mnt.leak();
         }
         let _ = fs::remove_file(&self.log);
+    }
+}
+
+/// Kills the server `pid` if the guard is not dropped within `limit` (a stuck request
+/// then fails the test instead of blocking it).
+pub struct Watchdog {
+    done: Arc<AtomicBool>,
+}
+
+impl Watchdog {
+    pub fn new(label: &'static str, pid: i32, limit: Duration) -> Watchdog {
+        let done = Arc::new(AtomicBool::new(false));
+        let d2 = Arc::clone(&done);
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            while !d2.load(Ordering::SeqCst) {
+                if t0.elapsed() > limit {
+                    eprintln!("{label}: stuck for {limit:?}: killing rext4 server {pid}");
+                    // SAFETY: signalling the server process this test spawned.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        Watchdog { done }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A path as a C string (test paths hold no NUL).
+pub fn cpath(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).expect("path without NUL")
+}
+
+/// renameat2(2) relative to the working directory.
+pub fn renameat2(from: &Path, to: &Path, flags: u32) -> std::io::Result<()> {
+    let (a, b) = (cpath(from), cpath(to));
+    // SAFETY: two valid NUL-terminated paths; AT_FDCWD.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            flags,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }

@@ -79,20 +79,7 @@ impl Fs {
             if l >= end_page {
                 break;
             }
-            let m = self.map_block(ino, &inode, l)?;
-            let (len, phys) = match m {
-                Mapping::Hole { len }
-                | Mapping::Mapped {
-                    len,
-                    unwritten: true,
-                    ..
-                } => (len, None),
-                Mapping::Mapped {
-                    physical,
-                    len,
-                    unwritten: false,
-                } => (len, Some(physical)),
-            };
+            let (len, phys) = self.map_block(ino, &inode, l)?.data_run();
             let k = len.max(1).min(n - i).min(end_page - l);
             if let Some(p) = phys {
                 tmp.resize((k * ps) as usize, 0);
@@ -705,40 +692,32 @@ impl Fs {
     /// Write back and drop the cached pages of `ino` overlapping `[off, off+len)`, so
     /// the device holds everything and no page can shadow a direct write.
     pub(crate) fn pc_flush_invalidate(&self, ino: Ino, off: u64, len: u64) -> Result<()> {
-        if len == 0 {
+        if len == 0 || self.pc().file(ino).is_none() {
             return Ok(());
         }
-        let Some(fc) = self.pc().file(ino) else {
-            return Ok(());
-        };
         let (first, last) = pages_spanned(off, len, self.page_size());
         self.writeback_ino(ino, first, last, true)?;
-        let mut st = fc.lock();
-        let idxs: Vec<u64> = st.pages.range(first..=last).map(|(&i, _)| i).collect();
-        for i in idxs {
-            let clean = st.pages.get(&i).is_some_and(|p| {
-                let d = p.lock();
-                !d.dirty && !d.writeback
-            });
-            if clean {
-                self.pc().remove_page(&mut st, ino, i);
-            }
-        }
+        self.drop_clean_pages(ino, first, last);
         Ok(())
     }
 
     /// Drop the clean cached pages of `ino` in `[off, off+len)` (`len` 0: to the end),
     /// like POSIX_FADV_DONTNEED: dirty pages and pages under writeback stay.
     pub fn drop_cache_ino(&self, ino: Ino, off: u64, len: u64) {
-        let Some(fc) = self.pc().file(ino) else {
-            return;
-        };
         let ps = self.page_size();
-        let first = off / ps;
         let last = if len == 0 {
             u64::MAX
         } else {
             (off.saturating_add(len) - 1) / ps
+        };
+        self.drop_clean_pages(ino, off / ps, last);
+    }
+
+    /// Drop the pages of `ino` in `[first, last]` that are neither dirty nor under
+    /// writeback.
+    fn drop_clean_pages(&self, ino: Ino, first: u64, last: u64) {
+        let Some(fc) = self.pc().file(ino) else {
+            return;
         };
         let mut st = fc.lock();
         let idxs: Vec<u64> = st.pages.range(first..=last).map(|(&i, _)| i).collect();
@@ -748,7 +727,9 @@ impl Fs {
                 !d.dirty && !d.writeback
             });
             if clean {
-                self.pc().remove_page(&mut st, ino, i);
+                if let Some(p) = self.pc().remove_page(&mut st, ino, i) {
+                    self.pc().recycle(p);
+                }
             }
         }
     }
