@@ -19,26 +19,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use fuse_mount::{bin, is_mounted, renameat2, Mounted};
+use fuse_mount::{bin, cannot_mount, is_mounted, renameat2, Mounted};
 use rext4_testkit::{
     diff_trees, e2fsck_fn, mkfs, skip, snapshot_dir, Compare, Image, LoopMount, MkfsOptions,
     TempDir, Tree,
 };
-
-/// Why FUSE mounts cannot run here, if they cannot.
-fn cannot_mount() -> Option<String> {
-    if std::env::var_os("REXT4_NO_MOUNT").is_some() {
-        return Some("REXT4_NO_MOUNT is set".into());
-    }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("no /dev/fuse".into());
-    }
-    None
-}
 
 fn image() -> Image {
     mkfs(&MkfsOptions::new(4096, 128 << 20)).expect("mkfs.ext4")

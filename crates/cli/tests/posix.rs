@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use fuse_mount::{cpath, renameat2, Mounted, Watchdog};
+use fuse_mount::{cannot_mount, cpath, renameat2, Mounted, Watchdog};
 use rext4_testkit::{can_loop_mount, e2fsck_fn, mkfs, skip, LoopMount, MkfsOptions};
 
 /// Checks that fail on rext4 for an understood reason (check name, reason). The suite
@@ -2401,15 +2401,8 @@ fn check_mknod_nodes(d: &Path) -> Res {
 
 /// Why the suite cannot run here, if it cannot.
 fn cannot_run() -> Option<String> {
-    if std::env::var_os("REXT4_NO_MOUNT").is_some() {
-        return Some("REXT4_NO_MOUNT is set".into());
-    }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("no /dev/fuse".into());
+    if let Some(why) = cannot_mount() {
+        return Some(why);
     }
     if let Err(e) = can_loop_mount() {
         return Some(e);

@@ -1540,17 +1540,7 @@ fn cannot_run(target: Target) -> Option<String> {
     if target == Target::Kernel {
         return can_loop_mount().err();
     }
-    if std::env::var_os("REXT4_NO_MOUNT").is_some() {
-        return Some("REXT4_NO_MOUNT is set".into());
-    }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("no /dev/fuse".into());
-    }
-    None
+    fuse_mount::cannot_mount()
 }
 
 /// What the workers run on: a `rext4 mount` or (to check the test) the kernel's ext4.

@@ -212,3 +212,18 @@ pub fn renameat2(from: &Path, to: &Path, flags: u32) -> std::io::Result<()> {
         Err(std::io::Error::last_os_error())
     }
 }
+
+/// Why FUSE mounts cannot run here, if they cannot (printed as the skip reason).
+pub fn cannot_mount() -> Option<String> {
+    if std::env::var_os("REXT4_NO_MOUNT").is_some() {
+        return Some("REXT4_NO_MOUNT is set".into());
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root".into());
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Some("no /dev/fuse".into());
+    }
+    None
+}
