@@ -41,11 +41,12 @@ use rext4_testkit::{can_loop_mount, e2fsck_fn, mkfs, skip, LoopMount, MkfsOption
 /// An entry is `check` (every rext4 mount) or `check@label` (the mount of that label in
 /// `REXT4_MOUNTS` only).
 const KNOWN_FAILURES: &[(&str, &str)] = &[(
-    "utimes_clamped_to_ext4_range@rext4",
-    "with the writeback cache the kernel keeps its own mtime of regular files and \
-         never takes the server's (clamped) value; the FUSE superblock has no time \
-         limits, so utimensat past ext4's range shows the unclamped time until the inode \
-         is dropped (the image holds the clamped one; the no-writeback mount passes)",
+    "utimes_clamped_fd_while_open@rext4",
+    "with the writeback cache the kernel keeps its own mtime of a regular file and never \
+     takes the server's; the FUSE superblock has no time limits. The server makes the \
+     kernel drop the inode when it clamps a time (FUSE_NOTIFY_INC_EPOCH), which works \
+     once nothing holds the inode: an open descriptor shows the unclamped mtime until \
+     it is closed (the image holds the clamped one; the no-writeback mount passes)",
 )];
 
 type Res = Result<(), String>;
@@ -95,6 +96,11 @@ const CHECKS: &[(&str, Check)] = &[
     ("perm_access", check_perm_access),
     ("utimes_explicit_ns", check_utimes_explicit_ns),
     ("utimes_clamped_to_ext4_range", check_utimes_clamped),
+    (
+        "utimes_clamped_fd_after_close",
+        check_utimes_clamped_fd_closed,
+    ),
+    ("utimes_clamped_fd_while_open", check_utimes_clamped_fd_open),
     ("utimes_now_omit", check_utimes_now_omit),
     ("utimes_symlink_nofollow", check_utimes_symlink_nofollow),
     ("truncate_up_down", check_truncate_up_down),
@@ -1417,6 +1423,32 @@ fn check_utimes_clamped(d: &Path) -> Res {
         times_of(&stat(&f)?),
         [(max, 0), (min, 0)],
     )
+}
+
+/// futimens with times ext4 cannot hold, on an open file: `(atime, mtime)` as fstat
+/// shows them while the file is open, and as stat shows them after it is closed.
+fn futimens_out_of_range(d: &Path) -> Result<[[(i64, i64); 2]; 2], String> {
+    let f = d.join("f");
+    write(&f, b"f")?;
+    let file = File::options().write(true).open(&f).ctx("open")?;
+    let times = [ts(-100_000_000_000, 7), ts(16_000_000_000, 500)];
+    // SAFETY: an open descriptor and a two-element timespec array.
+    cvt(unsafe { libc::futimens(file.as_raw_fd(), times.as_ptr()) }).ctx("futimens")?;
+    let open = times_of(&file.metadata().ctx("fstat")?);
+    drop(file);
+    Ok([open, times_of(&stat(&f)?)])
+}
+
+const CLAMPED: [(i64, i64); 2] = [(-(1i64 << 31), 0), (3 * (1i64 << 32) + (1i64 << 31) - 1, 0)];
+
+fn check_utimes_clamped_fd_closed(d: &Path) -> Res {
+    let [_, closed] = futimens_out_of_range(d)?;
+    eq("times after close", closed, CLAMPED)
+}
+
+fn check_utimes_clamped_fd_open(d: &Path) -> Res {
+    let [open, _] = futimens_out_of_range(d)?;
+    eq("times while open", open, CLAMPED)
 }
 
 fn check_utimes_now_omit(d: &Path) -> Res {

@@ -25,6 +25,7 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -114,6 +115,9 @@ pub(crate) struct Shared {
     killpriv: AtomicBool,
     /// Sends invalidations to the kernel (set once the session exists).
     pub(crate) notifier: std::sync::OnceLock<fuser::Notifier>,
+    /// A duplicate of the session's /dev/fuse descriptor, for the notification fuser's
+    /// `Notifier` does not offer (FUSE_NOTIFY_INC_EPOCH).
+    pub(crate) dev: std::sync::OnceLock<OwnedFd>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -261,7 +265,28 @@ impl Shared {
             writeback: AtomicBool::new(false),
             killpriv: AtomicBool::new(false),
             notifier: std::sync::OnceLock::new(),
+            dev: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Make the kernel look every name up again before using its cached dentry
+    /// (FUSE_NOTIFY_INC_EPOCH, Linux 6.16+): a dentry older than the new epoch fails
+    /// revalidation, and an inode no dentry or open file holds is then dropped, so the
+    /// next lookup builds it from our attributes. It takes no lock in the kernel, so a
+    /// request handler may send it. False when the kernel refused (older kernels: EINVAL)
+    /// or there is no session.
+    fn bump_epoch(&self) -> bool {
+        const FUSE_NOTIFY_INC_EPOCH: i32 = 8;
+        let Some(fd) = self.dev.get() else {
+            return false;
+        };
+        // struct fuse_out_header { u32 len; i32 error (the notification code); u64 unique (0) }
+        let mut hdr = [0u8; 16];
+        hdr[0..4].copy_from_slice(&16u32.to_ne_bytes());
+        hdr[4..8].copy_from_slice(&FUSE_NOTIFY_INC_EPOCH.to_ne_bytes());
+        // SAFETY: a write of a 16-byte buffer we own to a descriptor we own.
+        let n = unsafe { libc::write(fd.as_raw_fd(), hdr.as_ptr().cast(), hdr.len()) };
+        n == 16
     }
 
     /// Tell the kernel to drop its cached attributes of `ino` (after a change it cannot
@@ -647,7 +672,14 @@ impl Filesystem for Adapter {
             let _ = config.set_max_readahead(max);
         }
         let _ = config.set_max_background(64);
-        let _ = config.set_time_granularity(Duration::from_nanos(1));
+        // ext4 keeps nanoseconds only in inodes larger than 128 bytes (like the
+        // kernel's s_time_gran), so the kernel's cached times match what is stored.
+        let gran = if self.s.fs.superblock().inode_size > 128 {
+            Duration::from_nanos(1)
+        } else {
+            Duration::from_secs(1)
+        };
+        let _ = config.set_time_granularity(gran);
         self.s
             .debug(|| format!("init: kernel caps {caps:?}, using {got:?}"));
         Ok(())
@@ -753,6 +785,18 @@ impl Filesystem for Adapter {
             }
         }
         let attr = tri!(reply, s.getattr_ino(ino));
+        // With the writeback cache the kernel keeps the mtime it sent for a regular
+        // file and never takes ours, and the FUSE superblock has no time limits: a time
+        // ext4 cannot hold (before 1901, after 2446) would stay unclamped in the
+        // kernel's inode. When the stored time differs from the one asked for, make
+        // the kernel drop that inode (once the caller lets go of it) and read ours.
+        if s.writeback.load(Ordering::Relaxed)
+            && attr.kind == FileType::RegularFile
+            && a.mtime.is_some_and(|m| m != timestamp(attr.mtime))
+        {
+            let bumped = s.bump_epoch();
+            s.debug(|| format!("setattr {}: mtime clamped, epoch bumped: {bumped}", ino.0));
+        }
         reply.attr(&TTL, &attr);
     }
 
