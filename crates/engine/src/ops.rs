@@ -645,8 +645,9 @@ impl Fs {
         self.write_inode(ino, &inode)?;
         if let Some(mode) = a.mode {
             self.chmod_acl(ino, &inode, mode)?;
-            inode = self.read_live_inode(ino)?;
         }
+        // As stored: a 128-byte inode keeps whole seconds in the 32-bit range.
+        inode = self.read_live_inode(ino)?;
         inode.size = self.vfs_size(ino, &inode);
         Ok(self.metadata_of(ino, &inode))
     }

@@ -3,6 +3,7 @@
 
 mod common;
 
+use rext4::format::inode::Timestamp;
 use rext4::{Fs, OpenOptions};
 use rext4_testkit::{e2fsck_fn, mkfs, skip, snapshot_dir, LoopMount, MkfsOptions};
 
@@ -10,8 +11,18 @@ use common::open_rw as rw;
 
 #[test]
 fn create_write_read_back_and_fsck() {
-    for bs in [1024u32, 4096] {
-        let img = mkfs(&MkfsOptions::new(bs, 64 << 20)).expect("mkfs");
+    let variants = [
+        ("1k", MkfsOptions::new(1024, 64 << 20)),
+        ("4k", MkfsOptions::new(4096, 64 << 20)),
+        // 128-byte inodes: 16-bit inode checksums, no nanoseconds, no extra fields.
+        (
+            "4k -I 128",
+            MkfsOptions::new(4096, 64 << 20).arg("-I").arg("128"),
+        ),
+    ];
+    for (bs, opts) in variants {
+        let small = opts.extra_args.iter().any(|a| a == "128");
+        let img = mkfs(&opts).expect("mkfs");
         let fs = rw(img.path());
         fs.create_dir("/d").expect("mkdir");
         fs.write("/d/hello", b"hello world").expect("write");
@@ -35,6 +46,41 @@ fn create_write_read_back_and_fsck() {
             .open(&fs, "/big")
             .expect("open");
         f.set_len(1_000_000).expect("truncate");
+        // Times past what the inode holds are clamped as the kernel stores them: the
+        // 34-bit range with nanoseconds, or whole 32-bit seconds in 128-byte inodes.
+        let (late, early) = (
+            Timestamp {
+                sec: 20_000_000_000,
+                nsec: 9,
+            },
+            Timestamp {
+                sec: -1_000_000,
+                nsec: 9,
+            },
+        );
+        fs.set_times("/d/hello", Some(early), Some(late))
+            .expect("utimens");
+        let m = fs.metadata("/d/hello").expect("stat");
+        let want_mtime = if small {
+            Timestamp {
+                sec: i32::MAX.into(),
+                nsec: 0,
+            }
+        } else {
+            Timestamp {
+                sec: 0x3_7FFF_FFFF,
+                nsec: 0,
+            }
+        };
+        let want_atime = if small {
+            Timestamp {
+                sec: -1_000_000,
+                nsec: 0,
+            }
+        } else {
+            early
+        };
+        assert_eq!((m.atime, m.mtime), (want_atime, want_mtime), "{bs}");
         fs.close().expect("close");
         let r = e2fsck_fn(img.path());
         assert!(r.clean, "bs {bs}: {}", r.output);

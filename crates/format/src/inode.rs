@@ -92,6 +92,12 @@ impl Timestamp {
         }
     }
 
+    /// The base field alone (no `_extra` word: 128-byte inodes, or an extra area too
+    /// short): whole seconds clamped to the signed 32-bit range, as the kernel stores it.
+    pub fn encode_base_only(self) -> u32 {
+        self.sec.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32 as u32
+    }
+
     /// Encode into (base, extra), clamped to the representable range.
     pub fn encode(self) -> (u32, u32) {
         let t = self.clamped();
@@ -210,18 +216,16 @@ impl Inode {
         let times = [
             (self.ctime, 0xC, 0x84, 0x88),
             (self.mtime, 0x10, 0x88, 0x8C),
+            (self.atime, 0x8, 0x8C, 0x90),
         ];
         for (t, base_off, extra_off, end) in times {
-            let (base, extra) = t.encode();
-            set_le32(b, base_off, base);
             if has_extra(x, end) {
+                let (base, extra) = t.encode();
+                set_le32(b, base_off, base);
                 set_le32(b, extra_off, extra);
+            } else {
+                set_le32(b, base_off, t.encode_base_only());
             }
-        }
-        let (abase, aextra) = self.atime.encode();
-        set_le32(b, 0x8, abase);
-        if has_extra(x, 0x90) {
-            set_le32(b, 0x8C, aextra);
         }
         if let Some(cr) = self.crtime {
             let (base, extra) = cr.encode();
@@ -313,10 +317,11 @@ pub fn compute_csum(b: &[u8], inode_seed: u32) -> u32 {
     let wide = has_extra(extra_isize, 0x84);
     let c = csum::raw(inode_seed, b.get(..0x7C).unwrap_or(b));
     let c = csum::raw(c, &[0, 0]);
-    let c = csum::raw(c, b.get(0x7E..0x82).unwrap_or(&[]));
+    let c = csum::raw(c, b.get(0x7E..GOOD_OLD_INODE_SIZE).unwrap_or(&[]));
     if b.len() <= GOOD_OLD_INODE_SIZE {
         return c & 0xFFFF;
     }
+    let c = csum::raw(c, b.get(GOOD_OLD_INODE_SIZE..0x82).unwrap_or(&[]));
     let c = if wide {
         csum::raw(c, &[0, 0])
     } else {
@@ -439,6 +444,57 @@ mod tests {
         assert_eq!(back.mtime, ino.mtime);
         assert_eq!(back.crtime, ino.crtime);
         for bit in 0..256 * 8 {
+            let mut m = b.clone();
+            m[bit / 8] ^= 1 << (bit % 8);
+            assert!(verify_csum(&m, 12, 0xABCD).is_err(), "bit {bit}");
+        }
+    }
+
+    #[test]
+    fn small_records_keep_clamped_whole_seconds_and_a_16_bit_checksum() {
+        let mut b = vec![0u8; GOOD_OLD_INODE_SIZE];
+        let mut ino = Inode::decode(&b).expect("zero inode decodes");
+        ino.mode = mode::S_IFREG | 0o600;
+        ino.links_count = 1;
+        ino.mtime = Timestamp {
+            sec: 4_102_444_800,
+            nsec: 5,
+        };
+        ino.atime = Timestamp {
+            sec: -3_000_000_000,
+            nsec: 5,
+        };
+        ino.ctime = Timestamp {
+            sec: 1_000_000_000,
+            nsec: 5,
+        };
+        ino.encode_into(&mut b);
+        let back = Inode::decode(&b).expect("decode");
+        assert_eq!(
+            back.mtime,
+            Timestamp {
+                sec: i32::MAX.into(),
+                nsec: 0
+            }
+        );
+        assert_eq!(
+            back.atime,
+            Timestamp {
+                sec: i32::MIN.into(),
+                nsec: 0
+            }
+        );
+        assert_eq!(
+            back.ctime,
+            Timestamp {
+                sec: 1_000_000_000,
+                nsec: 0
+            }
+        );
+        set_csum(&mut b, 12, 0xABCD);
+        verify_csum(&b, 12, 0xABCD).expect("valid");
+        // Every byte but the checksum field is covered, 0x7E..0x80 included.
+        for bit in (0..GOOD_OLD_INODE_SIZE * 8).filter(|b| !(0x7C * 8..0x7E * 8).contains(b)) {
             let mut m = b.clone();
             m[bit / 8] ^= 1 << (bit % 8);
             assert!(verify_csum(&m, 12, 0xABCD).is_err(), "bit {bit}");

@@ -23,7 +23,7 @@
 //! maps here are behind short-lived mutexes that are never held across engine calls
 //! except `lookups`, held while pinning (a map update plus the engine's pin counter).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -115,6 +115,12 @@ pub(crate) struct Shared {
     killpriv: AtomicBool,
     /// Sends invalidations to the kernel (set once the session exists).
     pub(crate) notifier: std::sync::OnceLock<fuser::Notifier>,
+    /// Regular files whose unclamped mtime the kernel may still hold because an open
+    /// descriptor kept its inode alive when the epoch was bumped (see `setattr`):
+    /// bumped again when the last of their handles is released.
+    stale_times: Mutex<HashSet<Ino>>,
+    /// Whether `stale_times` may be non-empty (spares RELEASE the lock).
+    stale_any: AtomicBool,
     /// A duplicate of the session's /dev/fuse descriptor, for the notification fuser's
     /// `Notifier` does not offer (FUSE_NOTIFY_INC_EPOCH).
     pub(crate) dev: std::sync::OnceLock<OwnedFd>,
@@ -266,6 +272,8 @@ impl Shared {
             killpriv: AtomicBool::new(false),
             notifier: std::sync::OnceLock::new(),
             dev: std::sync::OnceLock::new(),
+            stale_times: Mutex::new(HashSet::new()),
+            stale_any: AtomicBool::new(false),
         }
     }
 
@@ -301,6 +309,24 @@ impl Shared {
                 .spawn(move || {
                     let _ = n.inval_inode(INodeNo(u64::from(ino.0)), 0, 0);
                 });
+        }
+    }
+
+    /// After a handle of `ino` is released: when it was the last one and the kernel
+    /// may hold an unclamped mtime of `ino`, bump the epoch again so that the inode,
+    /// now held by dentries alone, is dropped at the next lookup.
+    fn release_stale_time(&self, ino: Ino) {
+        if !self.stale_any.load(Ordering::Relaxed) {
+            return;
+        }
+        if !lock(&self.stale_times).contains(&ino) {
+            return;
+        }
+        let open = lock(&self.handles)
+            .values()
+            .any(|h| matches!(h, Handle::File { ino: i, .. } if *i == ino));
+        if !open && lock(&self.stale_times).remove(&ino) {
+            self.bump_epoch();
         }
     }
 
@@ -429,6 +455,9 @@ impl Shared {
             }
         };
         if last {
+            if self.stale_any.load(Ordering::Relaxed) {
+                lock(&self.stale_times).remove(&ino);
+            }
             if let Err(e) = self.fs.unpin(ino) {
                 self.fail("forget", &e);
             }
@@ -795,6 +824,13 @@ impl Filesystem for Adapter {
             && a.mtime.is_some_and(|m| m != timestamp(attr.mtime))
         {
             let bumped = s.bump_epoch();
+            let open = lock(&s.handles)
+                .values()
+                .any(|h| matches!(h, Handle::File { ino: i, .. } if *i == ino));
+            if bumped && open {
+                lock(&s.stale_times).insert(ino);
+                s.stale_any.store(true, Ordering::SeqCst);
+            }
             s.debug(|| format!("setattr {}: mtime clamped, epoch bumped: {bumped}", ino.0));
         }
         reply.attr(&TTL, &attr);
@@ -1084,6 +1120,7 @@ impl Filesystem for Adapter {
         let s = &self.s;
         let h = lock(&s.handles).remove(&fh.0);
         if let Some(Handle::File { ino, .. }) = h {
+            s.release_stale_time(ino);
             if let Err(e) = s.fs.unpin(ino) {
                 reply.error(s.fail("release", &e));
                 return;
