@@ -67,10 +67,7 @@ impl Fs {
                 bitmap::set(&mut b, x - first, true);
             }
         };
-        if sb.group_has_super(g as u64) {
-            let base = 1 + sb.desc_blocks() + u64::from(sb.reserved_gdt_blocks);
-            mark(first, base);
-        }
+        mark(first, sb.group_base_meta_blocks(g as u64));
         let itable_blocks =
             (u64::from(sb.inodes_per_group) * u64::from(sb.inode_size)).div_ceil(bs as u64);
         for (i, m) in self.inner.groups.iter().enumerate() {

@@ -206,6 +206,16 @@ impl Fs {
             ));
         }
         dev.read_at(&mut raw, SB_OFFSET)?;
+        // bigalloc changes the group geometry that decoding checks: name the feature
+        // rather than report its geometry as corruption.
+        let ro_compat = u32::from_le_bytes([raw[0x64], raw[0x65], raw[0x66], raw[0x67]]);
+        if raw[0x38..0x3A] == [0x53, 0xEF] && ro_compat & feature::RO_COMPAT_BIGALLOC != 0 {
+            return Err(Error::Unsupported(
+                "image uses bigalloc (clusters larger than a block), which rext4 does not \
+                 support"
+                    .into(),
+            ));
+        }
         let sb = Superblock::decode(&raw).map_err(|e| Error::from(e.at_block(SB_OFFSET / 1024)))?;
         let mut warnings = Vec::new();
         let mut read_only = opts.read_only;
@@ -221,6 +231,16 @@ impl Fs {
                 "read-only: image uses features rext4 cannot write: {}",
                 fc.unsupported_ro_compat.join(", ")
             ));
+            read_only = true;
+        }
+        if !sb.has_incompat(feature::INCOMPAT_EXTENTS) && !read_only {
+            // New files and directories would need block maps, which rext4 reads but
+            // does not write.
+            warnings.push(
+                "read-only: the image has no extent feature (ext2/ext3 layout); rext4 \
+                 writes extent-mapped files only"
+                    .to_string(),
+            );
             read_only = true;
         }
         let mut sb = sb;

@@ -193,19 +193,37 @@ impl Fs {
         let mut d = self.dir_for_new_name(parent, name)?;
         let inherited = self.inherit_acl(&d.inode, parent, &mut mode)?;
         let ino = self.alloc_inode(parent, false)?;
-        let mut inode = self.new_inode(mode, uid, gid);
-        if ft == m::S_IFREG && self.uses_extents() {
-            inode.flags |= flags::EXTENTS;
-            crate::extent_write::init_empty(&mut inode.block);
-        }
-        if ft == m::S_IFCHR || ft == m::S_IFBLK {
-            inode.set_device(rdev.0, rdev.1);
-        }
-        self.write_new_inode(ino, &inode)?;
-        self.store_inherited(ino, inherited)?;
-        self.link_into(&mut d, name, ino, mode)?;
+        let made = (|| {
+            let mut inode = self.new_inode(mode, uid, gid);
+            if ft == m::S_IFREG && self.uses_extents() {
+                inode.flags |= flags::EXTENTS;
+                crate::extent_write::init_empty(&mut inode.block);
+            }
+            if ft == m::S_IFCHR || ft == m::S_IFBLK {
+                inode.set_device(rdev.0, rdev.1);
+            }
+            self.write_new_inode(ino, &inode)?;
+            self.store_inherited(ino, inherited)?;
+            self.link_into(&mut d, name, ino, mode)
+        })();
+        self.keep_or_abandon(ino, false, made)?;
         self.finish_dir(d)?;
         Ok(ino)
+    }
+
+    /// After the steps that make new inode `ino` and link it: on success keep it; on
+    /// failure (ENOSPC growing the directory, a block-mapped parent, an I/O error) free
+    /// it with whatever it got, so no unattached inode is left, and return the error.
+    fn keep_or_abandon(&self, ino: Ino, is_dir: bool, made: Result<()>) -> Result<()> {
+        let Err(e) = made else {
+            return Ok(());
+        };
+        // Best effort: the first error is the one to report.
+        let _ = match self.read_inode(ino) {
+            Ok(i) if i.mode != 0 => self.free_inode_and_blocks(ino, i),
+            _ => self.free_inode(ino, is_dir),
+        };
+        Err(e)
     }
 
     /// Create a directory.
@@ -225,27 +243,30 @@ impl Fs {
         {
             return Err(Error::TooManyLinks);
         }
-        let ino = self.alloc_inode(parent, true)?;
         let mut mode = m::S_IFDIR | (perm as u16 & 0o7777);
         let inherited = self.inherit_acl(&pd.inode, parent, &mut mode)?;
-        let mut inode = self.new_inode(mode, uid, gid);
-        inode.links_count = 2;
-        if self.uses_extents() {
-            inode.flags |= flags::EXTENTS;
-            crate::extent_write::init_empty(&mut inode.block);
-        }
-        self.write_new_inode(ino, &inode)?;
-        let mut nd = FsDir {
-            fs: self,
-            ino,
-            inode,
-            dirty: true,
-        };
-        nd.append_block_checked()?;
-        dir_write::init_dir(&mut nd, ino.0, parent.0)?;
-        self.finish_dir(nd)?;
-        self.store_inherited(ino, inherited)?;
-        self.link_into(&mut pd, name, ino, mode)?;
+        let ino = self.alloc_inode(parent, true)?;
+        let made = (|| {
+            let mut inode = self.new_inode(mode, uid, gid);
+            inode.links_count = 2;
+            if self.uses_extents() {
+                inode.flags |= flags::EXTENTS;
+                crate::extent_write::init_empty(&mut inode.block);
+            }
+            self.write_new_inode(ino, &inode)?;
+            let mut nd = FsDir {
+                fs: self,
+                ino,
+                inode,
+                dirty: true,
+            };
+            nd.append_block_checked()?;
+            dir_write::init_dir(&mut nd, ino.0, parent.0)?;
+            self.finish_dir(nd)?;
+            self.store_inherited(ino, inherited)?;
+            self.link_into(&mut pd, name, ino, mode)
+        })();
+        self.keep_or_abandon(ino, true, made)?;
         Self::inc_dir_links(&mut pd.inode);
         self.finish_dir(pd)?;
         Ok(ino)
@@ -271,31 +292,39 @@ impl Fs {
         let _w = self.write_lock();
         let mut d = self.dir_for_new_name(parent, name)?;
         let ino = self.alloc_inode(parent, false)?;
-        let mut inode = self.new_inode(m::S_IFLNK | 0o777, uid, gid);
-        inode.size = target.len() as u64;
-        if target.len() < 60 {
-            inode.block[..target.len()].copy_from_slice(target);
-            self.write_new_inode(ino, &inode)?;
-        } else {
-            inode.flags |= flags::EXTENTS;
-            crate::extent_write::init_empty(&mut inode.block);
-            let goal = self.data_goal(ino, &inode, 0);
-            let (p, _) = self.alloc_blocks(goal, 1)?;
-            with_tree(self, ino, &mut inode, |t| {
-                t.insert(Extent {
-                    logical: 0,
-                    len: 1,
-                    physical: p,
-                    unwritten: false,
-                })
-            })?;
-            inode.blocks_raw += (bs / 512) as u64;
-            let mut data = vec![0u8; bs];
-            data[..target.len()].copy_from_slice(target);
-            self.cache().device().write_at(&data, p * bs as u64)?;
-            self.write_new_inode(ino, &inode)?;
-        }
-        self.link_into(&mut d, name, ino, m::S_IFLNK)?;
+        let made = (|| {
+            let mut inode = self.new_inode(m::S_IFLNK | 0o777, uid, gid);
+            inode.size = target.len() as u64;
+            if target.len() < 60 {
+                inode.block[..target.len()].copy_from_slice(target);
+                self.write_new_inode(ino, &inode)?;
+            } else {
+                inode.flags |= flags::EXTENTS;
+                crate::extent_write::init_empty(&mut inode.block);
+                let goal = self.data_goal(ino, &inode, 0);
+                let (p, _) = self.alloc_blocks(goal, 1)?;
+                let put = with_tree(self, ino, &mut inode, |t| {
+                    t.insert(Extent {
+                        logical: 0,
+                        len: 1,
+                        physical: p,
+                        unwritten: false,
+                    })
+                });
+                if let Err(e) = put {
+                    let _ = self.free_blocks(p, 1);
+                    return Err(e);
+                }
+                inode.blocks_raw += (bs / 512) as u64;
+                // Recorded first, so that a failure below frees the block with it.
+                self.write_new_inode(ino, &inode)?;
+                let mut data = vec![0u8; bs];
+                data[..target.len()].copy_from_slice(target);
+                self.cache().device().write_at(&data, p * bs as u64)?;
+            }
+            self.link_into(&mut d, name, ino, m::S_IFLNK)
+        })();
+        self.keep_or_abandon(ino, false, made)?;
         self.finish_dir(d)?;
         Ok(ino)
     }

@@ -145,3 +145,83 @@ fn open_rw_marks_the_image_in_use_until_close() {
     let r = e2fsck_fn(img.path());
     assert!(r.clean, "{}", r.output);
 }
+
+#[test]
+fn meta_bg_images_allocate_around_their_descriptor_blocks() {
+    // 1 KiB blocks, 8 groups of 8 MiB: the file fills groups that were BLOCK_UNINIT,
+    // some holding a superblock backup (3, 5, 7) but, under meta_bg, no descriptor
+    // table; the groups' implicit bitmaps must match what e2fsck expects.
+    let img = mkfs(
+        &MkfsOptions::new(1024, 64 << 20)
+            .arg("-O")
+            .arg("meta_bg,^resize_inode"),
+    )
+    .expect("mkfs");
+    let fs = rw(img.path());
+    let data: Vec<u8> = (0..40u32 << 20).map(|i| (i / 1024) as u8).collect();
+    fs.write("/big", &data).expect("write");
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "{}", r.output);
+    let fs = Fs::open(img.path()).expect("reopen");
+    assert!(fs.read("/big").expect("read") == data);
+}
+
+#[test]
+fn images_without_extents_open_read_only_with_a_reason() {
+    let img = mkfs(&MkfsOptions::new(4096, 16 << 20).arg("-t").arg("ext3")).expect("mkfs");
+    let opts = rext4::FsOptions {
+        read_only: false,
+        ..rext4::FsOptions::default()
+    };
+    let fs = Fs::open_with(img.path(), opts).expect("opens");
+    assert!(fs.is_read_only());
+    assert!(
+        fs.warnings()
+            .iter()
+            .any(|w| w.contains("no extent feature")),
+        "{:?}",
+        fs.warnings()
+    );
+    assert!(matches!(fs.write("/a", b"x"), Err(rext4::Error::ReadOnly)));
+}
+
+#[test]
+fn failed_creates_in_a_block_mapped_directory_leave_no_inode_behind() {
+    // ext3 converted with `tune2fs -O extent`: new files get extents, but the root
+    // directory keeps its block map, which rext4 cannot grow. Creating names until
+    // its block is full must fail without leaving an unattached inode or block.
+    let img = mkfs(&MkfsOptions::new(1024, 16 << 20).arg("-t").arg("ext3")).expect("mkfs");
+    let st = std::process::Command::new("tune2fs")
+        .args(["-O", "extent"])
+        .arg(img.path())
+        .output()
+        .expect("tune2fs");
+    assert!(st.status.success(), "{st:?}");
+    let fs = rw(img.path());
+    let mut made = 0;
+    let err = loop {
+        match fs.write(format!("/file-with-a-long-name-{made:04}"), b"x") {
+            Ok(()) => made += 1,
+            Err(e) => break e,
+        }
+        assert!(made < 1000, "the root directory never filled");
+    };
+    assert!(matches!(err, rext4::Error::Unsupported(_)), "{err:?}");
+    let long = "t".repeat(100);
+    for r in [
+        fs.create_dir("/new-directory-with-a-long-name"),
+        fs.symlink(&long, "/new-symlink-with-a-long-name"),
+        fs.symlink("short", "/new-short-symlink-with-a-long-name"),
+    ] {
+        assert!(matches!(r, Err(rext4::Error::Unsupported(_))), "{r:?}");
+    }
+    fs.create_dir("/lost+found/sub")
+        .expect("mkdir elsewhere still works");
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "{}", r.output);
+    let fs = Fs::open(img.path()).expect("reopen");
+    // The files and lost+found (read_dir skips "." and "..").
+    assert_eq!(fs.read_dir("/").expect("readdir").len(), made + 1);
+}

@@ -651,6 +651,31 @@ impl Superblock {
             .min(u64::from(self.blocks_per_group))
     }
 
+    /// Blocks at the start of group `g` taken by the superblock (or its backup) and
+    /// group descriptors: with a backup, the classic table (all descriptor blocks and
+    /// the reserved GDT blocks; under meta_bg only the first `first_meta_bg` blocks);
+    /// under meta_bg, one descriptor block in the first, second and last group of each
+    /// meta group from `first_meta_bg` on (after the backup, if any). As e2fsprogs'
+    /// `ext2fs_super_and_bgd_loc2` counts them.
+    pub fn group_base_meta_blocks(&self, g: u64) -> u64 {
+        let sup = u64::from(self.group_has_super(g));
+        let per = self.descs_per_block();
+        let meta = self.has_incompat(INCOMPAT_META_BG);
+        if !meta || g / per < u64::from(self.first_meta_bg) {
+            if sup == 0 {
+                return 0;
+            }
+            let old = if meta {
+                u64::from(self.first_meta_bg)
+            } else {
+                self.desc_blocks()
+            };
+            return 1 + old + u64::from(self.reserved_gdt_blocks);
+        }
+        let r = g % per;
+        sup + u64::from(r == 0 || r == 1 || r == per - 1)
+    }
+
     /// Physical block of group-descriptor block `i` (handles meta_bg).
     pub fn desc_block_location(&self, i: u64) -> u64 {
         let first_meta = u64::from(self.first_meta_bg);
