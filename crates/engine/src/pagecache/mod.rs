@@ -267,7 +267,7 @@ pub(crate) struct PageCache {
     lru: Mutex<VecDeque<(u32, u64)>>,
     reclaiming: AtomicBool,
     /// Files with dirty pages, and since when.
-    pub(crate) dirty_files: Mutex<HashMap<u32, Instant>>,
+    dirty_files: Mutex<DirtyFiles>,
     pub(crate) wb: Arc<WbShared>,
     /// Recycled page buffers (see `alloc_buf`).
     pool: Mutex<Vec<Box<[u8]>>>,
@@ -296,7 +296,7 @@ impl PageCache {
             reserved: AtomicU64::new(0),
             lru: Mutex::new(VecDeque::new()),
             reclaiming: AtomicBool::new(false),
-            dirty_files: Mutex::new(HashMap::new()),
+            dirty_files: Mutex::new(DirtyFiles::default()),
             wb: Arc::new(WbShared::default()),
             pool: Mutex::new(Vec::new()),
             pool_max: (limit_pages / 8).clamp(64, 8192),
@@ -394,9 +394,7 @@ impl PageCache {
         if st.dirty_idx.insert(idx) {
             self.dirty.fetch_add(1, Ordering::Relaxed);
             if st.dirty_idx.len() == 1 {
-                lock(&self.dirty_files)
-                    .entry(ino.0)
-                    .or_insert_with(Instant::now);
+                lock(&self.dirty_files).insert(ino.0, Instant::now());
             }
         }
     }
@@ -406,7 +404,7 @@ impl PageCache {
         if st.dirty_idx.remove(&idx) {
             self.dirty.fetch_sub(1, Ordering::Relaxed);
             if st.dirty_idx.is_empty() {
-                lock(&self.dirty_files).remove(&ino.0);
+                lock(&self.dirty_files).remove(ino.0);
             }
         }
     }
@@ -496,7 +494,7 @@ impl PageCache {
             }
         }
         st.size = None;
-        lock(&self.dirty_files).remove(&ino.0);
+        lock(&self.dirty_files).remove(ino.0);
         drop(st);
         self.forget_file(&fc);
         fc.wb_done.notify_all();
@@ -563,15 +561,10 @@ impl PageCache {
         self.wb.cv.notify_all();
     }
 
-    /// Files with dirty pages, oldest first, with how long they have been dirty.
-    pub(crate) fn dirty_files_oldest_first(&self) -> Vec<(Ino, std::time::Duration)> {
-        let now = Instant::now();
-        let mut v: Vec<(Ino, std::time::Duration)> = lock(&self.dirty_files)
-            .iter()
-            .map(|(&i, &t)| (Ino(i), now.saturating_duration_since(t)))
-            .collect();
-        v.sort_by_key(|x| std::cmp::Reverse(x.1));
-        v
+    /// The file dirty longest, with how long it has been dirty.
+    pub(crate) fn oldest_dirty_file(&self) -> Option<(Ino, std::time::Duration)> {
+        let (ino, since) = lock(&self.dirty_files).oldest()?;
+        Some((Ino(ino), Instant::now().saturating_duration_since(since)))
     }
 
     /// (cached pages, dirty pages, reserved blocks, limit pages).
@@ -582,6 +575,34 @@ impl PageCache {
             self.reserved.load(Ordering::Relaxed),
             self.limit_pages,
         )
+    }
+}
+
+/// The files with dirty pages, by inode and in the order they got dirty, so that
+/// writeback finds the oldest in O(log n) however many files a tar leaves dirty.
+#[derive(Default)]
+struct DirtyFiles {
+    since: HashMap<u32, Instant>,
+    order: std::collections::BTreeSet<(Instant, u32)>,
+}
+
+impl DirtyFiles {
+    /// Note `ino` dirty from `now` unless it already is (its first time counts).
+    fn insert(&mut self, ino: u32, now: Instant) {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.since.entry(ino) {
+            e.insert(now);
+            self.order.insert((now, ino));
+        }
+    }
+
+    fn remove(&mut self, ino: u32) {
+        if let Some(t) = self.since.remove(&ino) {
+            self.order.remove(&(t, ino));
+        }
+    }
+
+    fn oldest(&self) -> Option<(u32, Instant)> {
+        self.order.first().map(|&(t, i)| (i, t))
     }
 }
 
@@ -623,4 +644,35 @@ pub(crate) fn new_page(buf: Box<[u8]>) -> Arc<Page> {
 /// The number of pages a byte range `[off, off+len)` touches (len > 0).
 pub(crate) fn pages_spanned(off: u64, len: u64, ps: u64) -> (u64, u64) {
     (off / ps, (off + len - 1) / ps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DirtyFiles;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn dirty_files_oldest_is_first_dirtied_and_survives_removals() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut d = DirtyFiles::default();
+        assert_eq!(d.oldest(), None);
+        d.insert(30, at(3));
+        d.insert(10, at(1));
+        d.insert(20, at(2));
+        // Dirtying an already dirty file keeps its first time.
+        d.insert(10, at(9));
+        assert_eq!(d.oldest(), Some((10, at(1))));
+        d.remove(10);
+        assert_eq!(d.oldest(), Some((20, at(2))));
+        // Two files dirtied at the same instant are both kept.
+        d.insert(40, at(2));
+        d.remove(20);
+        assert_eq!(d.oldest(), Some((40, at(2))));
+        d.remove(99);
+        d.remove(40);
+        d.remove(30);
+        assert_eq!(d.oldest(), None);
+        assert!(d.since.is_empty() && d.order.is_empty());
+    }
 }

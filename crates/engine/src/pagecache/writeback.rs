@@ -480,7 +480,7 @@ impl Fs {
         let mut rounds = 0;
         while pc.dirty.load(Ordering::Relaxed) > pc.dirty_limit && rounds < 1000 {
             rounds += 1;
-            let Some((ino, _)) = pc.dirty_files_oldest_first().first().copied() else {
+            let Some((ino, _)) = pc.oldest_dirty_file() else {
                 break;
             };
             match self.writeback_ino(ino, 0, u64::MAX, false) {
@@ -529,8 +529,7 @@ pub(crate) fn start_writeback_thread(fs: &Fs) {
             let expire = Duration::from_secs(DIRTY_EXPIRE_SECS);
             for _ in 0..10_000 {
                 let over = pc.dirty.load(Ordering::Relaxed) > pc.dirty_background;
-                let files = pc.dirty_files_oldest_first();
-                let Some(&(ino, age)) = files.first() else {
+                let Some((ino, age)) = pc.oldest_dirty_file() else {
                     break;
                 };
                 if !over && age < expire {
