@@ -5,7 +5,8 @@
 # Then tar -x of a source tree (TAR_SRC, default /usr/include) until syncfs returns,
 # and, when WORKLOADS names them, the SEEDS lessons' anchor scripts (seedA: concurrent
 # unaligned O_DIRECT overwrites, seedB: pwrite/truncate loop + stale-data check, seedC:
-# create/unlink with a lookup storm) on the same three mounts.
+# create/unlink with a lookup storm) on the same three mounts. KINDS may add "raw": the
+# fio workloads on a plain file in the host filesystem, the anchors' physical ceiling.
 # Usage (root): scripts/bench-mount.sh
 # Env: WORKLOADS (default "general tar"; also seedA seedB seedC) KINDS (default
 #      "kernel rext4 fuse2fs") G_SIZE_PER_JOB G_RUNTIME G_SEQ_CAP G_MD_FILES TAR_SRC and
@@ -31,6 +32,10 @@ export A_SIZE=${A_SIZE:-256M} A_RUNTIME=${A_RUNTIME:-8} A_SHORT_RUNTIME=${A_SHOR
 export A_VARIANTS=${A_VARIANTS:-2k:write:8 2k:randwrite:8 4k:randwrite:8 4k:randwrite:1}
 export C_SECONDS=${C_SECONDS:-5}
 for kind in ${KINDS:-kernel rext4 fuse2fs}; do
+  if [[ $kind == raw ]]; then
+    has general && BENCH_LABEL=raw "$B/general_fio_meta.sh" "$W/raw.dat" 2>&1 | grep -E '^(RESULT|NOTE)'
+    continue
+  fi
   img=$W/$kind.img; mnt=$W/mnt-$kind; mkdir -p "$mnt"
   mkfs.ext4 -q -F "$img" 4G >/dev/null
   case $kind in
