@@ -752,8 +752,23 @@ impl Fs {
         Ok(())
     }
 
+    /// The largest size of a file, the kernel's `s_maxbytes` for extent-mapped files:
+    /// 2^32 - 1 blocks (logical block 2^32 - 1 is never mapped).
     pub(crate) fn max_file_size(&self) -> u64 {
-        MAX_LOGICAL * u64::from(self.inner.block_size) - 1
+        (MAX_LOGICAL - 1) * u64::from(self.inner.block_size)
+    }
+
+    /// The part of a write of `buf` at `offset` that fits under the size limit: a
+    /// write that starts at or past it fails with EFBIG, one that crosses it is short
+    /// (as the kernel's `generic_write_checks`).
+    pub(crate) fn clamp_write<'b>(&self, buf: &'b [u8], offset: u64) -> Result<&'b [u8]> {
+        let max = self.max_file_size();
+        if offset >= max {
+            return Err(Error::FileTooLarge);
+        }
+        Ok(&buf[..buf
+            .len()
+            .min(usize::try_from(max - offset).unwrap_or(usize::MAX))])
     }
 
     fn truncate_locked(&self, ino: Ino, size: u64) -> Result<()> {
@@ -1004,12 +1019,7 @@ impl Fs {
         if buf.is_empty() {
             return Ok(0);
         }
-        let end = offset
-            .checked_add(buf.len() as u64)
-            .ok_or(Error::FileTooLarge)?;
-        if end > self.max_file_size() {
-            return Err(Error::FileTooLarge);
-        }
+        let buf = self.clamp_write(buf, offset)?;
         if offset > inode.size {
             self.zero_past_eof(ino, &inode, offset)?;
         }

@@ -225,3 +225,52 @@ fn failed_creates_in_a_block_mapped_directory_leave_no_inode_behind() {
     // The files and lost+found (read_dir skips "." and "..").
     assert_eq!(fs.read_dir("/").expect("readdir").len(), made + 1);
 }
+
+/// The largest file is the kernel's `s_maxbytes`: 2^32 - 1 blocks. A write starting
+/// there fails with EFBIG, one crossing it is short, truncate and fallocate past it
+/// fail; the file stays consistent and e2fsck clean.
+#[test]
+fn size_limit_is_the_kernels() {
+    for bs in [1024u32, 4096] {
+        let img = mkfs(&MkfsOptions::new(bs, 64 << 20)).expect("mkfs");
+        let fs = rw(img.path());
+        let max = ((1u64 << 32) - 1) * u64::from(bs);
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .open(&fs, "/big")
+            .expect("create");
+        let efbig = |r: rext4::Result<()>, what: &str| match r {
+            Err(e) => assert_eq!(e.errno(), 27, "{bs}: {what}: {e}"),
+            Ok(()) => panic!("{bs}: {what}: expected EFBIG"),
+        };
+        efbig(f.write_at(b"x", max).map(|_| ()), "write at the limit");
+        efbig(
+            f.write_at(b"x", u64::MAX - 1).map(|_| ()),
+            "write at 2^64-2",
+        );
+        assert_eq!(f.write_at(&[7u8; 300], max - 100).expect("crossing"), 100);
+        assert_eq!(f.len().expect("len"), max, "{bs}");
+        let mut back = [0u8; 200];
+        assert_eq!(f.read_at(&mut back, max - 200).expect("read"), 200);
+        assert!(back[..100].iter().all(|&b| b == 0) && back[100..].iter().all(|&b| b == 7));
+        efbig(f.set_len(max + 1), "truncate past the limit");
+        f.set_len(max).expect("truncate to the limit");
+        efbig(
+            fs.fallocate_ino(f.ino(), rext4::FallocMode::KeepSize, max - 4096, 4097),
+            "fallocate past the limit",
+        );
+        fs.fallocate_ino(
+            f.ino(),
+            rext4::FallocMode::KeepSize,
+            max - 2 * u64::from(bs),
+            2 * u64::from(bs),
+        )
+        .expect("fallocate up to the limit");
+        drop(f);
+        fs.close().expect("close");
+        let r = e2fsck_fn(img.path());
+        assert!(r.clean, "{bs}: e2fsck: {}", r.output);
+    }
+}

@@ -115,9 +115,10 @@ pub(crate) struct Shared {
     killpriv: AtomicBool,
     /// Sends invalidations to the kernel (set once the session exists).
     pub(crate) notifier: std::sync::OnceLock<fuser::Notifier>,
-    /// Regular files whose unclamped mtime the kernel may still hold because an open
-    /// descriptor kept its inode alive when the epoch was bumped (see `setattr`):
-    /// bumped again when the last of their handles is released.
+    /// Regular files of which the kernel may still hold what the image does not (an
+    /// unclamped mtime, see `setattr`; a size past ext4's limit, see `write`) because
+    /// an open descriptor kept its inode alive when the epoch was bumped: bumped again
+    /// when the last of their handles is released.
     stale_times: Mutex<HashSet<Ino>>,
     /// Whether `stale_times` may be non-empty (spares RELEASE the lock).
     stale_any: AtomicBool,
@@ -312,9 +313,26 @@ impl Shared {
         }
     }
 
+    /// The kernel's inode of regular file `ino` holds what the image does not (with
+    /// the writeback cache it keeps its own size and mtime and never takes ours): bump
+    /// the epoch so that it is dropped and read again, and when a handle keeps it
+    /// alive, again at the last release. Returns whether the kernel took the bump.
+    fn drop_kernel_inode(&self, ino: Ino) -> bool {
+        let bumped = self.bump_epoch();
+        let open = lock(&self.handles)
+            .values()
+            .any(|h| matches!(h, Handle::File { ino: i, .. } if *i == ino));
+        if bumped && open {
+            lock(&self.stale_times).insert(ino);
+            self.stale_any.store(true, Ordering::SeqCst);
+        }
+        bumped
+    }
+
     /// After a handle of `ino` is released: when it was the last one and the kernel
-    /// may hold an unclamped mtime of `ino`, bump the epoch again so that the inode,
-    /// now held by dentries alone, is dropped at the next lookup.
+    /// may hold an unclamped mtime or an impossible size of `ino`, bump the epoch
+    /// again so that the inode, now held by dentries alone, is dropped at the next
+    /// lookup.
     fn release_stale_time(&self, ino: Ino) {
         if !self.stale_any.load(Ordering::Relaxed) {
             return;
@@ -823,14 +841,7 @@ impl Filesystem for Adapter {
             && attr.kind == FileType::RegularFile
             && a.mtime.is_some_and(|m| m != timestamp(attr.mtime))
         {
-            let bumped = s.bump_epoch();
-            let open = lock(&s.handles)
-                .values()
-                .any(|h| matches!(h, Handle::File { ino: i, .. } if *i == ino));
-            if bumped && open {
-                lock(&s.stale_times).insert(ino);
-                s.stale_any.store(true, Ordering::SeqCst);
-            }
+            let bumped = s.drop_kernel_inode(ino);
             s.debug(|| format!("setattr {}: mtime clamped, epoch bumped: {bumped}", ino.0));
         }
         reply.attr(&TTL, &attr);
@@ -1089,6 +1100,19 @@ impl Filesystem for Adapter {
         } else {
             s.fs.write_ino_at(ino, data, offset)
         };
+        // Past ext4's largest file size. The FUSE superblock has no such limit, so under
+        // the writeback cache the application's write succeeded into the kernel's page
+        // cache and the error reaches it only at fsync or close; the kernel's inode
+        // meanwhile shows the size the write made. Make it read ours again.
+        if wb && matches!(r, Err(Error::FileTooLarge)) {
+            let bumped = s.drop_kernel_inode(ino);
+            s.debug(|| {
+                format!(
+                    "write {}: past the size limit, epoch bumped: {bumped}",
+                    ino.0
+                )
+            });
+        }
         let n = tri!(reply, r.map_err(|e| s.fail("write", &e)));
         reply.written(n as u32);
     }

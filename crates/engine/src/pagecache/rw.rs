@@ -356,10 +356,9 @@ impl Fs {
         if buf.is_empty() {
             return Ok(0);
         }
-        let end = offset.checked_add(len).ok_or(Error::FileTooLarge)?;
-        if end > crate::map::MAX_LOGICAL * u64::from(self.inner.block_size) - 1 {
-            return Err(Error::FileTooLarge);
-        }
+        let buf = self.clamp_write(buf, offset)?;
+        let len = buf.len() as u64;
+        let end = offset + len;
         let (first, last) = pages_spanned(offset, len, self.page_size());
         if !cacheable(&inode) || !self.delalloc_ok(last - first + 1) {
             drop(guard);
