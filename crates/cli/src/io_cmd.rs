@@ -4,7 +4,8 @@
 //! Commands, arguments and output follow xfs_io (checked against xfs_io 6.1 on a
 //! kernel ext4 mount): `pwrite [-b bs] [-S seed] [-q] off len` (pattern 0xcd, 4096-byte
 //! writes), `pread [-b bs] [-qv] off len` (xfs_io's hexdump with -v), `truncate off`,
-//! `falloc [-k] off len`, `fpunch off len`, `fzero [-k] off len`, `fsync`, `fdatasync`,
+//! `falloc [-k] off len`, `fpunch off len`, `fcollapse off len`, `finsert off len`,
+//! `fzero [-k] off len`, `fsync`, `fdatasync`,
 //! `stat [-v]`, `fiemap [-lv] [off [len]]` (512-byte units, holes as "hole", flags
 //! 0x800 unwritten and 0x1 last in -v), `help`, `quit`, and the memory-mapping
 //! commands over the engine's page cache (`File::map`: coherent with pread/pwrite,
@@ -267,6 +268,14 @@ const CMDS: &[CmdInfo] = &[
         max: 2,
     },
     CmdInfo {
+        name: "fcollapse",
+        args: "off len",
+        help: "de-allocates space and eliminates the hole by shifting extents",
+        opts: "",
+        min: 2,
+        max: 2,
+    },
+    CmdInfo {
         name: "fdatasync",
         args: "",
         help: "calls fdatasync(2) to flush the files in-core data to disk",
@@ -280,6 +289,14 @@ const CMDS: &[CmdInfo] = &[
         help: "print block mapping for a file",
         opts: "aln:v",
         min: 0,
+        max: 2,
+    },
+    CmdInfo {
+        name: "finsert",
+        args: "off len",
+        help: "creates new space for writing within file by shifting extents",
+        opts: "",
+        min: 2,
         max: 2,
     },
     CmdInfo {
@@ -559,6 +576,8 @@ impl Shell<'_> {
                 self.falloc(mode, &operands)
             }
             "fpunch" => self.falloc(FallocMode::PunchHole, &operands),
+            "fcollapse" => self.falloc(FallocMode::CollapseRange, &operands),
+            "finsert" => self.falloc(FallocMode::InsertRange, &operands),
             "fzero" => self.falloc(
                 FallocMode::ZeroRange {
                     keep_size: has('k'),

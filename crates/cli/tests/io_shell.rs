@@ -195,6 +195,30 @@ const S6_MMAP: &[&str] = &[
     "stat",
 ];
 
+/// COLLAPSE_RANGE and INSERT_RANGE: data moves across pattern seams, the refusals
+/// (reaching EOF, past EOF, unaligned, past the size limit), a write into an inserted
+/// hole.
+const S7_SHIFT: &[&str] = &[
+    "pwrite -q -S 0x11 0 64k",
+    "pwrite -q -S 0x22 64k 64k",
+    "pwrite -q -S 0x33 128k 64k",
+    "fcollapse 60k 8k",
+    "stat",
+    "pread -v 61436 8",
+    "finsert 4k 12k",
+    "pread -v 4092 8",
+    "pread -v 16380 8",
+    "fcollapse 0 4k",
+    "fcollapse 100k 100k",
+    "finsert 1m 4k",
+    "fcollapse 1000 4096",
+    "finsert 4k 17t",
+    "pwrite -q -S 0x44 8k 100",
+    "fsync",
+    "pread -v 8190 8",
+    "stat",
+];
+
 /// A line of `mmap`'s listing ("[000] 0xADDR - 0xADDR rwx  PATH (OFF : LEN)") with the
 /// addresses and the path masked.
 fn mmap_line(line: &str) -> Option<String> {
@@ -264,6 +288,7 @@ fn io_matches_xfs_io_on_a_kernel_mount() {
             run_xfs_io(&f, &[], S3),
             run_xfs_io(&f, &["-r"], S4_RO),
             run_xfs_io(&m.path().join("f3"), &["-f"], S6_MMAP),
+            run_xfs_io(&m.path().join("f4"), &["-f"], S7_SHIFT),
         ];
         m.unmount().expect("unmount");
     }
@@ -273,8 +298,9 @@ fn io_matches_xfs_io_on_a_kernel_mount() {
         run_rext4_io(b.path(), "/f", &[], S3),
         run_rext4_io(b.path(), "/f", &["-r"], S4_RO),
         run_rext4_io(b.path(), "/f3", &["-f"], S6_MMAP),
+        run_rext4_io(b.path(), "/f4", &["-f"], S7_SHIFT),
     ];
-    for (label, (k, o)) in ["S1", "S2", "S3", "S4", "S6"]
+    for (label, (k, o)) in ["S1", "S2", "S3", "S4", "S6", "S7"]
         .iter()
         .zip(kernel_outs.iter().zip(&ours))
     {
@@ -285,7 +311,7 @@ fn io_matches_xfs_io_on_a_kernel_mount() {
     // The kernel reads the same bytes, size and allocation from both images.
     let ka = LoopMount::new(a.path(), true, "noatime").expect("mount a");
     let kb = LoopMount::new(b.path(), true, "noatime").expect("mount b");
-    for name in ["f", "f2", "f3"] {
+    for name in ["f", "f2", "f3", "f4"] {
         assert_eq!(
             kernel_file(kb.path(), name),
             kernel_file(ka.path(), name),

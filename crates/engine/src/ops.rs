@@ -56,6 +56,12 @@ pub enum FallocMode {
     PunchHole,
     /// Make the range read as zeros, allocated; `keep_size` as KEEP_SIZE.
     ZeroRange { keep_size: bool },
+    /// Remove the range and move everything after it down (COLLAPSE_RANGE): offset
+    /// and length whole blocks, the range ending before the end of the file.
+    CollapseRange,
+    /// Move everything from the offset up by the length, leaving a hole there
+    /// (INSERT_RANGE): offset and length whole blocks, the offset inside the file.
+    InsertRange,
 }
 
 /// statfs(2) figures.
@@ -1138,6 +1144,9 @@ impl Fs {
         if end > self.max_file_size() {
             return Err(Error::FileTooLarge);
         }
+        if matches!(mode, FallocMode::CollapseRange | FallocMode::InsertRange) {
+            return self.shift_range(ino, mode, offset, len);
+        }
         // Page cache first (it may wait for writeback, which needs the write lock):
         // cached pages of a punched range go; a size that grows past buffered data
         // not yet written waits for it (see `prepare_size_change`).
@@ -1145,7 +1154,7 @@ impl Fs {
             FallocMode::PunchHole | FallocMode::ZeroRange { .. } => {
                 self.pc_drop_range(ino, offset, end)
             }
-            FallocMode::Allocate | FallocMode::KeepSize => {}
+            _ => {}
         }
         let grows = matches!(
             mode,
@@ -1185,6 +1194,7 @@ impl Fs {
             FallocMode::PunchHole => {
                 self.punch(ino, &mut inode, offset, end)?;
             }
+            FallocMode::CollapseRange | FallocMode::InsertRange => unreachable!(),
             FallocMode::ZeroRange { keep_size } => {
                 self.punch(ino, &mut inode, offset, end)?;
                 if let Err(e) = self.alloc_unwritten(ino, &mut inode, offset / bs, end.div_ceil(bs))
@@ -1204,6 +1214,70 @@ impl Fs {
         }
         self.write_inode(ino, &inode)?;
         self.pc_disk_size_is(ino, inode.size, false);
+        Ok(())
+    }
+
+    /// COLLAPSE_RANGE and INSERT_RANGE (caller holds the exclusive I/O lock and
+    /// checked `offset + len` against the size limit), with the kernel's rules: whole
+    /// blocks, a collapse ending before the end of the file, an insert starting inside
+    /// it and not growing it past the limit. The file's data from `offset` on is
+    /// written back and dropped from the page cache first, then the extents move in
+    /// one transaction.
+    fn shift_range(&self, ino: Ino, mode: FallocMode, offset: u64, len: u64) -> Result<()> {
+        let bs = u64::from(self.inner.block_size);
+        if !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
+            return Err(Error::InvalidInput(
+                "collapse/insert range: offset and length must be whole blocks".into(),
+            ));
+        }
+        let inode = self.read_live_inode(ino)?;
+        if !inode.is_reg() {
+            return Err(if inode.is_dir() {
+                Error::IsADirectory
+            } else {
+                Error::InvalidInput("fallocate of a non-regular file".into())
+            });
+        }
+        if !inode.has_flag(flags::EXTENTS) {
+            return Err(Error::Unsupported(format!(
+                "inode {} uses block maps; collapse and insert need extents",
+                ino.0
+            )));
+        }
+        let size = self.vfs_size(ino, &inode);
+        let collapse = mode == FallocMode::CollapseRange;
+        if collapse && offset + len >= size {
+            return Err(Error::InvalidInput(
+                "collapse range reaches the end of the file".into(),
+            ));
+        }
+        if !collapse && offset >= size {
+            return Err(Error::InvalidInput(
+                "insert range starts at or past the end of the file".into(),
+            ));
+        }
+        if !collapse && len > self.max_file_size() - size {
+            return Err(Error::FileTooLarge);
+        }
+        // Everything from `offset` on moves: its data must be on the device (which also
+        // brings the on-disk size up to `size`) and no cached page may keep an old place.
+        self.writeback_ino(ino, 0, u64::MAX, true)?;
+        self.pc_drop_range(ino, offset, u64::MAX);
+        let _w = self.write_lock();
+        self.check_writable()?;
+        let mut inode = self.read_live_inode(ino)?;
+        let (first, n) = ((offset / bs) as u32, (len / bs) as u32);
+        if collapse {
+            with_tree(self, ino, &mut inode, |t| t.collapse(first, n).map(|_| ()))?;
+            inode.size -= len;
+        } else {
+            with_tree(self, ino, &mut inode, |t| t.insert_range(first, n))?;
+            inode.size += len;
+        }
+        inode.ctime = now_ts();
+        inode.mtime = inode.ctime;
+        self.write_inode(ino, &inode)?;
+        self.pc_disk_size_is(ino, inode.size, true);
         Ok(())
     }
 

@@ -300,6 +300,7 @@ struct Runner<'a> {
     m: Model,
     rng: Rng,
     log: Vec<String>,
+    bs: u64,
 }
 
 impl Runner<'_> {
@@ -441,23 +442,52 @@ impl Runner<'_> {
                     MKind::File(d) => d.len() as u64,
                     _ => 0,
                 };
-                let off = self.rng.below(size + 20_000);
-                let len = 1 + self.rng.below(40_000);
-                let mode = match self.rng.below(4) {
+                let mut off = self.rng.below(size + 20_000);
+                let mut len = 1 + self.rng.below(40_000);
+                let mode = match self.rng.below(6) {
                     0 => FallocMode::Allocate,
                     1 => FallocMode::KeepSize,
                     2 => FallocMode::PunchHole,
-                    _ => FallocMode::ZeroRange {
+                    3 => FallocMode::ZeroRange {
                         keep_size: self.rng.below(2) == 0,
                     },
+                    4 => FallocMode::CollapseRange,
+                    _ => FallocMode::InsertRange,
                 };
+                let shift = matches!(mode, FallocMode::CollapseRange | FallocMode::InsertRange);
+                if shift {
+                    // Whole blocks (unaligned ones are refused; checked elsewhere).
+                    off -= off % self.bs;
+                    len = len.div_ceil(self.bs) * self.bs;
+                }
                 self.log.push(format!("fallocate {f} {mode:?} {off} {len}"));
                 let r = self.fs.fallocate_ino(self.eng(f), mode, off, len);
+                let want = match mode {
+                    FallocMode::CollapseRange if off + len >= size => Outcome::Err("EINVAL"),
+                    FallocMode::InsertRange if off >= size => Outcome::Err("EINVAL"),
+                    _ => Outcome::Ok,
+                };
+                let ok = want == Outcome::Ok;
                 self.check(
                     format!("fallocate {f}"),
-                    Outcome::Ok,
+                    want,
                     outcome(r.map_err(|e| clone_err(&e))),
                 );
+                if let MKind::File(c) = &mut self.m.inodes.get_mut(&f).expect("f").kind {
+                    let (o, l) = (off as usize, len as usize);
+                    match mode {
+                        FallocMode::CollapseRange if ok => {
+                            c.drain(o..o + l);
+                        }
+                        FallocMode::InsertRange if ok => {
+                            c.splice(o..o, std::iter::repeat_n(0, l));
+                        }
+                        _ => {}
+                    }
+                }
+                if shift {
+                    return;
+                }
                 if let MKind::File(c) = &mut self.m.inodes.get_mut(&f).expect("f").kind {
                     let end = (off + len) as usize;
                     let extend = matches!(
@@ -776,6 +806,7 @@ fn run_seed(seed: u64, ops: usize, bs: u32) {
         m: Model::new(),
         rng: Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
         log: Vec::new(),
+        bs: u64::from(bs),
     };
     for _ in 0..ops {
         r.step();

@@ -64,6 +64,8 @@ const XATTR_REPLACE: i32 = 2;
 const FALLOC_FL_KEEP_SIZE: i32 = 0x01;
 const FALLOC_FL_PUNCH_HOLE: i32 = 0x02;
 const FALLOC_FL_ZERO_RANGE: i32 = 0x10;
+const FALLOC_FL_COLLAPSE_RANGE: i32 = 0x08;
+const FALLOC_FL_INSERT_RANGE: i32 = 0x20;
 /// The kernel page size assumed when rounding offsets for page-cache notifications.
 const PAGE: u64 = 4096;
 const SEEK_DATA: i32 = 3;
@@ -1456,6 +1458,9 @@ impl Filesystem for Adapter {
             0 => FallocMode::Allocate,
             FALLOC_FL_PUNCH_HOLE if keep => FallocMode::PunchHole,
             FALLOC_FL_ZERO_RANGE => FallocMode::ZeroRange { keep_size: keep },
+            // The kernel's FUSE does not pass these on today; ready for when it does.
+            FALLOC_FL_COLLAPSE_RANGE if !keep => FallocMode::CollapseRange,
+            FALLOC_FL_INSERT_RANGE if !keep => FallocMode::InsertRange,
             _ => {
                 reply.error(Errno::EOPNOTSUPP);
                 return;
