@@ -948,3 +948,80 @@ fn read_only_mount_refuses_changes() {
     assert!(m.unmount().success());
     fsck_clean(img.path());
 }
+
+/// A user other than root mounts through fusermount3 when /dev/fuse is open to them
+/// (udev's mode 0666), and gets a reason when it is not (this VM leaves it at 0600).
+#[test]
+fn a_user_mounts_or_is_told_why_not() {
+    use std::os::unix::process::CommandExt;
+    if let Some(why) = cannot_mount() {
+        skip(&why);
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    let dir = TempDir::new("usermount").expect("tempdir");
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+    let img = image();
+    let file = dir.join("img");
+    fs::copy(img.path(), &file).expect("copy image");
+    let mnt = dir.join("mnt");
+    fs::create_dir(&mnt).expect("mount point");
+    for p in [&file, &mnt] {
+        std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY)).expect("chown");
+    }
+    /// Unmounts (as root) whatever the test left mounted, even when it fails.
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            if is_mounted(self.0) {
+                let _ = Command::new("umount").arg("-l").arg(self.0).status();
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        }
+    }
+    let _guard = Unmount(&mnt);
+    let as_nobody = |args: &[&std::ffi::OsStr]| {
+        let mut c = Command::new(bin());
+        c.args(args).uid(NOBODY).gid(NOBODY).current_dir(dir.path());
+        c.output().expect("run as nobody")
+    };
+    let open_to_nobody = Command::new("sh")
+        .args(["-c", "test -r /dev/fuse -a -w /dev/fuse"])
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .status()
+        .expect("sh")
+        .success();
+    let out = as_nobody(&["mount".as_ref(), file.as_os_str(), mnt.as_os_str()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if open_to_nobody {
+        eprintln!("/dev/fuse is open to nobody: mounting as nobody");
+        assert!(out.status.success(), "mount as nobody: {err}");
+        assert!(is_mounted(&mnt));
+        // Only its owner sees into it (no allow_other), root included.
+        let ls = Command::new("ls")
+            .arg(&mnt)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .output()
+            .expect("ls as nobody");
+        let names = String::from_utf8_lossy(&ls.stdout);
+        assert!(names.lines().any(|n| n == "lost+found"), "ls: {names}");
+        let out = as_nobody(&["umount".as_ref(), mnt.as_os_str()]);
+        assert!(
+            out.status.success(),
+            "umount as nobody: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!is_mounted(&mnt));
+        fsck_clean(&file);
+    } else {
+        eprintln!("/dev/fuse is closed to nobody: the mount must say so");
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("/dev/fuse is not open to this user"),
+            "mount as nobody: {err}"
+        );
+        assert!(!is_mounted(&mnt));
+    }
+}

@@ -599,6 +599,27 @@ fn serve_inner(
         opts.threads
     });
     config.clone_fd = true;
+    // Every mount needs /dev/fuse (fusermount3 too opens it as the calling user): say
+    // why when it cannot be had, rather than fuser's bare EACCES.
+    if let Err(e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+    {
+        let _ = fs.close();
+        return Err(match e.kind() {
+            std::io::ErrorKind::PermissionDenied => format!(
+                "mount {}: /dev/fuse is not open to this user, so only root can mount FUSE \
+                 filesystems here (udev's rule gives it mode 0666)",
+                mnt.display()
+            ),
+            std::io::ErrorKind::NotFound => format!(
+                "mount {}: /dev/fuse does not exist: load the fuse module (modprobe fuse)",
+                mnt.display()
+            ),
+            _ => format!("mount {}: /dev/fuse: {e}", mnt.display()),
+        });
+    }
     let adapter = Adapter { s: shared.clone() };
     let session = match Session::new(adapter, mnt, &config) {
         Ok(s) => s,
