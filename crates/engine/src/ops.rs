@@ -45,6 +45,14 @@ pub struct SetAttr {
     pub ctime: Option<Timestamp>,
 }
 
+/// ext4's user-visible inode flags (EXT4_FL_USER_VISIBLE).
+pub const FL_USER_VISIBLE: u32 = 0x705B_DFFF;
+/// The flags FS_IOC_SETFLAGS may change on ext4 (EXT4_FL_USER_MODIFIABLE).
+const FL_USER_MODIFIABLE: u32 = 0x604B_C0FF;
+/// The modifiable flags that only need keeping: SECRM, UNRM, COMPR, NODUMP, NOATIME,
+/// NOTAIL, TOPDIR.
+const FL_KEPT_ONLY: u32 = 0x1 | 0x2 | 0x4 | 0x40 | 0x80 | 0x8000 | 0x2_0000;
+
 /// fallocate(2) modes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FallocMode {
@@ -685,6 +693,37 @@ impl Fs {
         inode = self.read_live_inode(ino)?;
         inode.size = self.vfs_size(ino, &inode);
         Ok(self.metadata_of(ino, &inode))
+    }
+
+    /// The inode flags a user sees (FS_IOC_GETFLAGS, lsattr): ext4's user-visible set.
+    pub fn flags_ino(&self, ino: Ino) -> Result<u32> {
+        Ok(self.read_live_inode(ino)?.flags & FL_USER_VISIBLE)
+    }
+
+    /// FS_IOC_SETFLAGS (chattr) with ext4's rules: bits outside the modifiable set are
+    /// kept as they are, whatever `new` says. rext4 changes only the flags that ask
+    /// nothing more of the filesystem than being kept (s u c d A t T in chattr's
+    /// letters; A holds because rext4 never updates atime on reads); changing another
+    /// (immutable, append-only, sync, dirsync, data journaling, project inheritance,
+    /// casefold, extents) is refused as unsupported rather than stored and ignored.
+    /// The caller checks ownership (the kernel does it before the ioctl reaches a
+    /// FUSE server).
+    pub fn set_flags_ino(&self, ino: Ino, new: u32) -> Result<()> {
+        let _w = self.write_lock();
+        self.check_writable()?;
+        let mut inode = self.read_live_inode(ino)?;
+        let want = (new & FL_USER_MODIFIABLE) | (inode.flags & !FL_USER_MODIFIABLE);
+        let changed = inode.flags ^ want;
+        if changed & !FL_KEPT_ONLY != 0 {
+            return Err(Error::Unsupported(format!(
+                "changing inode flags {:#x}: rext4 keeps only flags without behaviour \
+                 (secrm, unrm, compr, nodump, noatime, notail, topdir)",
+                changed & !FL_KEPT_ONLY
+            )));
+        }
+        inode.flags = want;
+        inode.ctime = now_ts();
+        self.write_inode(ino, &inode)
     }
 
     /// The mode `ino` keeps after privileges are dropped, as Linux drops them before

@@ -274,3 +274,48 @@ fn size_limit_is_the_kernels() {
         assert!(r.clean, "{bs}: e2fsck: {}", r.output);
     }
 }
+
+/// chattr through the API: the flags that need only keeping are stored and survive a
+/// reopen; bits outside ext4's modifiable set are kept whatever the caller passes;
+/// changes rext4 would not enforce (immutable, clearing extents) are refused and
+/// change nothing. The kernel's lsattr reads what was stored.
+#[test]
+fn inode_flags_kept_and_refused() {
+    let img = mkfs(&MkfsOptions::new(4096, 64 << 20)).expect("mkfs");
+    let fs = rw(img.path());
+    fs.write("/f", b"x").expect("write");
+    fs.create_dir("/d").expect("mkdir");
+    let f = fs.resolve(b"/f", true).expect("f");
+    let d = fs.resolve(b"/d", true).expect("d");
+    let base = fs.flags_ino(f).expect("flags");
+    assert_eq!(base & 0x8_0000, 0x8_0000, "extents flag: {base:#x}");
+    fs.set_flags_ino(f, base | 0x40 | 0x80).expect("+dA");
+    for (bad, what) in [(base | 0x10, "+i"), (base & !0x8_0000, "-e")] {
+        match fs.set_flags_ino(f, bad) {
+            Err(e) => assert_eq!(e.errno(), 95, "{what}: {e}"), // EOPNOTSUPP
+            Ok(()) => panic!("{what} accepted"),
+        }
+    }
+    assert_eq!(fs.flags_ino(f).expect("flags"), base | 0x40 | 0x80);
+    // INDEX (0x1000) is not the caller's to change: a directory keeps what it has.
+    let dflags = fs.flags_ino(d).expect("dir flags");
+    fs.set_flags_ino(d, (dflags ^ 0x1000) | 0x40)
+        .expect("dir +d");
+    assert_eq!(fs.flags_ino(d).expect("dir flags"), dflags | 0x40);
+    fs.close().expect("close");
+    let fs = rw(img.path());
+    assert_eq!(fs.flags_ino(f).expect("flags"), base | 0x40 | 0x80);
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "e2fsck: {}", r.output);
+    let m = match LoopMount::new(img.path(), true, "") {
+        Ok(m) => m,
+        Err(why) => return skip(&why),
+    };
+    let out = std::process::Command::new("lsattr")
+        .arg(m.path().join("f"))
+        .output()
+        .expect("lsattr");
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert!(line.starts_with("------dA------e"), "lsattr: {line}");
+}

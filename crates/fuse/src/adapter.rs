@@ -34,10 +34,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType,
-    Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode,
-    OpenFlags, RenameFlags as FuseRenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Filesystem, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner,
+    OpenAccMode, OpenFlags, RenameFlags as FuseRenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use rext4::format::acl;
 use rext4::format::inode::Inode;
@@ -66,6 +66,42 @@ const FALLOC_FL_PUNCH_HOLE: i32 = 0x02;
 const FALLOC_FL_ZERO_RANGE: i32 = 0x10;
 const FALLOC_FL_COLLAPSE_RANGE: i32 = 0x08;
 const FALLOC_FL_INSERT_RANGE: i32 = 0x20;
+const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+/// (inode flag, FS_XFLAG_*) pairs that the xflags form of the flag ioctls carries.
+const XFLAGS: [(u32, u32); 7] = [
+    (0x8, 0x20),           // SYNC
+    (0x10, 0x8),           // IMMUTABLE
+    (0x20, 0x10),          // APPEND
+    (0x40, 0x80),          // NODUMP
+    (0x80, 0x40),          // NOATIME
+    (0x2000_0000, 0x200),  // PROJINHERIT
+    (0x0200_0000, 0x8000), // DAX
+];
+
+fn xflags_of(flags: u32) -> u32 {
+    XFLAGS
+        .iter()
+        .filter(|(f, _)| flags & f != 0)
+        .fold(0, |x, (_, xf)| x | xf)
+}
+
+/// The inode flags `cur` with those the xflags form carries taken from `x`.
+fn flags_from_xflags(cur: u32, x: u32) -> u32 {
+    XFLAGS.iter().fold(
+        cur,
+        |f, &(fl, xf)| {
+            if x & xf != 0 {
+                f | fl
+            } else {
+                f & !fl
+            }
+        },
+    )
+}
+
 /// The kernel page size assumed when rounding offsets for page-cache notifications.
 const PAGE: u64 = 4096;
 const SEEK_DATA: i32 = 3;
@@ -1510,6 +1546,82 @@ impl Filesystem for Adapter {
             .map_err(|e| s.fail("copy_file_range", &e))
         );
         reply.written(n as u32);
+    }
+
+    /// The inode-flag ioctls behind lsattr and chattr, which the kernel sends for
+    /// regular files and directories (FS_IOC_GETFLAGS/SETFLAGS, and the xflags form
+    /// FS_IOC_FSGETXATTR/FSSETXATTR); it has checked ownership and CAP_LINUX_IMMUTABLE
+    /// already. Any other command is ENOTTY, as on ext4 for commands it does not know.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        let s = &self.s;
+        let ino = to_ext4(ino);
+        let flags = || s.fs.flags_ino(ino).map_err(|e| s.fail("ioctl", &e));
+        let set = |f: u32| {
+            s.writable()?;
+            s.fs.set_flags_ino(ino, f)
+                .map_err(|e| s.fail("ioctl", &e))?;
+            s.invalidate_attrs(ino);
+            Ok::<(), Errno>(())
+        };
+        match cmd {
+            FS_IOC_GETFLAGS => {
+                let f = tri!(reply, flags());
+                reply.ioctl(0, &f.to_ne_bytes());
+            }
+            FS_IOC_SETFLAGS => {
+                let Some(b) = in_data.get(..4) else {
+                    reply.error(Errno::EINVAL);
+                    return;
+                };
+                tri!(reply, set(u32::from_ne_bytes([b[0], b[1], b[2], b[3]])));
+                reply.ioctl(0, &[]);
+            }
+            FS_IOC_FSGETXATTR => {
+                let f = tri!(reply, flags());
+                let projid = tri!(
+                    reply,
+                    s.fs.inode_attr(ino)
+                        .map(|i| i.projid)
+                        .map_err(|e| s.fail("ioctl", &e))
+                );
+                // struct fsxattr: xflags, extsize, nextents, projid, cowextsize, pad[8].
+                let mut out = [0u8; 28];
+                out[0..4].copy_from_slice(&xflags_of(f).to_ne_bytes());
+                out[12..16].copy_from_slice(&projid.to_ne_bytes());
+                reply.ioctl(0, &out);
+            }
+            FS_IOC_FSSETXATTR => {
+                let Some(b) = in_data.get(..28) else {
+                    reply.error(Errno::EINVAL);
+                    return;
+                };
+                let word = |i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+                let cur = tri!(reply, flags());
+                let projid = tri!(
+                    reply,
+                    s.fs.inode_attr(ino)
+                        .map(|i| i.projid)
+                        .map_err(|e| s.fail("ioctl", &e))
+                );
+                if word(12) != projid {
+                    reply.error(Errno::EOPNOTSUPP);
+                    return;
+                }
+                tri!(reply, set(flags_from_xflags(cur, word(0))));
+                reply.ioctl(0, &[]);
+            }
+            _ => reply.error(Errno::ENOTTY),
+        }
     }
 
     fn lseek(
