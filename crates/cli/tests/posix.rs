@@ -42,12 +42,6 @@ use rext4_testkit::{can_loop_mount, e2fsck_fn, mkfs, skip, LoopMount, MkfsOption
 /// `REXT4_MOUNTS` only).
 const KNOWN_FAILURES: &[(&str, &str)] = &[
     (
-        "chattr_immutable",
-        "rext4 does not enforce the immutable and append-only flags yet (over FUSE the \
-         kernel cannot see them, so the server would have to refuse each change itself), \
-         and refuses to set them (EOPNOTSUPP) rather than keep them unenforced",
-    ),
-    (
         "write_at_max_size_efbig@rext4",
         "the FUSE superblock has no size limit and FUSE_INIT cannot set one, so with the \
          writeback cache a write past ext4's largest file size succeeds into the kernel's \
@@ -146,6 +140,8 @@ const CHECKS: &[(&str, Check)] = &[
     ("xattr_trusted", check_xattr_trusted),
     ("inode_flags_lsattr_chattr", check_inode_flags),
     ("chattr_immutable", check_chattr_immutable),
+    ("chattr_append_only", check_chattr_append),
+    ("chattr_immutable_dir", check_chattr_immutable_dir),
     ("acl_access_roundtrip", check_acl_access_roundtrip),
     ("acl_default_inherit", check_acl_default_inherit),
     ("acl_enforced", check_acl_enforced),
@@ -2199,27 +2195,108 @@ fn check_inode_flags(d: &Path) -> Res {
     ensure(df & FL_EXTENTS != 0, || format!("directory flags {df:#x}"))
 }
 
-/// chattr +i (root): the file can no longer be opened for writing, changed or
-/// removed; chattr -i undoes it.
+const FL_APPEND: u32 = 0x20;
+
+/// Run `checks` with `flag` set on `p` (through `f`), clearing it again whatever they
+/// found.
+fn with_flag(f: &File, flag: u32, checks: impl FnOnce() -> Res) -> Res {
+    let base = get_flags(f).ctx("get")?;
+    set_flags(f, base | flag).ctx("chattr +")?;
+    eq(
+        "flags after chattr +",
+        get_flags(f).ctx("get")?,
+        base | flag,
+    )?;
+    let r = checks();
+    set_flags(f, base).ctx("chattr -")?;
+    r
+}
+
+/// chattr +i (root): the file can no longer be opened for writing, truncated,
+/// changed, linked, renamed or removed; its other flags stay fixed; chattr -i undoes it.
 fn check_chattr_immutable(d: &Path) -> Res {
     let p = d.join("f");
     write(&p, b"x")?;
     let f = File::open(&p).ctx("open")?;
-    let base = get_flags(&f).ctx("get")?;
-    set_flags(&f, base | FL_IMMUTABLE).ctx("chattr +i")?;
-    let checks = (|| {
+    with_flag(&f, FL_IMMUTABLE, || {
         errno("open for writing", open(&p, libc::O_WRONLY, 0), libc::EPERM)?;
+        errno(
+            "open O_APPEND",
+            open(&p, libc::O_WRONLY | libc::O_APPEND, 0),
+            libc::EPERM,
+        )?;
+        errno("truncate", truncate(&p, 0), libc::EPERM)?;
         errno("unlink", unlink(&p), libc::EPERM)?;
         errno("chmod", chmod(&p, 0o600), libc::EPERM)?;
+        errno("chown", chown(&p, 1, 1), libc::EPERM)?;
+        errno("link", fs::hard_link(&p, d.join("l")), libc::EPERM)?;
+        errno("rename", fs::rename(&p, d.join("r")), libc::EPERM)?;
         errno(
             "setxattr",
             setxattr(&p, "user.x", b"1", 0, true),
             libc::EPERM,
-        )
-    })();
-    set_flags(&f, base).ctx("chattr -i")?;
-    checks?;
+        )?;
+        let cur = get_flags(&f).ctx("get")?;
+        errno(
+            "chattr +d while immutable",
+            set_flags(&f, cur | FL_NODUMP),
+            libc::EPERM,
+        )?;
+        eq("content", read(&p)?, b"x".to_vec())
+    })?;
     unlink(&p).ctx("unlink after -i")
+}
+
+/// chattr +a (root): writes only with O_APPEND and only at the end; no truncate,
+/// chmod, rename or unlink.
+fn check_chattr_append(d: &Path) -> Res {
+    let p = d.join("f");
+    write(&p, b"ab")?;
+    let f = File::open(&p).ctx("open")?;
+    with_flag(&f, FL_APPEND, || {
+        errno("open O_WRONLY", open(&p, libc::O_WRONLY, 0), libc::EPERM)?;
+        errno(
+            "open O_TRUNC",
+            open(&p, libc::O_WRONLY | libc::O_APPEND | libc::O_TRUNC, 0),
+            libc::EPERM,
+        )?;
+        {
+            let mut a = open(&p, libc::O_WRONLY | libc::O_APPEND, 0).ctx("open O_APPEND")?;
+            a.write_all(b"cd").ctx("append")?;
+            a.sync_all().ctx("fsync")?;
+        }
+        eq("content", read(&p)?, b"abcd".to_vec())?;
+        errno("truncate", truncate(&p, 1), libc::EPERM)?;
+        errno("chmod", chmod(&p, 0o600), libc::EPERM)?;
+        errno("rename", fs::rename(&p, d.join("r")), libc::EPERM)?;
+        errno("unlink", unlink(&p), libc::EPERM)
+    })?;
+    unlink(&p).ctx("unlink after -a")
+}
+
+/// An immutable directory takes no new names and loses none; an append-only one
+/// takes new names but loses none.
+fn check_chattr_immutable_dir(d: &Path) -> Res {
+    let sub = d.join("sub");
+    mk(&sub, 0o755)?;
+    write(&sub.join("old"), b"1")?;
+    let h = File::open(&sub).ctx("open dir")?;
+    with_flag(&h, FL_IMMUTABLE, || {
+        errno("create", creat(&sub.join("new"), b"2"), libc::EPERM)?;
+        errno("mkdir", mkdir(&sub.join("nd"), 0o755), libc::EPERM)?;
+        errno("unlink", unlink(&sub.join("old")), libc::EPERM)
+    })?;
+    with_flag(&h, FL_APPEND, || {
+        creat(&sub.join("new"), b"2").ctx("create in append-only dir")?;
+        errno("unlink", unlink(&sub.join("old")), libc::EPERM)?;
+        errno(
+            "rename out",
+            fs::rename(sub.join("new"), d.join("moved")),
+            libc::EPERM,
+        )
+    })?;
+    unlink(&sub.join("old")).ctx("unlink old")?;
+    unlink(&sub.join("new")).ctx("unlink new")
 }
 
 fn check_xattr_trusted(d: &Path) -> Res {

@@ -373,6 +373,9 @@ impl File {
         if !self.write {
             return Err(Error::InvalidInput("file not open for writing".into()));
         }
+        // A file made immutable (or append-only) after it was opened takes no more
+        // writes (appends only), as on ext4.
+        crate::ops::may_change(&self.fs.read_live_inode(self.ino)?, "write", self.append)?;
         if self.append {
             return self.fs.append_ino(self.ino, buf, self.direct);
         }

@@ -53,6 +53,27 @@ const FL_USER_MODIFIABLE: u32 = 0x604B_C0FF;
 /// NOTAIL, TOPDIR.
 const FL_KEPT_ONLY: u32 = 0x1 | 0x2 | 0x4 | 0x40 | 0x80 | 0x8000 | 0x2_0000;
 
+/// The flags rext4 enforces itself: IMMUTABLE and APPEND.
+const FL_ENFORCED: u32 = flags::IMMUTABLE | flags::APPEND;
+
+/// EPERM when `inode` may not change because of its flags (as `what`): an immutable
+/// inode takes no change at all; an append-only one only what `append_ok` allows
+/// (appends, new times, names added to a directory). The kernel's VFS checks these on
+/// its own inodes, but over FUSE it cannot see them, so every engine operation does.
+pub(crate) fn may_change(inode: &Inode, what: &str, append_ok: bool) -> Result<()> {
+    if inode.flags & flags::IMMUTABLE != 0 {
+        return Err(Error::NotPermitted(format!(
+            "{what}: the inode is immutable"
+        )));
+    }
+    if !append_ok && inode.flags & flags::APPEND != 0 {
+        return Err(Error::NotPermitted(format!(
+            "{what}: the inode is append-only"
+        )));
+    }
+    Ok(())
+}
+
 /// fallocate(2) modes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FallocMode {
@@ -125,6 +146,7 @@ impl Fs {
         if self.lookup(parent, name)?.is_some() {
             return Err(Error::Exists);
         }
+        may_change(&d.inode, "add a name", true)?;
         Ok(d)
     }
 
@@ -361,6 +383,8 @@ impl Fs {
         if self.lookup(new_parent, new_name)?.is_some() {
             return Err(Error::Exists);
         }
+        may_change(&inode, "link", false)?;
+        may_change(&d.inode, "add a name", true)?;
         self.link_into(&mut d, new_name, ino, inode.mode)?;
         inode.links_count += 1;
         inode.ctime = now_ts();
@@ -376,6 +400,8 @@ impl Fs {
         let mut d = self.dir_handle(parent)?;
         let e = self.lookup(parent, name)?.ok_or(Error::NotFound)?;
         let inode = self.read_live_inode(e.ino)?;
+        may_change(&d.inode, "remove a name", false)?;
+        may_change(&inode, "unlink", false)?;
         if inode.is_dir() {
             return Err(Error::IsADirectory);
         }
@@ -436,6 +462,8 @@ impl Fs {
         let mut d = self.dir_handle(parent)?;
         let e = self.lookup(parent, name)?.ok_or(Error::NotFound)?;
         let child = self.dir_handle(e.ino)?;
+        may_change(&d.inode, "remove a name", false)?;
+        may_change(&child.inode, "rmdir", false)?;
         if !dir_write::is_empty(&child)? {
             return Err(Error::NotEmpty);
         }
@@ -490,12 +518,21 @@ impl Fs {
         }
         let _w = self.write_lock();
         self.check_writable()?;
-        self.dir_handle(parent)?;
-        self.dir_handle(new_parent)?;
+        let od = self.dir_handle(parent)?.inode;
+        let nd = self.dir_handle(new_parent)?.inode;
         let src = self.lookup(parent, name)?.ok_or(Error::NotFound)?;
         let dst = self.lookup(new_parent, new_name)?;
         let src_inode = self.read_live_inode(src.ino)?;
         let src_dir = src_inode.is_dir();
+        // Moving a name away is removing it; replacing one removes the old one too.
+        may_change(&od, "remove a name", false)?;
+        may_change(&nd, "add a name", dst.is_none())?;
+        may_change(&src_inode, "rename", false)?;
+        if let Some(dst) = &dst {
+            if dst.ino != src.ino {
+                may_change(&self.read_live_inode(dst.ino)?, "replace", false)?;
+            }
+        }
         // Checks in the order Linux makes them (do_renameat2, vfs_rename).
         if fl.exchange && dst.is_none() {
             return Err(Error::NotFound);
@@ -667,6 +704,10 @@ impl Fs {
             self.truncate_locked(ino, size)?;
         }
         let mut inode = self.read_live_inode(ino)?;
+        // An append-only file still takes new times (its appends move mtime, and the
+        // kernel's writeback cache sends them as explicit times).
+        let times_only = a.mode.is_none() && a.uid.is_none() && a.gid.is_none() && a.size.is_none();
+        may_change(&inode, "setattr", times_only)?;
         if let Some(mode) = a.mode {
             inode.mode = (inode.mode & m::S_IFMT) | (mode as u16 & 0o7777);
         }
@@ -695,31 +736,57 @@ impl Fs {
         Ok(self.metadata_of(ino, &inode))
     }
 
+    /// Whether `ino` may be opened for writing (`write`), with O_APPEND (`append`) or
+    /// O_TRUNC (`trunc`) as its flags allow: EPERM for any of them on an immutable
+    /// inode, and for writing without O_APPEND or truncating an append-only one.
+    pub fn may_open_ino(&self, ino: Ino, write: bool, append: bool, trunc: bool) -> Result<()> {
+        if write || trunc {
+            may_change(
+                &self.read_live_inode(ino)?,
+                "open for writing",
+                append && !trunc,
+            )?;
+        }
+        Ok(())
+    }
+
     /// The inode flags a user sees (FS_IOC_GETFLAGS, lsattr): ext4's user-visible set.
     pub fn flags_ino(&self, ino: Ino) -> Result<u32> {
         Ok(self.read_live_inode(ino)?.flags & FL_USER_VISIBLE)
     }
 
     /// FS_IOC_SETFLAGS (chattr) with ext4's rules: bits outside the modifiable set are
-    /// kept as they are, whatever `new` says. rext4 changes only the flags that ask
-    /// nothing more of the filesystem than being kept (s u c d A t T in chattr's
-    /// letters; A holds because rext4 never updates atime on reads); changing another
-    /// (immutable, append-only, sync, dirsync, data journaling, project inheritance,
-    /// casefold, extents) is refused as unsupported rather than stored and ignored.
-    /// The caller checks ownership (the kernel does it before the ioctl reaches a
-    /// FUSE server).
+    /// kept as they are, whatever `new` says, and while a file is immutable only that
+    /// flag may change. rext4 changes the flags that ask nothing of the filesystem but
+    /// being kept (s u c d A t T in chattr's letters; A holds because rext4 never
+    /// updates atime on reads) and the two it enforces, immutable and append-only (i,
+    /// a: see `may_change`); changing another (sync, dirsync, data journaling, project
+    /// inheritance, casefold, extents) is refused as unsupported rather than stored
+    /// and ignored. The caller checks ownership and CAP_LINUX_IMMUTABLE (the kernel
+    /// does before the ioctl reaches a FUSE server). Setting immutable writes the
+    /// file's cached data back first, as ext4 does.
     pub fn set_flags_ino(&self, ino: Ino, new: u32) -> Result<()> {
+        let old = self.read_live_inode(ino)?.flags;
+        if new & flags::IMMUTABLE != 0 && old & flags::IMMUTABLE == 0 {
+            self.writeback_ino(ino, 0, u64::MAX, true)?;
+        }
         let _w = self.write_lock();
         self.check_writable()?;
         let mut inode = self.read_live_inode(ino)?;
         let want = (new & FL_USER_MODIFIABLE) | (inode.flags & !FL_USER_MODIFIABLE);
         let changed = inode.flags ^ want;
-        if changed & !FL_KEPT_ONLY != 0 {
+        if changed & !(FL_KEPT_ONLY | FL_ENFORCED) != 0 {
             return Err(Error::Unsupported(format!(
-                "changing inode flags {:#x}: rext4 keeps only flags without behaviour \
-                 (secrm, unrm, compr, nodump, noatime, notail, topdir)",
-                changed & !FL_KEPT_ONLY
+                "changing inode flags {:#x}: rext4 keeps only flags it needs not act on \
+                 (secrm, unrm, compr, nodump, noatime, notail, topdir) and enforces \
+                 immutable and append-only",
+                changed & !(FL_KEPT_ONLY | FL_ENFORCED)
             )));
+        }
+        if inode.flags & flags::IMMUTABLE != 0 && changed & !flags::IMMUTABLE != 0 {
+            return Err(Error::NotPermitted(
+                "the inode is immutable: clear that flag first".into(),
+            ));
         }
         inode.flags = want;
         inode.ctime = now_ts();
@@ -827,6 +894,7 @@ impl Fs {
         if size > self.max_file_size() {
             return Err(Error::FileTooLarge);
         }
+        may_change(&inode, "truncate", false)?;
         let bs = u64::from(self.inner.block_size);
         if size < inode.size {
             let first_gone = size.div_ceil(bs);
@@ -1209,6 +1277,11 @@ impl Fs {
         self.check_writable()?;
         let mut inode = self.read_live_inode(ino)?;
         let vfs = self.vfs_size(ino, &inode);
+        may_change(
+            &inode,
+            "fallocate",
+            matches!(mode, FallocMode::Allocate | FallocMode::KeepSize),
+        )?;
         if !inode.is_reg() {
             return Err(if inode.is_dir() {
                 Error::IsADirectory
@@ -1270,6 +1343,7 @@ impl Fs {
             ));
         }
         let inode = self.read_live_inode(ino)?;
+        may_change(&inode, "fallocate", false)?;
         if !inode.is_reg() {
             return Err(if inode.is_dir() {
                 Error::IsADirectory

@@ -327,6 +327,7 @@ impl OpenOptions {
             }
             fs.permission_ino(ino, c, w)?;
         }
+        fs.may_open_ino(ino, writing, self.append, self.truncate)?;
         let f = fs.open_ino(ino)?;
         let meta = f.metadata()?;
         if meta.is_dir() && writing {

@@ -115,6 +115,7 @@ impl Fs {
         if suffix.len() > fx::NAME_MAX {
             return Err(Error::NameTooLong);
         }
+        crate::ops::may_change(&self.read_live_inode(ino)?, "setxattr", false)?;
         if index == fx::INDEX_POSIX_ACL_ACCESS || index == fx::INDEX_POSIX_ACL_DEFAULT {
             let entries = crate::acl::parse_vfs(value)?;
             return self.set_acl_ino(ino, index, entries);
@@ -148,6 +149,7 @@ impl Fs {
         self.check_writable()?;
         self.check_user_namespace(ino, index)?;
         let inode = self.read_live_inode(ino)?;
+        crate::ops::may_change(&inode, "removexattr", false)?;
         if is_acl && self.stored_attr(ino, &inode, index, suffix)?.is_none() {
             return Ok(());
         }

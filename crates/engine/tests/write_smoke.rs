@@ -277,10 +277,11 @@ fn size_limit_is_the_kernels() {
 
 /// chattr through the API: the flags that need only keeping are stored and survive a
 /// reopen; bits outside ext4's modifiable set are kept whatever the caller passes;
-/// changes rext4 would not enforce (immutable, clearing extents) are refused and
-/// change nothing. The kernel's lsattr reads what was stored.
+/// changes rext4 would not act on (sync, clearing extents) are refused and change
+/// nothing; immutable and append-only are enforced on every path (a descriptor opened
+/// before included). The kernel's lsattr reads what was stored.
 #[test]
-fn inode_flags_kept_and_refused() {
+fn inode_flags_kept_enforced_and_refused() {
     let img = mkfs(&MkfsOptions::new(4096, 64 << 20)).expect("mkfs");
     let fs = rw(img.path());
     fs.write("/f", b"x").expect("write");
@@ -290,7 +291,7 @@ fn inode_flags_kept_and_refused() {
     let base = fs.flags_ino(f).expect("flags");
     assert_eq!(base & 0x8_0000, 0x8_0000, "extents flag: {base:#x}");
     fs.set_flags_ino(f, base | 0x40 | 0x80).expect("+dA");
-    for (bad, what) in [(base | 0x10, "+i"), (base & !0x8_0000, "-e")] {
+    for (bad, what) in [(base | 0x8, "+S"), (base & !0x8_0000, "-e")] {
         match fs.set_flags_ino(f, bad) {
             Err(e) => assert_eq!(e.errno(), 95, "{what}: {e}"), // EOPNOTSUPP
             Ok(()) => panic!("{what} accepted"),
@@ -302,7 +303,50 @@ fn inode_flags_kept_and_refused() {
     fs.set_flags_ino(d, (dflags ^ 0x1000) | 0x40)
         .expect("dir +d");
     assert_eq!(fs.flags_ino(d).expect("dir flags"), dflags | 0x40);
+
+    // Immutable, with a descriptor opened before.
+    let eperm = |r: rext4::Result<()>, what: &str| match r {
+        Err(e) => assert_eq!(e.errno(), 1, "{what}: {e}"),
+        Ok(()) => panic!("{what}: expected EPERM"),
+    };
+    let w = OpenOptions::new()
+        .write(true)
+        .open(&fs, "/f")
+        .expect("open");
+    let flags = fs.flags_ino(f).expect("flags");
+    fs.set_flags_ino(f, flags | 0x10).expect("+i");
+    eperm(
+        w.write_at(b"y", 0).map(|_| ()),
+        "write through an older descriptor",
+    );
+    eperm(
+        OpenOptions::new().write(true).open(&fs, "/f").map(|_| ()),
+        "open for writing",
+    );
+    eperm(fs.remove_file("/f"), "unlink");
+    eperm(fs.rename("/f", "/g"), "rename");
+    eperm(w.set_len(0), "truncate");
+    eperm(
+        fs.set_flags_ino(f, flags | 0x10 | 0x2),
+        "another flag while immutable",
+    );
+    fs.set_flags_ino(f, flags).expect("-i");
+    // Append-only: appends yes, overwrites no.
+    fs.set_flags_ino(f, flags | 0x20).expect("+a");
+    eperm(
+        w.write_at(b"y", 0).map(|_| ()),
+        "overwrite of an append-only file",
+    );
+    let a = OpenOptions::new()
+        .append(true)
+        .open(&fs, "/f")
+        .expect("open append");
+    a.write_at(b"z", 0).expect("append");
+    fs.set_flags_ino(f, flags).expect("-a");
+    drop((w, a));
+    assert_eq!(fs.read("/f").expect("read"), b"xz");
     fs.close().expect("close");
+
     let fs = rw(img.path());
     assert_eq!(fs.flags_ino(f).expect("flags"), base | 0x40 | 0x80);
     fs.close().expect("close");

@@ -574,7 +574,12 @@ impl Shared {
                 return Err(Errno::EISDIR);
             }
         }
-        if flags & libc::O_TRUNC != 0 && write && kind_of(i.mode) == Some(FileType::RegularFile) {
+        // Immutable and append-only: the kernel cannot see these flags on a FUSE inode.
+        let trunc = flags & libc::O_TRUNC != 0 && write;
+        self.fs
+            .may_open_ino(ino, write, flags & libc::O_APPEND != 0, trunc)
+            .map_err(|e| self.fail("open", &e))?;
+        if trunc && kind_of(i.mode) == Some(FileType::RegularFile) {
             self.fs
                 .truncate_ino(ino, 0)
                 .map_err(|e| self.fail("open O_TRUNC", &e))?;
