@@ -1571,6 +1571,11 @@ impl Filesystem for Adapter {
         let s = &self.s;
         let ino = to_ext4(ino);
         let flags = || s.fs.flags_ino(ino).map_err(|e| s.fail("ioctl", &e));
+        let projid = || {
+            s.fs.inode_attr(ino)
+                .map(|i| i.projid)
+                .map_err(|e| s.fail("ioctl", &e))
+        };
         let set = |f: u32| {
             s.writable()?;
             s.fs.set_flags_ino(ino, f)
@@ -1593,12 +1598,7 @@ impl Filesystem for Adapter {
             }
             FS_IOC_FSGETXATTR => {
                 let f = tri!(reply, flags());
-                let projid = tri!(
-                    reply,
-                    s.fs.inode_attr(ino)
-                        .map(|i| i.projid)
-                        .map_err(|e| s.fail("ioctl", &e))
-                );
+                let projid = tri!(reply, projid());
                 // struct fsxattr: xflags, extsize, nextents, projid, cowextsize, pad[8].
                 let mut out = [0u8; 28];
                 out[0..4].copy_from_slice(&xflags_of(f).to_ne_bytes());
@@ -1612,12 +1612,7 @@ impl Filesystem for Adapter {
                 };
                 let word = |i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
                 let cur = tri!(reply, flags());
-                let projid = tri!(
-                    reply,
-                    s.fs.inode_attr(ino)
-                        .map(|i| i.projid)
-                        .map_err(|e| s.fail("ioctl", &e))
-                );
+                let projid = tri!(reply, projid());
                 if word(12) != projid {
                     reply.error(Errno::EOPNOTSUPP);
                     return;
