@@ -231,7 +231,23 @@ impl BlockStore for FsBlocks<'_> {
     }
 }
 
-/// Run `f` on the extent tree of `inode` (which must have EXTENTS_FL).
+/// Whether `inode`'s `i_block` holds block pointers: regular files, directories and
+/// slow symlinks without EXTENTS_FL (a fast symlink keeps its target there, a device
+/// its number).
+pub(crate) fn uses_block_map(inode: &Inode) -> bool {
+    if inode.has_flag(flags::EXTENTS) || inode.has_flag(flags::INLINE_DATA) {
+        return false;
+    }
+    let ft = inode.mode & rext4_format::inode::mode::S_IFMT;
+    ft == rext4_format::inode::mode::S_IFREG
+        || ft == rext4_format::inode::mode::S_IFDIR
+        || (ft == rext4_format::inode::mode::S_IFLNK && inode.size >= 60)
+}
+
+/// Run `f` on the extent tree of `inode`. A regular file or directory still mapped
+/// by an ext2/3 block map (an image converted with `tune2fs -O extents`) is first
+/// migrated to an extent tree, as the kernel's `chattr +e` does; elsewhere the inode
+/// must have EXTENTS_FL. The caller holds the write lock and writes the inode.
 pub(crate) fn with_tree<R>(
     fs: &Fs,
     ino: Ino,
@@ -239,10 +255,20 @@ pub(crate) fn with_tree<R>(
     f: impl FnOnce(&mut ExtentTree<'_, FsBlocks<'_>>) -> Result<R>,
 ) -> Result<R> {
     if !inode.has_flag(flags::EXTENTS) {
-        return Err(Error::Unsupported(format!(
-            "inode {} uses block maps; rext4 writes only extent-mapped files",
-            ino.0
-        )));
+        let ft = inode.mode & rext4_format::inode::mode::S_IFMT;
+        let migratable = fs
+            .inner
+            .sb
+            .has_incompat(rext4_format::superblock::feature::INCOMPAT_EXTENTS)
+            && uses_block_map(inode)
+            && ft != rext4_format::inode::mode::S_IFLNK;
+        if !migratable {
+            return Err(Error::Unsupported(format!(
+                "inode {} uses block maps; rext4 writes only extent-mapped files",
+                ino.0
+            )));
+        }
+        fs.migrate_to_extents(ino, inode)?;
     }
     let seed = fs.owned_seed(ino, inode);
     let mut store = FsBlocks { fs, seed };

@@ -264,3 +264,69 @@ impl Fs {
         Ok(out)
     }
 }
+
+/// What an ext2/3-style block map holds: its data as runs of (logical, physical,
+/// blocks), contiguous on both sides and in logical order, and every indirect block
+/// (IND, DIND, TIND and their children) it uses.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct BlockMapContents {
+    pub runs: Vec<(u64, u64, u64)>,
+    pub indirect: Vec<u64>,
+}
+
+impl Fs {
+    /// Walk the block map of `inode` (not extent-mapped; the caller knows `i_block`
+    /// holds block pointers, not a fast symlink's target or a device number). Every
+    /// pointer is checked against the filesystem; a walk reads each indirect block
+    /// once and goes strictly down, so a corrupt map cannot loop.
+    pub(crate) fn block_map_contents(&self, inode: &Inode) -> Result<BlockMapContents> {
+        let bs = self.inner.block_size;
+        let apb = u64::from(resize::addr_per_block(bs));
+        let mut out = BlockMapContents::default();
+        let push = |out: &mut BlockMapContents, l: u64, p: u64| match out.runs.last_mut() {
+            Some((rl, rp, n)) if *rl + *n == l && *rp + *n == p => *n += 1,
+            _ => out.runs.push((l, p, 1)),
+        };
+        for slot in 0..15usize {
+            let blk = u64::from(rext4_format::bytes::le32(&inode.block, slot * 4));
+            if blk == 0 {
+                continue;
+            }
+            self.check_physical(blk, 1, None)?;
+            if slot < resize::DIRECT_BLOCKS {
+                push(&mut out, slot as u64, blk);
+                continue;
+            }
+            // Depth 1..=3 below this slot, and the first logical block it covers.
+            let depth = (slot - resize::DIRECT_BLOCKS + 1) as u32;
+            let mut first = resize::DIRECT_BLOCKS as u64;
+            for d in 1..depth {
+                first += apb.pow(d);
+            }
+            // (block, levels of pointers below it, first logical block it covers)
+            let mut stack = vec![(blk, depth, first)];
+            while let Some((b, level, base)) = stack.pop() {
+                out.indirect.push(b);
+                let data = self.cache().read(b, Kind::Indirect, |_| Ok(()))?.to_vec();
+                let span = apb.pow(level - 1);
+                // Children pushed in reverse so they pop in logical order.
+                let mut kids = Vec::new();
+                for (i, p) in resize::indirect_entries(&data).enumerate() {
+                    if p == 0 {
+                        continue;
+                    }
+                    let p = u64::from(p);
+                    self.check_physical(p, 1, Some(b))?;
+                    let l = base + i as u64 * span;
+                    if level == 1 {
+                        push(&mut out, l, p);
+                    } else {
+                        kids.push((p, level - 1, l));
+                    }
+                }
+                stack.extend(kids.into_iter().rev());
+            }
+        }
+        Ok(out)
+    }
+}

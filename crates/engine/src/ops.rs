@@ -445,6 +445,17 @@ impl Fs {
             with_tree(self, ino, &mut inode, |t| {
                 t.remove(0, MAX_LOGICAL).map(|_| ())
             })?;
+        } else if crate::inode_write::uses_block_map(&inode) {
+            // An ext2/3 block map (a converted image): its data and indirect blocks.
+            let c = self.block_map_contents(&inode)?;
+            for &(_, p, n) in &c.runs {
+                self.free_blocks(p, n)?;
+            }
+            for &b in &c.indirect {
+                self.free_blocks(b, 1)?;
+            }
+            inode.block = [0; 60];
+            inode.blocks_raw = 0;
         }
         self.release_xattr_block(&mut inode)?;
         inode.links_count = 0;
@@ -734,6 +745,58 @@ impl Fs {
         inode = self.read_live_inode(ino)?;
         inode.size = self.vfs_size(ino, &inode);
         Ok(self.metadata_of(ino, &inode))
+    }
+
+    /// Replace the ext2/3 block map of `inode` (a regular file or directory of an image
+    /// with the extent feature) by an extent tree over the same data blocks, and free
+    /// its indirect blocks; the caller holds the write lock and writes the inode. Space
+    /// for the tree is checked first, so a refusal (ENOSPC) changes nothing.
+    pub(crate) fn migrate_to_extents(&self, ino: Ino, inode: &mut Inode) -> Result<()> {
+        let c = self.block_map_contents(inode)?;
+        // Runs longer than an extent holds are split.
+        let mut exts = Vec::new();
+        for &(l, p, n) in &c.runs {
+            let mut off = 0;
+            while off < n {
+                let len = (n - off).min(32768);
+                exts.push(Extent {
+                    logical: (l + off) as u32,
+                    len: len as u16,
+                    physical: p + off,
+                    unwritten: false,
+                });
+                off += len;
+            }
+        }
+        let per_node = (u64::from(self.inner.block_size) - 12) / 12;
+        let leaves = if exts.len() <= 4 {
+            0
+        } else {
+            (exts.len() as u64).div_ceil(per_node) + 1
+        };
+        let need = leaves + leaves.div_ceil(per_node) + 1;
+        if self.statfs().blocks_free < need {
+            return Err(Error::NoSpace);
+        }
+        let old = (inode.block, inode.flags, inode.blocks_raw);
+        crate::extent_write::init_empty(&mut inode.block);
+        inode.flags |= flags::EXTENTS;
+        let r = with_tree(self, ino, inode, |t| {
+            for e in &exts {
+                t.insert(*e)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            (inode.block, inode.flags, inode.blocks_raw) = old;
+            return Err(e);
+        }
+        let per_block = u64::from(self.inner.block_size) / 512;
+        for &b in &c.indirect {
+            self.free_blocks(b, 1)?;
+            inode.blocks_raw = inode.blocks_raw.saturating_sub(per_block);
+        }
+        Ok(())
     }
 
     /// Whether `ino` may be opened for writing (`write`), with O_APPEND (`append`) or

@@ -186,44 +186,44 @@ fn images_without_extents_open_read_only_with_a_reason() {
     assert!(matches!(fs.write("/a", b"x"), Err(rext4::Error::ReadOnly)));
 }
 
+/// A create that fails after allocating its inode — here ENOSPC growing the directory
+/// of a full filesystem — frees the inode again: no unattached inode or block is left.
 #[test]
-fn failed_creates_in_a_block_mapped_directory_leave_no_inode_behind() {
-    // ext3 converted with `tune2fs -O extent`: new files get extents, but the root
-    // directory keeps its block map, which rext4 cannot grow. Creating names until
-    // its block is full must fail without leaving an unattached inode or block.
-    let img = mkfs(&MkfsOptions::new(1024, 16 << 20).arg("-t").arg("ext3")).expect("mkfs");
-    let st = std::process::Command::new("tune2fs")
-        .args(["-O", "extent"])
-        .arg(img.path())
-        .output()
-        .expect("tune2fs");
-    assert!(st.status.success(), "{st:?}");
+fn failed_creates_leave_no_inode_behind() {
+    let img = mkfs(&MkfsOptions::new(1024, 16 << 20)).expect("mkfs");
     let fs = rw(img.path());
+    let fill = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .open(&fs, "/fill")
+        .expect("create");
+    // Take every free block (ENOSPC keeps what was allocated, as on the kernel).
+    let r = fs.fallocate_ino(fill.ino(), rext4::FallocMode::Allocate, 0, 64 << 20);
+    assert!(matches!(r, Err(rext4::Error::NoSpace)), "{r:?}");
+    drop(fill);
     let mut made = 0;
     let err = loop {
-        match fs.write(format!("/file-with-a-long-name-{made:04}"), b"x") {
+        match fs.write(format!("/file-with-a-long-name-{made:04}"), b"") {
             Ok(()) => made += 1,
             Err(e) => break e,
         }
         assert!(made < 1000, "the root directory never filled");
     };
-    assert!(matches!(err, rext4::Error::Unsupported(_)), "{err:?}");
+    assert!(matches!(err, rext4::Error::NoSpace), "{err:?}");
     let long = "t".repeat(100);
     for r in [
         fs.create_dir("/new-directory-with-a-long-name"),
         fs.symlink(&long, "/new-symlink-with-a-long-name"),
         fs.symlink("short", "/new-short-symlink-with-a-long-name"),
     ] {
-        assert!(matches!(r, Err(rext4::Error::Unsupported(_))), "{r:?}");
+        assert!(matches!(r, Err(rext4::Error::NoSpace)), "{r:?}");
     }
-    fs.create_dir("/lost+found/sub")
-        .expect("mkdir elsewhere still works");
     fs.close().expect("close");
     let r = e2fsck_fn(img.path());
     assert!(r.clean, "{}", r.output);
     let fs = Fs::open(img.path()).expect("reopen");
-    // The files and lost+found (read_dir skips "." and "..").
-    assert_eq!(fs.read_dir("/").expect("readdir").len(), made + 1);
+    // The files, /fill and lost+found (read_dir skips "." and "..").
+    assert_eq!(fs.read_dir("/").expect("readdir").len(), made + 2);
 }
 
 /// The largest file is the kernel's `s_maxbytes`: 2^32 - 1 blocks. A write starting
@@ -362,4 +362,92 @@ fn inode_flags_kept_enforced_and_refused() {
         .expect("lsattr");
     let line = String::from_utf8_lossy(&out.stdout);
     assert!(line.starts_with("------dA------e"), "lsattr: {line}");
+}
+
+/// An ext3 image converted with `tune2fs -O extents` keeps its old files on block
+/// maps. rext4 frees them whole (data and indirect blocks) when they go, and before
+/// changing one's mapping (a write that allocates, a truncate, a directory that grows)
+/// migrates it to an extent tree over the same blocks. e2fsck stays clean and the
+/// kernel reads what was written.
+#[test]
+fn block_mapped_files_of_a_converted_image_are_written_and_freed() {
+    use rext4_testkit::{debugfs_w_checked, TempDir};
+    let img = mkfs(&MkfsOptions::new(1024, 32 << 20).arg("-t").arg("ext3")).expect("mkfs");
+    let host = TempDir::new("ext3src").expect("tempdir");
+    // 300 KiB at 1 KiB blocks: direct, IND and DIND blocks.
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i * 31 + i / 977) as u8).collect();
+    std::fs::write(host.join("big"), &big).expect("host file");
+    std::fs::write(host.join("small"), b"small").expect("host file");
+    let mut script = format!(
+        "write {} big\nwrite {} small\nwrite {} other\nmkdir d\nmkdir empty\n",
+        host.join("big").display(),
+        host.join("small").display(),
+        host.join("big").display()
+    );
+    for i in 0..20 {
+        script += &format!("write {} d/f{i}\n", host.join("small").display());
+    }
+    script += &format!("symlink slow /{}\n", "t".repeat(100));
+    debugfs_w_checked(img.path(), script).expect("populate with debugfs");
+    let out = std::process::Command::new("tune2fs")
+        .args(["-O", "extents"])
+        .arg(img.path())
+        .output()
+        .expect("tune2fs");
+    assert!(out.status.success(), "tune2fs: {out:?}");
+    let before = e2fsck_fn(img.path());
+    assert!(before.clean, "converted image: {}", before.output);
+
+    let fs = rw(img.path());
+    let flags_of = |fs: &Fs, p: &str| {
+        let i = fs.resolve(p.as_bytes(), false).expect("resolve");
+        fs.inode_attr(i).expect("inode").flags
+    };
+    assert_eq!(
+        flags_of(&fs, "/big") & 0x8_0000,
+        0,
+        "debugfs wrote a block map"
+    );
+    // Freed whole.
+    fs.remove_file("/other")
+        .expect("unlink a block-mapped file");
+    fs.remove_file("/small").expect("unlink");
+    fs.remove_file("/slow").expect("unlink a slow symlink");
+    fs.remove_dir("/empty").expect("rmdir");
+    // Changed: overwrite in place, write past the end, truncate.
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&fs, "/big")
+        .expect("open");
+    f.write_all_at(&[0xAB; 5000], 100_000).expect("overwrite");
+    f.write_all_at(b"tail", 400_000)
+        .expect("write past the end");
+    f.set_len(350_000).expect("truncate");
+    drop(f);
+    assert_ne!(flags_of(&fs, "/big") & 0x8_0000, 0, "migrated to extents");
+    // A block-mapped directory grows.
+    for i in 0..200 {
+        fs.write(format!("/d/new-file-with-a-longer-name-{i:03}"), b"n")
+            .expect("create in an old directory");
+    }
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "e2fsck: {}", r.output);
+
+    let mut want = big.clone();
+    want[100_000..105_000].fill(0xAB);
+    want.resize(350_000, 0);
+    let m = match LoopMount::new(img.path(), true, "") {
+        Ok(m) => m,
+        Err(why) => return skip(&why),
+    };
+    assert!(
+        std::fs::read(m.path().join("big")).expect("read") == want,
+        "content of big"
+    );
+    assert_eq!(
+        std::fs::read_dir(m.path().join("d")).expect("ls").count(),
+        220
+    );
+    assert!(!m.path().join("other").exists());
 }
