@@ -270,6 +270,12 @@ impl Fs {
                 None,
             ));
         }
+        if self.in_system_zone(start, len) {
+            return Err(Error::corrupted(
+                format!("freeing blocks {start}+{len}: filesystem metadata, not file data"),
+                None,
+            ));
+        }
         self.cache().forget(start, len);
         if self.journaling() {
             let mut busy = self.inner.busy.lock().unwrap_or_else(|p| p.into_inner());

@@ -138,6 +138,10 @@ pub(crate) struct Inner {
     pub(crate) sb: Superblock,
     pub(crate) live: Mutex<Live>,
     pub(crate) groups: Vec<Mutex<Group>>,
+    /// The blocks that belong to the filesystem itself, as sorted disjoint
+    /// `[start, end)` runs: superblock and descriptor copies, reserved descriptor
+    /// blocks, bitmaps and inode tables. No file frees one (see `Fs::in_system_zone`).
+    pub(crate) system_zone: Vec<(u64, u64)>,
     /// Serializes namespace and allocation changes (a coarse lock until the mount issue
     /// brings per-inode locks). Lock order: write_lock, then a group, then live.
     pub(crate) write_lock: Mutex<()>,
@@ -283,6 +287,7 @@ impl Fs {
         let csum_seed = sb.csum_seed();
         let metadata_csum = sb.metadata_csum();
         let groups = read_groups(&cache, &sb, csum_seed)?;
+        let system_zone = system_zone(&sb, &groups);
         if !read_only && cache.device().is_read_only() {
             read_only = true;
         }
@@ -324,6 +329,7 @@ impl Fs {
                 metadata_csum,
                 read_only,
                 warnings,
+                system_zone,
             }),
         };
         {
@@ -786,6 +792,45 @@ impl Drop for Fs {
         if Arc::strong_count(&self.inner) == 1 && !self.inner.read_only && !self.live().closed {
             let _ = self.writeback_all();
         }
+    }
+}
+
+/// The filesystem's own blocks (the kernel's "system zone"), merged and sorted.
+fn system_zone(sb: &Superblock, groups: &[GroupDesc]) -> Vec<(u64, u64)> {
+    let bs = u64::from(sb.block_size());
+    let itable = (u64::from(sb.inodes_per_group) * u64::from(sb.inode_size)).div_ceil(bs);
+    let mut v = Vec::with_capacity(groups.len() * 4);
+    for (g, gd) in groups.iter().enumerate() {
+        let g = g as u64;
+        let base = sb.group_base_meta_blocks(g);
+        if base > 0 {
+            let first = sb.group_first_block(g);
+            v.push((first, first + base));
+        }
+        v.push((gd.block_bitmap, gd.block_bitmap + 1));
+        v.push((gd.inode_bitmap, gd.inode_bitmap + 1));
+        v.push((gd.inode_table, gd.inode_table + itable));
+    }
+    v.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+    for (a, b) in v {
+        match out.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
+}
+
+impl Fs {
+    /// Whether any of `len` blocks from `start` is one of the filesystem's own (a
+    /// pointer there in a file's map is corruption: freeing it would hand a bitmap or
+    /// an inode table to the allocator).
+    pub(crate) fn in_system_zone(&self, start: u64, len: u64) -> bool {
+        let z = &self.inner.system_zone;
+        let end = start.saturating_add(len);
+        let i = z.partition_point(|&(_, e)| e <= start);
+        z.get(i).is_some_and(|&(s, _)| s < end)
     }
 }
 

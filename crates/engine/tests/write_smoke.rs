@@ -451,3 +451,52 @@ fn block_mapped_files_of_a_converted_image_are_written_and_freed() {
     );
     assert!(!m.path().join("other").exists());
 }
+
+/// A corrupt map pointing into the filesystem's own blocks (here a block-mapped
+/// file's pointer aimed at the inode table) is refused as corruption when the file
+/// goes, instead of handing inode-table blocks to the allocator.
+#[test]
+fn freeing_a_pointer_into_metadata_is_refused() {
+    use rext4_testkit::{debugfs_r, debugfs_w_checked};
+    let img = mkfs(&MkfsOptions::new(1024, 16 << 20).arg("-t").arg("ext3")).expect("mkfs");
+    debugfs_w_checked(img.path(), "write /etc/hostname f\n").expect("debugfs write");
+    let stats = debugfs_r(img.path(), "stats").expect("stats");
+    let itable: u64 = stats
+        .lines()
+        .find_map(|l| {
+            let l = l.trim();
+            l.starts_with("Group  0:")
+                .then(|| l.split("inode table at ").nth(1))
+                .flatten()
+                .and_then(|n| n.trim().parse().ok())
+        })
+        .expect("group 0 inode table in debugfs stats");
+    debugfs_w_checked(img.path(), format!("sif /f block[0] {itable}\n")).expect("corrupt");
+    let st = std::process::Command::new("tune2fs")
+        .args(["-O", "extents"])
+        .arg(img.path())
+        .output()
+        .expect("tune2fs");
+    assert!(st.status.success(), "{st:?}");
+    let fs = rw(img.path());
+    let e = fs.remove_file("/f").expect_err("freeing the inode table");
+    assert!(
+        matches!(e, rext4::Error::Corrupted { .. }),
+        "expected corruption, got {e:?}"
+    );
+    drop(fs);
+    // The inode table block stays allocated in the bitmap (e2fsck would list it as
+    // "+N": in use but marked free). The block the edit orphaned ("-N") and the
+    // unattached inode are the corruption's and the failed unlink's, for e2fsck.
+    let fsck = e2fsck_fn(img.path());
+    let diffs = fsck
+        .output
+        .lines()
+        .find(|l| l.contains("Block bitmap differences"))
+        .unwrap_or("");
+    assert!(
+        !diffs.contains(&format!("+{itable}")) && !diffs.contains(&format!("+({itable}")),
+        "inode table block freed: {}",
+        fsck.output
+    );
+}
