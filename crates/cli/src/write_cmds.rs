@@ -121,6 +121,7 @@ fn for_each(
         while i < specs.len() && specs[i].image == image {
             if let Err(e) = op(&fs, &specs[i].path) {
                 eprintln!("rext4 {cmd}: {}: {e}", args[i]);
+                fs.note_error(&e);
                 failed = true;
             }
             i += 1;

@@ -823,6 +823,24 @@ fn system_zone(sb: &Superblock, groups: &[GroupDesc]) -> Vec<(u64, u64)> {
 }
 
 impl Fs {
+    /// Record that an operation found the image corrupt or the device failing, as the
+    /// kernel's ext4_error does: the superblock's state gets the "errors" bit and its
+    /// error count goes up (written with the next commit and at close, which keeps the
+    /// bit), so `e2fsck -p` checks the image fully instead of trusting "clean". Other
+    /// errors, and read-only opens, change nothing.
+    pub fn note_error(&self, e: &Error) {
+        if self.inner.read_only || !matches!(e, Error::Corrupted { .. } | Error::Io(_)) {
+            return;
+        }
+        let mut live = self.live();
+        if live.closed {
+            return;
+        }
+        live.sb.state |= rext4_format::superblock::STATE_ERROR;
+        live.sb.error_count = live.sb.error_count.saturating_add(1);
+        live.dirty = true;
+    }
+
     /// Whether any of `len` blocks from `start` is one of the filesystem's own (a
     /// pointer there in a file's map is corruption: freeing it would hand a bitmap or
     /// an inode table to the allocator).

@@ -484,7 +484,21 @@ fn freeing_a_pointer_into_metadata_is_refused() {
         matches!(e, rext4::Error::Corrupted { .. }),
         "expected corruption, got {e:?}"
     );
-    drop(fs);
+    // Recorded as the kernel records it: the image says it has errors, so a preening
+    // e2fsck checks it fully rather than trusting "clean".
+    fs.note_error(&e);
+    fs.close().expect("close");
+    let h = rext4_testkit::dumpe2fs_h(img.path()).expect("dumpe2fs");
+    assert_eq!(
+        h.get("Filesystem state").map(String::as_str),
+        Some("clean with errors"),
+        "{h:?}"
+    );
+    assert_eq!(
+        h.get("FS Error count").map(String::as_str),
+        Some("1"),
+        "{h:?}"
+    );
     // The inode table block stays allocated in the bitmap (e2fsck would list it as
     // "+N": in use but marked free). The block the edit orphaned ("-N") and the
     // unattached inode are the corruption's and the failed unlink's, for e2fsck.

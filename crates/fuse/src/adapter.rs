@@ -394,6 +394,7 @@ impl Shared {
 
     /// The errno for an engine error; latches errors=remount-ro on I/O and corruption.
     fn fail(&self, what: &str, e: &Error) -> Errno {
+        self.fs.note_error(e);
         if self.cfg.remount_ro_on_error
             && matches!(
                 e,
