@@ -378,11 +378,22 @@ fn block_mapped_files_of_a_converted_image_are_written_and_freed() {
     let big: Vec<u8> = (0..300_000u32).map(|i| (i * 31 + i / 977) as u8).collect();
     std::fs::write(host.join("big"), &big).expect("host file");
     std::fs::write(host.join("small"), b"small").expect("host file");
+    // 300 separate 1 KiB pieces: 300 runs, a depth-2 extent tree once migrated.
+    let sparse_len = 300 * 3 * 1024;
+    {
+        use std::os::unix::fs::FileExt;
+        let h = std::fs::File::create(host.join("sparse")).expect("host sparse file");
+        for i in 0..300u64 {
+            h.write_all_at(&[(i % 250) as u8 + 1; 1024], i * 3 * 1024)
+                .expect("write piece");
+        }
+    }
     let mut script = format!(
-        "write {} big\nwrite {} small\nwrite {} other\nmkdir d\nmkdir empty\n",
+        "write {} big\nwrite {} small\nwrite {} other\nwrite {} sparse\nmkdir d\nmkdir empty\n",
         host.join("big").display(),
         host.join("small").display(),
-        host.join("big").display()
+        host.join("big").display(),
+        host.join("sparse").display()
     );
     for i in 0..20 {
         script += &format!("write {} d/f{i}\n", host.join("small").display());
@@ -425,6 +436,18 @@ fn block_mapped_files_of_a_converted_image_are_written_and_freed() {
     f.set_len(350_000).expect("truncate");
     drop(f);
     assert_ne!(flags_of(&fs, "/big") & 0x8_0000, 0, "migrated to extents");
+    // Dropping the last piece migrates the sparse file; its tree comes out packed.
+    let sp = OpenOptions::new()
+        .write(true)
+        .open(&fs, "/sparse")
+        .expect("open");
+    sp.set_len((sparse_len - 3072) as u64).expect("truncate");
+    drop(sp);
+    assert_ne!(
+        flags_of(&fs, "/sparse") & 0x8_0000,
+        0,
+        "migrated to extents"
+    );
     // A block-mapped directory grows.
     for i in 0..200 {
         fs.write(format!("/d/new-file-with-a-longer-name-{i:03}"), b"n")
@@ -444,6 +467,14 @@ fn block_mapped_files_of_a_converted_image_are_written_and_freed() {
     assert!(
         std::fs::read(m.path().join("big")).expect("read") == want,
         "content of big"
+    );
+    let mut want = vec![0u8; sparse_len - 3072];
+    for i in 0..299usize {
+        want[i * 3072..i * 3072 + 1024].fill((i % 250) as u8 + 1);
+    }
+    assert!(
+        std::fs::read(m.path().join("sparse")).expect("read") == want,
+        "content of sparse"
     );
     assert_eq!(
         std::fs::read_dir(m.path().join("d")).expect("ls").count(),
