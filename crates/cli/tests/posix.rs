@@ -2248,7 +2248,7 @@ fn check_chattr_immutable(d: &Path) -> Res {
 }
 
 /// chattr +a (root): writes only with O_APPEND and only at the end; no truncate,
-/// chmod, rename or unlink.
+/// chmod, explicit times, rename or unlink; touching the times to "now" still works.
 fn check_chattr_append(d: &Path) -> Res {
     let p = d.join("f");
     write(&p, b"ab")?;
@@ -2268,6 +2268,13 @@ fn check_chattr_append(d: &Path) -> Res {
         eq("content", read(&p)?, b"abcd".to_vec())?;
         errno("truncate", truncate(&p, 1), libc::EPERM)?;
         errno("chmod", chmod(&p, 0o600), libc::EPERM)?;
+        errno(
+            "utimensat with explicit times",
+            utimensat(&p, [ts(1, 0), ts(2, 0)], 0),
+            libc::EPERM,
+        )?;
+        utimensat(&p, [ts(0, libc::UTIME_NOW), ts(0, libc::UTIME_NOW)], 0)
+            .ctx("utimensat now (touch)")?;
         errno("rename", fs::rename(&p, d.join("r")), libc::EPERM)?;
         errno("unlink", unlink(&p), libc::EPERM)
     })?;

@@ -867,6 +867,20 @@ impl Filesystem for Adapter {
             || a.ctime.is_some();
         if any {
             tri!(reply, s.writable());
+            // Explicit times on an append-only file are refused (ext4's ATTR_TIMES_SET
+            // rule), but the engine must take the kernel's own flush of an appending
+            // file's mtime/ctime, which comes as explicit times too. That flush never
+            // carries atime, so an explicit atime marks the caller's utimensat.
+            if matches!(atime, Some(TimeOrNow::SpecificTime(_))) {
+                let f = tri!(
+                    reply,
+                    s.fs.flags_ino(ino).map_err(|e| s.fail("setattr", &e))
+                );
+                if f & 0x20 != 0 {
+                    reply.error(Errno::EPERM);
+                    return;
+                }
+            }
             tri!(
                 reply,
                 s.fs.setattr_ino(ino, &a).map_err(|e| s.fail("setattr", &e))
