@@ -876,7 +876,7 @@ impl Filesystem for Adapter {
                     reply,
                     s.fs.flags_ino(ino).map_err(|e| s.fail("setattr", &e))
                 );
-                if f & 0x20 != 0 {
+                if f & rext4::format::inode::flags::APPEND != 0 {
                     reply.error(Errno::EPERM);
                     return;
                 }
