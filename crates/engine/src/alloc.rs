@@ -46,39 +46,26 @@ impl Fs {
     /// stored by [`Fs::store_block_bitmap`].)
     fn load_block_bitmap(&self, g: usize, grp: &mut Group) -> Result<Vec<u8>> {
         if grp.desc.has_flag(FLAG_BLOCK_UNINIT) {
-            return Ok(self.uninit_block_bitmap_locked(g, grp));
+            return Ok(self.uninit_block_bitmap(g));
         }
         let blk = grp.desc.block_bitmap;
         Ok(self.cache().read(blk, Kind::Bitmap, |_| Ok(()))?.to_vec())
     }
 
-    /// The bitmap a BLOCK_UNINIT group implicitly has: its superblock backup, GDT and
-    /// reserved GDT blocks, and any group's bitmaps and inode table that lie inside it
-    /// (flex_bg), plus the padding past the group's end. `grp` is group `g`, whose
-    /// mutex the caller holds; the other groups are locked one at a time.
-    fn uninit_block_bitmap_locked(&self, g: usize, grp: &Group) -> Vec<u8> {
+    /// The bitmap a BLOCK_UNINIT group implicitly has: the filesystem's own blocks
+    /// inside it (its superblock backup, GDT and reserved GDT blocks, and any group's
+    /// bitmaps and inode table that lie there with flex_bg: the system zone, whose
+    /// locations never change while open), plus the padding past the group's end.
+    fn uninit_block_bitmap(&self, g: usize) -> Vec<u8> {
         let sb = &self.inner.sb;
         let bs = self.inner.block_size as usize;
         let mut b = vec![0u8; bs];
         let first = sb.group_first_block(g as u64);
         let n = sb.blocks_in_group(g as u64);
-        let mut mark = |blk: u64, len: u64| {
-            for x in blk.max(first)..blk.saturating_add(len).min(first + n) {
+        for (s, e) in self.system_zone_in(first, first + n) {
+            for x in s..e {
                 bitmap::set(&mut b, x - first, true);
             }
-        };
-        mark(first, sb.group_base_meta_blocks(g as u64));
-        let itable_blocks =
-            (u64::from(sb.inodes_per_group) * u64::from(sb.inode_size)).div_ceil(bs as u64);
-        for (i, m) in self.inner.groups.iter().enumerate() {
-            let d = if i == g {
-                grp.desc.clone()
-            } else {
-                m.lock().unwrap_or_else(|p| p.into_inner()).desc.clone()
-            };
-            mark(d.block_bitmap, 1);
-            mark(d.inode_bitmap, 1);
-            mark(d.inode_table, itable_blocks);
         }
         for x in n..(bs as u64 * 8) {
             bitmap::set(&mut b, x, true);

@@ -797,8 +797,7 @@ impl Drop for Fs {
 
 /// The filesystem's own blocks (the kernel's "system zone"), merged and sorted.
 fn system_zone(sb: &Superblock, groups: &[GroupDesc]) -> Vec<(u64, u64)> {
-    let bs = u64::from(sb.block_size());
-    let itable = (u64::from(sb.inodes_per_group) * u64::from(sb.inode_size)).div_ceil(bs);
+    let itable = sb.inode_table_blocks();
     let mut v = Vec::with_capacity(groups.len() * 4);
     for (g, gd) in groups.iter().enumerate() {
         let g = g as u64;
@@ -845,10 +844,23 @@ impl Fs {
     /// pointer there in a file's map is corruption: freeing it would hand a bitmap or
     /// an inode table to the allocator).
     pub(crate) fn in_system_zone(&self, start: u64, len: u64) -> bool {
-        let z = &self.inner.system_zone;
         let end = start.saturating_add(len);
+        self.system_zone_in(start, end).next().is_some()
+    }
+
+    /// The runs of the filesystem's own blocks that overlap `[start, end)`, clipped
+    /// to it.
+    pub(crate) fn system_zone_in(
+        &self,
+        start: u64,
+        end: u64,
+    ) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let z = &self.inner.system_zone;
         let i = z.partition_point(|&(_, e)| e <= start);
-        z.get(i).is_some_and(|&(s, _)| s < end)
+        z[i..]
+            .iter()
+            .take_while(move |&&(s, _)| s < end)
+            .map(move |&(s, e)| (s.max(start), e.min(end)))
     }
 }
 
@@ -878,8 +890,7 @@ fn read_groups(cache: &BufferCache, sb: &Superblock, seed: u32) -> Result<Vec<Gr
 }
 
 fn check_group(sb: &Superblock, g: u64, gd: &GroupDesc) -> rext4_format::Result<()> {
-    let bs = u64::from(sb.block_size());
-    let itable_blocks = (u64::from(sb.inodes_per_group) * u64::from(sb.inode_size)).div_ceil(bs);
+    let itable_blocks = sb.inode_table_blocks();
     let n = sb.blocks_count;
     let ok = |b: u64, len: u64| b >= u64::from(sb.first_data_block) && b.saturating_add(len) <= n;
     rext4_format::ensure(ok(gd.block_bitmap, 1), || {

@@ -49,9 +49,14 @@ pub struct SetAttr {
 pub const FL_USER_VISIBLE: u32 = 0x705B_DFFF;
 /// The flags FS_IOC_SETFLAGS may change on ext4 (EXT4_FL_USER_MODIFIABLE).
 const FL_USER_MODIFIABLE: u32 = 0x604B_C0FF;
-/// The modifiable flags that only need keeping: SECRM, UNRM, COMPR, NODUMP, NOATIME,
-/// NOTAIL, TOPDIR.
-const FL_KEPT_ONLY: u32 = 0x1 | 0x2 | 0x4 | 0x40 | 0x80 | 0x8000 | 0x2_0000;
+/// The modifiable flags that only need keeping.
+const FL_KEPT_ONLY: u32 = flags::SECRM
+    | flags::UNRM
+    | flags::COMPR
+    | flags::NODUMP
+    | flags::NOATIME
+    | flags::NOTAIL
+    | flags::TOPDIR;
 
 /// The flags rext4 enforces itself: IMMUTABLE and APPEND.
 const FL_ENFORCED: u32 = flags::IMMUTABLE | flags::APPEND;
@@ -72,6 +77,18 @@ pub(crate) fn may_change(inode: &Inode, what: &str, append_ok: bool) -> Result<(
         )));
     }
     Ok(())
+}
+
+/// fallocate(2) takes regular files only: EISDIR for a directory, EINVAL otherwise.
+fn falloc_target(inode: &Inode) -> Result<()> {
+    if inode.is_reg() {
+        return Ok(());
+    }
+    Err(if inode.is_dir() {
+        Error::IsADirectory
+    } else {
+        Error::InvalidInput("fallocate of a non-regular file".into())
+    })
 }
 
 /// fallocate(2) modes.
@@ -758,7 +775,7 @@ impl Fs {
         for &(l, p, n) in &c.runs {
             let mut off = 0;
             while off < n {
-                let len = (n - off).min(32768);
+                let len = (n - off).min(u64::from(rext4_format::extent::MAX_INIT_LEN));
                 exts.push(Extent {
                     logical: (l + off) as u32,
                     len: len as u16,
@@ -1273,8 +1290,10 @@ impl Fs {
                     *pos = run_end;
                 }
                 Mapping::Hole { len } => {
-                    let want_blk =
-                        self.data_alloc_cap(len.min(end.div_ceil(bs) - lblk).min(32768))?;
+                    let want_blk = self.data_alloc_cap(
+                        len.min(end.div_ceil(bs) - lblk)
+                            .min(u64::from(rext4_format::extent::MAX_INIT_LEN)),
+                    )?;
                     let goal = self.data_goal(ino, inode, lblk);
                     let (p, got) = self.alloc_blocks(goal, want_blk as u32)?;
                     let got = u64::from(got);
@@ -1345,13 +1364,7 @@ impl Fs {
             "fallocate",
             matches!(mode, FallocMode::Allocate | FallocMode::KeepSize),
         )?;
-        if !inode.is_reg() {
-            return Err(if inode.is_dir() {
-                Error::IsADirectory
-            } else {
-                Error::InvalidInput("fallocate of a non-regular file".into())
-            });
-        }
+        falloc_target(&inode)?;
         let bs = u64::from(self.inner.block_size);
         match mode {
             FallocMode::Allocate | FallocMode::KeepSize => {
@@ -1407,13 +1420,7 @@ impl Fs {
         }
         let inode = self.read_live_inode(ino)?;
         may_change(&inode, "fallocate", false)?;
-        if !inode.is_reg() {
-            return Err(if inode.is_dir() {
-                Error::IsADirectory
-            } else {
-                Error::InvalidInput("fallocate of a non-regular file".into())
-            });
-        }
+        falloc_target(&inode)?;
         if !inode.has_flag(flags::EXTENTS) {
             return Err(Error::Unsupported(format!(
                 "inode {} uses block maps; collapse and insert need extents",
@@ -1464,7 +1471,10 @@ impl Fs {
             match self.map_block(ino, inode, l)? {
                 Mapping::Mapped { len, .. } => l += len,
                 Mapping::Hole { len } => {
-                    let want = self.data_alloc_cap(len.min(end - l).min(32767))?;
+                    let want = self.data_alloc_cap(
+                        len.min(end - l)
+                            .min(u64::from(rext4_format::extent::MAX_UNWRITTEN_LEN)),
+                    )?;
                     let goal = self.data_goal(ino, inode, l);
                     let (p, got) = self.alloc_blocks(goal, want as u32)?;
                     let ext = Extent {

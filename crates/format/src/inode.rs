@@ -22,15 +22,22 @@ pub const JOURNAL_INO: u32 = 8;
 /// i_flags bits.
 pub mod flags {
     pub const SECRM: u32 = 0x1;
+    pub const UNRM: u32 = 0x2;
+    pub const COMPR: u32 = 0x4;
     pub const SYNC: u32 = 0x8;
     pub const IMMUTABLE: u32 = 0x10;
     pub const APPEND: u32 = 0x20;
+    pub const NODUMP: u32 = 0x40;
     pub const NOATIME: u32 = 0x80;
     pub const INDEX: u32 = 0x1000;
+    pub const NOTAIL: u32 = 0x8000;
+    pub const TOPDIR: u32 = 0x20000;
     pub const HUGE_FILE: u32 = 0x40000;
     pub const EXTENTS: u32 = 0x80000;
     pub const EA_INODE: u32 = 0x200000;
+    pub const DAX: u32 = 0x0200_0000;
     pub const INLINE_DATA: u32 = 0x10000000;
+    pub const PROJINHERIT: u32 = 0x2000_0000;
     pub const CASEFOLD: u32 = 0x40000000;
 }
 

@@ -644,6 +644,12 @@ impl Superblock {
     }
 
     /// Number of blocks in group `g` (the last group may be short).
+    /// Blocks one group's inode table takes.
+    pub fn inode_table_blocks(&self) -> u64 {
+        (u64::from(self.inodes_per_group) * u64::from(self.inode_size))
+            .div_ceil(u64::from(self.block_size()))
+    }
+
     pub fn blocks_in_group(&self, g: u64) -> u64 {
         let first = self.group_first_block(g);
         self.blocks_count
