@@ -71,15 +71,18 @@ const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
 const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
 const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
 /// (inode flag, FS_XFLAG_*) pairs that the xflags form of the flag ioctls carries.
-const XFLAGS: [(u32, u32); 7] = [
-    (0x8, 0x20),           // SYNC
-    (0x10, 0x8),           // IMMUTABLE
-    (0x20, 0x10),          // APPEND
-    (0x40, 0x80),          // NODUMP
-    (0x80, 0x40),          // NOATIME
-    (0x2000_0000, 0x200),  // PROJINHERIT
-    (0x0200_0000, 0x8000), // DAX
-];
+const XFLAGS: [(u32, u32); 7] = {
+    use rext4::format::inode::flags as f;
+    [
+        (f::SYNC, 0x20),
+        (f::IMMUTABLE, 0x8),
+        (f::APPEND, 0x10),
+        (f::NODUMP, 0x80),
+        (f::NOATIME, 0x40),
+        (f::PROJINHERIT, 0x200),
+        (f::DAX, 0x8000),
+    ]
+};
 
 fn xflags_of(flags: u32) -> u32 {
     XFLAGS
@@ -357,14 +360,18 @@ impl Shared {
     /// alive, again at the last release. Returns whether the kernel took the bump.
     fn drop_kernel_inode(&self, ino: Ino) -> bool {
         let bumped = self.bump_epoch();
-        let open = lock(&self.handles)
-            .values()
-            .any(|h| matches!(h, Handle::File { ino: i, .. } if *i == ino));
-        if bumped && open {
+        if bumped && self.has_open_file(ino) {
             lock(&self.stale_times).insert(ino);
             self.stale_any.store(true, Ordering::SeqCst);
         }
         bumped
+    }
+
+    /// Whether a file handle of `ino` is open.
+    fn has_open_file(&self, ino: Ino) -> bool {
+        lock(&self.handles)
+            .values()
+            .any(|h| matches!(h, Handle::File { ino: i, .. } if *i == ino))
     }
 
     /// After a handle of `ino` is released: when it was the last one and the kernel
@@ -378,10 +385,7 @@ impl Shared {
         if !lock(&self.stale_times).contains(&ino) {
             return;
         }
-        let open = lock(&self.handles)
-            .values()
-            .any(|h| matches!(h, Handle::File { ino: i, .. } if *i == ino));
-        if !open && lock(&self.stale_times).remove(&ino) {
+        if !self.has_open_file(ino) && lock(&self.stale_times).remove(&ino) {
             self.bump_epoch();
         }
     }
