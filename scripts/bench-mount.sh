@@ -6,7 +6,10 @@
 # and, when WORKLOADS names them, the SEEDS lessons' anchor scripts (seedA: concurrent
 # unaligned O_DIRECT overwrites, seedB: pwrite/truncate loop + stale-data check, seedC:
 # create/unlink with a lookup storm) on the same three mounts. KINDS may add "raw": the
-# fio workloads on a plain file in the host filesystem, the anchors' physical ceiling.
+# fio workloads on a plain file in the host filesystem, the anchors' physical ceiling,
+# and "rext4-devfuse": rext4 over /dev/fuse alone (`-o nouring`). `rext4` uses
+# FUSE-over-io_uring when the kernel offers it (set URING=Y to turn the fuse module's
+# enable_uring on first; the run prints the setting it ran with).
 # Usage (root): scripts/bench-mount.sh
 # Env: WORKLOADS (default "general tar"; also seedA seedB seedC) KINDS (default
 #      "kernel rext4 fuse2fs") G_SIZE_PER_JOB G_RUNTIME G_SEQ_CAP G_MD_FILES TAR_SRC and
@@ -23,6 +26,9 @@ cleanup() {
   sleep 1; rm -rf "$W"
 }
 trap cleanup EXIT INT TERM
+U=/sys/module/fuse/parameters/enable_uring
+if [[ -n ${URING:-} && -w $U ]]; then echo "$URING" > "$U"; fi
+echo "NOTE|all|fuse enable_uring=$(cat "$U" 2>/dev/null || echo absent)"
 TAR_SRC=${TAR_SRC:-/usr/include}
 tar -C "$(dirname "$TAR_SRC")" -cf "$W/tree.tar" "$(basename "$TAR_SRC")"
 TAR_FILES=$(tar -tf "$W/tree.tar" | wc -l); TAR_MB=$(( $(stat -c %s "$W/tree.tar") >> 20 ))
@@ -41,6 +47,7 @@ for kind in ${KINDS:-kernel rext4 fuse2fs}; do
   case $kind in
     kernel) mount -o loop "$img" "$mnt" ;;
     rext4) "$R" mount "$img" "$mnt" ;;
+    rext4-devfuse) "$R" mount -o nouring "$img" "$mnt" ;;
     fuse2fs) fuse2fs -o fakeroot "$img" "$mnt"; sleep 1 ;;
   esac
   has general && BENCH_LABEL=$kind "$B/general_fio_meta.sh" "$mnt" 2>&1 | grep -E '^(RESULT|NOTE)'

@@ -21,6 +21,15 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 
+# The mount serves through FUSE-over-io_uring when the kernel offers it (Linux 6.14+,
+# off by default): turn it on as root so the tests run that transport (the suites
+# still run a /dev/fuse mount too). REXT4_TEST_URING=0 leaves the setting alone.
+uring=/sys/module/fuse/parameters/enable_uring
+if [ "${REXT4_TEST_URING:-1}" = 1 ] && [ -w "$uring" ] && [ "$(cat "$uring")" != Y ]; then
+  echo "+ echo Y > $uring  (FUSE over io_uring for the mounts under test)"
+  echo Y > "$uring"
+fi
+
 echo "+ cargo fmt --check"
 cargo fmt --all -- --check
 echo "+ cargo clippy"

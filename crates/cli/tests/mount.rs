@@ -1025,3 +1025,135 @@ fn a_user_mounts_or_is_told_why_not() {
         assert!(!is_mounted(&mnt));
     }
 }
+
+/// Why the kernel will not serve this mount over io_uring, if it will not.
+fn uring_unavailable() -> Option<String> {
+    let p = "/sys/module/fuse/parameters/enable_uring";
+    match fs::read_to_string(p) {
+        Err(_) => Some(format!(
+            "{p} missing: this kernel has no FUSE-over-io_uring"
+        )),
+        Ok(v) if v.trim() != "Y" => Some(format!(
+            "{p} is N: FUSE-over-io_uring is off (scripts/test.sh turns it on as root)"
+        )),
+        Ok(_) => None,
+    }
+}
+
+/// The server's threads: name, allowed CPUs, CPU time in clock ticks.
+fn server_threads(pid: i32) -> Vec<(String, String, u64)> {
+    let mut out = Vec::new();
+    for t in fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("task dir")
+        .flatten()
+    {
+        let p = t.path();
+        let (Ok(comm), Ok(status), Ok(stat)) = (
+            fs::read_to_string(p.join("comm")),
+            fs::read_to_string(p.join("status")),
+            fs::read_to_string(p.join("stat")),
+        ) else {
+            continue;
+        };
+        let cpus = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        // Fields after the parenthesised name: utime and stime are the 12th and 13th.
+        let rest = &stat[stat.rfind(')').expect("stat") + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0);
+        out.push((comm.trim().to_string(), cpus, ticks));
+    }
+    out
+}
+
+/// Creates, stats, reads and unlinks `n` small files: a few requests each.
+fn small_file_round_trips(dir: &Path, n: usize) {
+    fs::create_dir(dir).expect("mkdir");
+    for i in 0..n {
+        fs::write(dir.join(format!("f{i}")), format!("file {i}")).expect("write");
+    }
+    for i in 0..n {
+        let p = dir.join(format!("f{i}"));
+        assert_eq!(
+            fs::metadata(&p).expect("stat").len(),
+            format!("file {i}").len() as u64
+        );
+        assert_eq!(fs::read_to_string(&p).expect("read"), format!("file {i}"));
+    }
+    for i in (0..n).step_by(2) {
+        fs::remove_file(dir.join(format!("f{i}"))).expect("unlink");
+    }
+}
+
+/// With FUSE-over-io_uring on, the requests are served by one queue per CPU, its
+/// threads pinned to that CPU (named fuser-q<cpu>.<n>), not by the /dev/fuse workers
+/// (which keep FORGET and INTERRUPT); `nouring` keeps to /dev/fuse. Either way the
+/// image comes out clean with what was written.
+#[test]
+fn requests_are_served_by_per_cpu_io_uring_queues() {
+    if let Some(why) = cannot_mount().or_else(uring_unavailable) {
+        skip(&why);
+        return;
+    }
+    let img = image();
+    let mut m = Mounted::new(img.path(), &[]);
+    small_file_round_trips(&m.join("a"), 3000);
+    let threads = server_threads(m.pid());
+    let ring: Vec<_> = threads
+        .iter()
+        .filter(|t| {
+            t.0.strip_prefix("fuser-q")
+                .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
+        })
+        .collect();
+    assert!(
+        !ring.is_empty(),
+        "no io_uring queue threads: {threads:?}\n{}",
+        m.stderr()
+    );
+    let online = fs::read_to_string("/sys/devices/system/cpu/online").expect("online CPUs");
+    let is_online = |cpu: u32| {
+        online.trim().split(',').any(|r| match r.split_once('-') {
+            Some((a, b)) => (a.parse().unwrap_or(u32::MAX)..=b.parse().unwrap_or(0)).contains(&cpu),
+            None => r.parse() == Ok(cpu),
+        })
+    };
+    for (name, cpus, _) in &ring {
+        let cpu = &name["fuser-q".len()..name.find('.').expect("fuser-q<cpu>.<n>")];
+        // A queue of an online CPU is served on that CPU alone.
+        if is_online(cpu.parse().expect("queue number")) {
+            assert_eq!(cpus, cpu, "{name} may run on {cpus}");
+        }
+    }
+    let ring_ticks: u64 = ring.iter().map(|t| t.2).sum();
+    let dev_ticks: u64 = threads
+        .iter()
+        .filter(|t| {
+            t.0.strip_prefix("fuser-")
+                .is_some_and(|r| r.parse::<u32>().is_ok())
+        })
+        .map(|t| t.2)
+        .sum();
+    assert!(
+        ring_ticks > dev_ticks,
+        "queue threads used {ring_ticks} ticks, /dev/fuse workers {dev_ticks}: {threads:?}"
+    );
+    let st = m.unmount();
+    assert!(st.success(), "rext4 mount exit {st}: {}", m.stderr());
+    fsck_clean(img.path());
+
+    let mut m = Mounted::new(img.path(), &["nouring"]);
+    let names: Vec<String> = server_threads(m.pid()).into_iter().map(|t| t.0).collect();
+    assert!(
+        !names.iter().any(|n| n.starts_with("fuser-q")),
+        "nouring still has queue threads: {names:?}"
+    );
+    small_file_round_trips(&m.join("b"), 500);
+    assert_eq!(fs::read_dir(m.join("a")).expect("readdir").count(), 1500);
+    assert!(m.unmount().success());
+    fsck_clean(img.path());
+}

@@ -1,9 +1,11 @@
 //! POSIX behaviour suite for `rext4 mount`, with the kernel's ext4 as the reference.
 //!
 //! Every check is written once as `fn check_xxx(dir: &Path) -> Res` and run on a
-//! kernel ext4 loop mount (the reference) and on two `rext4 mount` FUSE mounts: the
-//! default (`-o allow_other`, writeback cache on) and `-o allow_other,nowriteback_cache`
-//! (where the server, not the kernel, owns sizes and times), each of a fresh image;
+//! kernel ext4 loop mount (the reference) and on three `rext4 mount` FUSE mounts: the
+//! default (`-o allow_other`, writeback cache on), `-o allow_other,nowriteback_cache`
+//! (where the server, not the kernel, owns sizes and times), and the default over
+//! /dev/fuse alone (`nouring`: the first two use FUSE-over-io_uring where the kernel
+//! offers it), each of a fresh image;
 //! every check gets its own fresh directory on each mount. `REXT4_POSIX_KEEP=1` keeps
 //! the rext4 images for debugfs. A check compares
 //! what it observes (Ok or an errno, sizes, modes, times...) to an expectation written
@@ -41,23 +43,31 @@ use rext4_testkit::{can_loop_mount, e2fsck_fn, mkfs, skip, LoopMount, MkfsOption
 /// An entry is `check` (every rext4 mount) or `check@label` (the mount of that label in
 /// `REXT4_MOUNTS` only).
 const KNOWN_FAILURES: &[(&str, &str)] = &[
-    (
-        "write_at_max_size_efbig@rext4",
-        "the FUSE superblock has no size limit and FUSE_INIT cannot set one, so with the \
-         writeback cache a write past ext4's largest file size succeeds into the kernel's \
-         page cache; the server refuses it at writeback, so fsync (or close) reports the \
-         error and the kernel is made to drop the size (write_past_max_size_not_kept; the \
-         no-writeback mount passes)",
-    ),
+    ("write_at_max_size_efbig@rext4", WRITE_PAST_MAX_SIZE),
+    ("write_at_max_size_efbig@rext4-devfuse", WRITE_PAST_MAX_SIZE),
     (
         "utimes_clamped_fd_while_open@rext4",
-        "with the writeback cache the kernel keeps its own mtime of a regular file and never \
-         takes the server's; the FUSE superblock has no time limits. The server makes the \
-         kernel drop the inode when it clamps a time (FUSE_NOTIFY_INC_EPOCH), which works \
-         once nothing holds the inode: an open descriptor shows the unclamped mtime until \
-         it is closed (the image holds the clamped one; the no-writeback mount passes)",
+        UTIMES_CLAMPED_WHILE_OPEN,
+    ),
+    (
+        "utimes_clamped_fd_while_open@rext4-devfuse",
+        UTIMES_CLAMPED_WHILE_OPEN,
     ),
 ];
+
+const WRITE_PAST_MAX_SIZE: &str =
+    "the FUSE superblock has no size limit and FUSE_INIT cannot set one, so with the \
+     writeback cache a write past ext4's largest file size succeeds into the kernel's \
+     page cache; the server refuses it at writeback, so fsync (or close) reports the \
+     error and the kernel is made to drop the size (write_past_max_size_not_kept; the \
+     no-writeback mount passes)";
+
+const UTIMES_CLAMPED_WHILE_OPEN: &str =
+    "with the writeback cache the kernel keeps its own mtime of a regular file and never \
+     takes the server's; the FUSE superblock has no time limits. The server makes the \
+     kernel drop the inode when it clamps a time (FUSE_NOTIFY_INC_EPOCH), which works \
+     once nothing holds the inode: an open descriptor shows the unclamped mtime until \
+     it is closed (the image holds the clamped one; the no-writeback mount passes)";
 
 type Res = Result<(), String>;
 type Check = fn(&Path) -> Res;
@@ -2717,6 +2727,9 @@ fn run_all(root: &Path) -> Vec<Res> {
 const REXT4_MOUNTS: &[(&str, &str)] = &[
     ("rext4", "allow_other"),
     ("rext4-nowb", "allow_other,nowriteback_cache"),
+    // The default mount again over /dev/fuse alone, for when the first two use
+    // FUSE-over-io_uring (the kernel's fuse.enable_uring set).
+    ("rext4-devfuse", "allow_other,nouring"),
 ];
 
 /// The reason a check is expected to fail on the mount `label`, if it is.

@@ -90,6 +90,10 @@ pub struct MountOptions {
     pub threads: usize,
     /// Ask for the kernel's writeback cache (FUSE_WRITEBACK_CACHE); default on.
     pub writeback_cache: bool,
+    /// Serve through FUSE-over-io_uring when the kernel offers it (`uring`, default;
+    /// `nouring` keeps to /dev/fuse). The kernel offers it from Linux 6.14 when the
+    /// fuse module's `enable_uring` parameter is set.
+    pub uring: bool,
     /// Honour device files (default `nodev`).
     pub dev: bool,
     /// Honour set-user-ID bits (default `nosuid`).
@@ -119,6 +123,7 @@ impl Default for MountOptions {
             foreground: false,
             threads: 0,
             writeback_cache: true,
+            uring: true,
             dev: false,
             suid: false,
             exec: true,
@@ -135,7 +140,7 @@ fn parse_num(opt: &str, v: &str) -> Result<u64, String> {
 /// Parse a mount(8)-style comma-separated option list (later options override
 /// earlier ones). Known: ro, rw, errors=continue|remount-ro, commit=N, cache_mb=N,
 /// threads=N, bdi_max_ratio=N, allow_other, default_permissions, nodefault_permissions, debug,
-/// writeback_cache, nowriteback_cache, dev, nodev, suid, nosuid, exec, noexec, and the
+/// writeback_cache, nowriteback_cache, uring, nouring, dev, nodev, suid, nosuid, exec, noexec, and the
 /// no-ops defaults, async, atime, noatime, relatime, auto, noauto.
 pub fn parse_options(s: &str) -> Result<MountOptions, String> {
     let mut o = MountOptions::default();
@@ -201,6 +206,8 @@ pub fn apply_options(o: &mut MountOptions, s: &str) -> Result<(), String> {
             })?,
             ("writeback_cache", _) => flag(o, |o| o.writeback_cache = true)?,
             ("nowriteback_cache", _) => flag(o, |o| o.writeback_cache = false)?,
+            ("uring", _) => flag(o, |o| o.uring = true)?,
+            ("nouring", _) => flag(o, |o| o.uring = false)?,
             ("dev", _) => flag(o, |o| o.dev = true)?,
             ("nodev", _) => flag(o, |o| o.dev = false)?,
             ("suid", _) => flag(o, |o| o.suid = true)?,
@@ -599,6 +606,8 @@ fn serve_inner(
         opts.threads
     });
     config.clone_fd = true;
+    config.uring = opts.uring;
+    config.uring_threads_per_queue = 2;
     // Every mount needs /dev/fuse (fusermount3 too opens it as the calling user): say
     // why when it cannot be had, rather than fuser's bare EACCES.
     if let Err(e) = std::fs::OpenOptions::new()
@@ -628,6 +637,12 @@ fn serve_inner(
             return Err(format!("mount {}: {e}", mnt.display()));
         }
     };
+    if opts.debug {
+        match session.uring_queues() {
+            0 => eprintln!("rext4-fuse: serving through /dev/fuse"),
+            n => eprintln!("rext4-fuse: serving through FUSE-over-io_uring, {n} queues"),
+        }
+    }
     let _ = shared.notifier.set(session.notifier());
     if let Ok(fd) = session.as_fd().try_clone_to_owned() {
         let _ = shared.dev.set(fd);

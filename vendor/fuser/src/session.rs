@@ -6,6 +6,7 @@
 //! for filesystem operations under its mount point.
 
 use std::borrow::Cow;
+use std::cmp::max;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
@@ -139,6 +140,9 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// io_uring queues granted at INIT, served by `run` (rext4 addition).
+    #[cfg(target_os = "linux")]
+    uring: Option<crate::uring::Prepared>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +190,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            #[cfg(target_os = "linux")]
+            uring: None,
         };
 
         session.handshake()?;
@@ -214,11 +220,23 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            #[cfg(target_os = "linux")]
+            uring: None,
         };
 
         session.handshake()?;
 
         Ok(session)
+    }
+
+    /// How many FUSE-over-io_uring queues the kernel granted (0: /dev/fuse only).
+    /// (rext4 addition.)
+    pub fn uring_queues(&self) -> usize {
+        #[cfg(target_os = "linux")]
+        if let Some(p) = &self.uring {
+            return p.queues();
+        }
+        0
     }
 
     /// Run the session loop in a background thread. If the returned handle is dropped,
@@ -252,6 +270,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            #[cfg(target_os = "linux")]
+            uring,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -289,6 +309,26 @@ impl<FS: Filesystem> Session<FS> {
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
+
+        #[cfg(target_os = "linux")]
+        if let Some(prepared) = uring {
+            use std::os::fd::AsRawFd;
+            // The session's own fd: the ring commands take their reference to it.
+            let fd = channels
+                .last()
+                .map(|ch| ch.as_fd().as_raw_fd())
+                .ok_or_else(|| io::Error::other("no channel"))?;
+            let template = channels[channels.len() - 1].clone();
+            threads.extend(crate::uring::spawn(prepared, fd, |thread_name| {
+                SessionEventLoop {
+                    thread_name,
+                    filesystem: filesystem.clone(),
+                    ch: template.clone(),
+                    allowed,
+                    session_owner,
+                }
+            })?);
+        }
 
         for (i, ch) in channels.into_iter().enumerate() {
             let thread_name = format!("fuser-{i}");
@@ -427,6 +467,28 @@ impl<FS: Filesystem> Session<FS> {
                 <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))
                     .send_ll(&ResponseErrno(errno));
                 return Err(error);
+            }
+
+            #[cfg(target_os = "linux")]
+            if self.config.uring && init.capabilities().contains(InitFlags::FUSE_OVER_IO_URING) {
+                // The kernel's largest message: max(FUSE_MIN_READ_BUFFER, max_write,
+                // max_pages pages).
+                let payload = max(
+                    max(8192, config.max_write as usize),
+                    config.max_pages() as usize * page_size::get(),
+                );
+                let per_queue = self.config.uring_threads_per_queue.max(1);
+                match crate::uring::prepare(per_queue, payload) {
+                    Ok(p) => {
+                        if config
+                            .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+                            .is_ok()
+                        {
+                            self.uring = Some(p);
+                        }
+                    }
+                    Err(e) => warn!("FUSE over io_uring not used: {e}"),
+                }
             }
 
             // Remember the ABI version supported by kernel and mark the session initialized.

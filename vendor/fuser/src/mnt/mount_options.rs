@@ -18,6 +18,12 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// Serve requests through FUSE-over-io_uring when the kernel offers it (Linux 6.14+
+    /// with `fuse.enable_uring=1`): one queue per CPU, served by threads pinned to that
+    /// CPU. Falls back to /dev/fuse alone when it is not offered. (rext4 addition.)
+    pub uring: bool,
+    /// Threads serving each CPU's io_uring queue (0: one).
+    pub uring_threads_per_queue: usize,
 }
 
 /// Mount options accepted by the FUSE filesystem type

@@ -1,0 +1,689 @@
+//! FUSE over io_uring (rext4 addition to this copy of fuser; see VENDOR.md).
+//!
+//! With `/dev/fuse` alone the kernel keeps one queue of requests per connection and
+//! wakes whichever server thread waits longest, on whatever CPU it last ran: on a small
+//! machine most requests pay a cross-CPU wakeup each way. Linux 6.14+ (module parameter
+//! `fuse.enable_uring`) can instead hand each request to a ring entry of the queue that
+//! belongs to the CPU the caller runs on. Here each such queue is served by threads
+//! pinned to that CPU, so caller and server take turns on one CPU.
+//!
+//! Protocol (include/uapi/linux/fuse.h, 7.42), as this module uses it:
+//! - an io_uring with 128-byte SQEs; `IORING_OP_URING_CMD` on the /dev/fuse fd with
+//!   `cmd_op` REGISTER (1) or COMMIT_AND_FETCH (2); the 80-byte command area holds
+//!   `{flags: u64, commit_id: u64, qid: u16}`;
+//! - REGISTER gives an entry's two buffers, `sqe.addr` pointing at two iovecs (`sqe.len`
+//!   2): headers (>= 288 bytes) and payload (>= the connection's largest message);
+//! - headers = `in_out[128]` (fuse_in_header in, fuse_out_header out), `op_in[128]` (the
+//!   request's first argument), `ent_in_out {flags, commit_id, payload_sz, ..}`; the
+//!   rest of the request, and of the reply, is in the payload buffer;
+//! - a completion with result 0 means a request is in the entry; a negative one that
+//!   the connection is going away. COMMIT_AND_FETCH hands the reply back and waits for
+//!   the next request in one step;
+//! - every CPU's queue must have an entry before the kernel uses the ring; until then,
+//!   and for FORGET and INTERRUPT always, requests come through /dev/fuse.
+//!
+//! Where the caller wakes. Pinning the server to the caller's CPU is half of it: when
+//! the server commits a reply, the scheduler would wake the caller on an idle CPU
+//! rather than on the busy one it ran on, and every request would migrate it. A CPU
+//! whose only runnable tasks are SCHED_IDLE counts as idle for that choice (and a woken
+//! normal task preempts them), so the serving threads run SCHED_IDLE: the caller is
+//! woken where it was and runs at once. SCHED_IDLE threads get almost no CPU next to a
+//! busy normal task, so a monitor thread switches them to SCHED_OTHER while the machine
+//! has more runnable tasks than CPUs (no idle CPU to migrate to then, and a fair share
+//! needed), and back when it calms down. io_uring is used only when a thread may make
+//! both switches (SCHED_IDLE -> SCHED_OTHER needs CAP_SYS_NICE or RLIMIT_NICE 20).
+//!
+//! A request is reassembled as /dev/fuse would deliver it (in-header, first argument,
+//! payload, contiguous) by copying the two headers into room left just before the
+//! payload buffer, so the payload is not copied; replies without a request payload to
+//! keep (reads, getattr...) are written straight into the payload buffer.
+
+use std::io;
+use std::io::IoSlice;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+
+use io_uring::IoUring;
+use io_uring::cqueue;
+use io_uring::opcode::UringCmd80;
+use io_uring::squeue::Entry128;
+use io_uring::types::Fd;
+use log::debug;
+use log::warn;
+use parking_lot::Condvar;
+use parking_lot::Mutex;
+
+use crate::Filesystem;
+use crate::request::RequestWithSender;
+use crate::session::SessionEventLoop;
+
+const CMD_REGISTER: u32 = 1;
+const CMD_COMMIT_AND_FETCH: u32 = 2;
+
+/// Offsets in the headers buffer (struct fuse_uring_req_header).
+const HDR_OP_IN: usize = 128;
+const HDR_ENT_IN_OUT: usize = 256;
+const HDR_SIZE: usize = 288;
+/// Largest first argument the kernel puts in `op_in`.
+const OP_IN_MAX: usize = 128;
+/// size_of(fuse_in_header), size_of(fuse_out_header).
+const IN_HEADER: usize = 40;
+const OUT_HEADER: usize = 16;
+/// Room before the payload for the in-header and first argument (multiple of 8).
+const LEAD: usize = 256;
+const _: () = assert!(LEAD >= IN_HEADER + OP_IN_MAX && LEAD % 8 == 0);
+
+const FUSE_FORGET: u32 = 2;
+const FUSE_BATCH_FORGET: u32 = 42;
+
+/// The rings, made before the INIT reply asks the kernel for io_uring (so a machine
+/// where io_uring cannot be set up, e.g. `kernel.io_uring_disabled`, or a seccomp
+/// filter, never has the kernel wait for queues that will not come).
+pub(crate) struct Prepared {
+    /// (queue id = CPU number, pin to it, ring)
+    rings: Vec<(u16, bool, IoUring<Entry128, cqueue::Entry>)>,
+    /// Size of each entry's payload buffer.
+    payload: usize,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared")
+            .field("rings", &self.rings.len())
+            .field("payload", &self.payload)
+            .finish()
+    }
+}
+
+impl Prepared {
+    /// Queues to be served (one per possible CPU).
+    pub(crate) fn queues(&self) -> usize {
+        self.rings
+            .iter()
+            .map(|r| r.0)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    }
+}
+
+/// CPUs in a list like "0-3,6" (the format of /sys/devices/system/cpu/possible).
+fn parse_cpu_list(s: &str) -> Option<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.parse().ok()?, b.parse().ok()?);
+                if b < a || b - a > 4096 {
+                    return None;
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(part.parse().ok()?),
+        }
+    }
+    Some(out)
+}
+
+/// Switches thread `tid` (0: this one) to SCHED_IDLE or SCHED_OTHER.
+fn set_idle_class(tid: libc::pid_t, idle: bool) -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    let policy = if idle {
+        libc::SCHED_IDLE
+    } else {
+        libc::SCHED_OTHER
+    };
+    // SAFETY: plain syscall on a thread id with a valid parameter block.
+    if unsafe { libc::sched_setscheduler(tid, policy, &param) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether threads here may go to SCHED_IDLE and come back (tried on a scratch thread).
+fn can_switch_class() -> io::Result<()> {
+    std::thread::spawn(|| {
+        set_idle_class(0, true)?;
+        set_idle_class(0, false)
+    })
+    .join()
+    .map_err(|_| io::Error::other("probe thread panicked"))?
+}
+
+/// Keeps the serving threads SCHED_IDLE while the machine has an idle CPU, SCHED_OTHER
+/// while it has more runnable tasks than CPUs.
+#[derive(Default)]
+struct Monitor {
+    inner: Mutex<MonitorState>,
+}
+
+#[derive(Default)]
+struct MonitorState {
+    tids: Vec<libc::pid_t>,
+    alive: usize,
+    normal: bool,
+}
+
+/// A serving thread's membership: joins with the current class, leaves when dropped
+/// (also on panic, so the monitor ends).
+struct Member(Arc<Monitor>);
+
+impl Member {
+    fn join(monitor: Arc<Monitor>) -> Member {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        {
+            let mut st = monitor.inner.lock();
+            st.tids.push(tid);
+            if let Err(e) = set_idle_class(0, !st.normal) {
+                debug!("uring: scheduling class: {e}");
+            }
+        }
+        Member(monitor)
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        // SAFETY: as in join.
+        let tid = unsafe { libc::gettid() };
+        let mut st = self.0.inner.lock();
+        st.tids.retain(|&t| t != tid);
+        st.alive -= 1;
+    }
+}
+
+impl Monitor {
+    /// Samples the run queue every 50 ms until the serving threads are gone.
+    fn run(&self, cpus: usize) {
+        let (mut busy, mut calm) = (0u32, 0u32);
+        loop {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let mut st = self.inner.lock();
+            if st.alive == 0 {
+                return;
+            }
+            // The fourth field of /proc/loadavg: runnable tasks now, this one included.
+            let running = std::fs::read_to_string("/proc/loadavg")
+                .ok()
+                .and_then(|s| {
+                    s.split_whitespace()
+                        .nth(3)?
+                        .split('/')
+                        .next()?
+                        .parse::<usize>()
+                        .ok()
+                })
+                .map_or(0, |n| n.saturating_sub(1));
+            if running > cpus {
+                busy += 1;
+                calm = 0;
+            } else {
+                calm += 1;
+                busy = 0;
+            }
+            let want_normal = if st.normal { calm < 4 } else { busy >= 2 };
+            if want_normal != st.normal {
+                st.normal = want_normal;
+                for &tid in &st.tids {
+                    if let Err(e) = set_idle_class(tid, !want_normal) {
+                        debug!("uring: scheduling class of {tid}: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Makes one ring per serving thread: `per_queue` for each online CPU, one for each
+/// possible but offline CPU (the kernel wants an entry in every queue).
+pub(crate) fn prepare(per_queue: usize, payload: usize) -> io::Result<Prepared> {
+    let read = |p: &str| std::fs::read_to_string(p);
+    let possible = parse_cpu_list(&read("/sys/devices/system/cpu/possible")?)
+        .ok_or_else(|| io::Error::other("unreadable CPU list"))?;
+    let online = parse_cpu_list(&read("/sys/devices/system/cpu/online")?).unwrap_or_default();
+    // The kernel makes num_possible_cpus() queues and picks one by CPU number: the
+    // numbers must be 0..n for every CPU to have its queue.
+    if possible.iter().enumerate().any(|(i, &c)| i != c) || possible.len() > u16::MAX as usize {
+        return Err(io::Error::other("possible CPUs are not numbered 0..n"));
+    }
+    can_switch_class().map_err(|e| io::Error::new(e.kind(), format!("scheduling class: {e}")))?;
+    let mut rings = Vec::new();
+    for &cpu in &possible {
+        let up = online.contains(&cpu);
+        for _ in 0..if up { per_queue.max(1) } else { 1 } {
+            let ring = IoUring::<Entry128, cqueue::Entry>::builder().build(4)?;
+            rings.push((cpu as u16, up, ring));
+        }
+    }
+    Ok(Prepared { rings, payload })
+}
+
+/// Starts the serving threads; they end when the connection goes away.
+pub(crate) fn spawn<FS: Filesystem + 'static>(
+    prepared: Prepared,
+    fd: RawFd,
+    make_loop: impl Fn(String) -> SessionEventLoop<FS>,
+) -> io::Result<Vec<std::thread::JoinHandle<io::Result<()>>>> {
+    let Prepared { rings, payload } = prepared;
+    let monitor = Arc::new(Monitor::default());
+    let cpus = rings
+        .iter()
+        .filter(|r| r.1)
+        .map(|r| r.0)
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
+    // Every thread counts as alive from here, so the monitor ends only after all left.
+    monitor.inner.lock().alive = rings.len();
+    let mut threads = Vec::with_capacity(rings.len() + 1);
+    let mut rings = rings.into_iter().enumerate();
+    while let Some((i, (qid, pin, ring))) = rings.next() {
+        let name = format!("fuser-q{qid}.{i}");
+        let se = make_loop(name.clone());
+        let m = monitor.clone();
+        let spawned = std::thread::Builder::new().name(name).spawn(move || {
+            let _member = Member::join(m);
+            serve(se, ring, fd, qid, pin, payload)
+        });
+        match spawned {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                monitor.inner.lock().alive -= 1 + rings.len();
+                return Err(e);
+            }
+        }
+    }
+    threads.push(
+        std::thread::Builder::new()
+            .name("fuser-uring-mon".into())
+            .spawn(move || {
+                monitor.run(cpus.max(1));
+                Ok(())
+            })?,
+    );
+    Ok(threads)
+}
+
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays within it for any CPU
+    // below CPU_SETSIZE (checked), and sched_setaffinity(0) acts on this thread.
+    unsafe {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return;
+        }
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            // A cpuset may leave this CPU out: serve its queue from anywhere.
+            debug!(
+                "uring: cannot pin to CPU {cpu}: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// An io_uring command SQE for /dev/fuse: `cmd_op`, queue, commit id, and for
+/// REGISTER the entry's two buffers.
+fn fuse_cmd(
+    fd: RawFd,
+    cmd_op: u32,
+    qid: u16,
+    commit_id: u64,
+    iov: Option<&[libc::iovec; 2]>,
+) -> Entry128 {
+    let mut cmd = [0u8; 80];
+    cmd[8..16].copy_from_slice(&commit_id.to_ne_bytes());
+    cmd[16..18].copy_from_slice(&qid.to_ne_bytes());
+    let mut op = UringCmd80::new(Fd(fd), cmd_op).cmd(cmd);
+    if let Some(iov) = iov {
+        op = op.addr(Some(iov.as_ptr() as u64));
+    }
+    let sqe = op.build();
+    if iov.is_none() {
+        return sqe;
+    }
+    // The builder has no setter for `len`, which REGISTER needs (the iovec count).
+    // Entry128 is repr(C): the 64-byte io_uring_sqe, whose `len` (u32) is at offset 24,
+    // then 64 bytes of command.
+    // SAFETY: same size (checked by transmute) and every byte pattern is a valid SQE.
+    let mut raw: [u8; 128] = unsafe { std::mem::transmute::<Entry128, [u8; 128]>(sqe) };
+    raw[24..28].copy_from_slice(&2u32.to_ne_bytes());
+    unsafe { std::mem::transmute::<[u8; 128], Entry128>(raw) }
+}
+
+/// Submits `sqe` and waits for the completion of this thread's only command.
+fn submit_and_wait(ring: &mut IoUring<Entry128, cqueue::Entry>, sqe: &Entry128) -> io::Result<i32> {
+    // SAFETY: the buffers the SQE points at (the entry's, and the iovecs for REGISTER)
+    // live in `serve` for as long as the ring does.
+    unsafe { ring.submission().push(sqe) }
+        .map_err(|_| io::Error::other("submission queue full"))?;
+    loop {
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+            Err(e) => return Err(e),
+        }
+        if let Some(cqe) = ring.completion().next() {
+            return Ok(cqe.result());
+        }
+    }
+}
+
+/// One ring entry's buffers, shared with the reply objects of its current request.
+struct Slot {
+    /// HDR_SIZE bytes, 8-aligned.
+    hdr: *mut u8,
+    /// LEAD bytes of room, then `cap` bytes of payload; 8-aligned.
+    data: *mut u8,
+    cap: usize,
+    words_hdr: usize,
+    words_data: usize,
+    state: Mutex<SlotState>,
+    replied: Condvar,
+}
+
+// SAFETY: the buffers are plain bytes; who writes them when is ordered by `state`: the
+// serving thread between completions and before dispatch, a reply (once per request,
+// under the lock) after, the kernel only while the entry is submitted.
+unsafe impl Send for Slot {}
+unsafe impl Sync for Slot {}
+
+struct SlotState {
+    /// Bumped per request, so a reply that outlives its request is refused.
+    generation: u64,
+    replied: bool,
+    /// The request has no payload to keep: the reply body goes into the payload buffer.
+    direct: bool,
+    body_len: usize,
+    staged: Vec<u8>,
+}
+
+fn alloc_words(words: usize) -> *mut u8 {
+    Box::into_raw(vec![0u64; words].into_boxed_slice()).cast::<u8>()
+}
+
+impl Slot {
+    fn new(cap: usize) -> Slot {
+        let words_hdr = HDR_SIZE.div_ceil(8);
+        let words_data = (LEAD + cap).div_ceil(8);
+        Slot {
+            hdr: alloc_words(words_hdr),
+            data: alloc_words(words_data),
+            cap,
+            words_hdr,
+            words_data,
+            state: Mutex::new(SlotState {
+                generation: 0,
+                replied: false,
+                direct: false,
+                body_len: 0,
+                staged: Vec::new(),
+            }),
+            replied: Condvar::new(),
+        }
+    }
+
+    fn payload(&self) -> *mut u8 {
+        // SAFETY: LEAD is within the data allocation.
+        unsafe { self.data.add(LEAD) }
+    }
+
+    fn read_u32(&self, off: usize) -> u32 {
+        let mut b = [0u8; 4];
+        // SAFETY: callers pass offsets within the headers buffer.
+        unsafe { std::ptr::copy_nonoverlapping(self.hdr.add(off), b.as_mut_ptr(), 4) };
+        u32::from_ne_bytes(b)
+    }
+
+    fn read_u64(&self, off: usize) -> u64 {
+        let mut b = [0u8; 8];
+        // SAFETY: as read_u32.
+        unsafe { std::ptr::copy_nonoverlapping(self.hdr.add(off), b.as_mut_ptr(), 8) };
+        u64::from_ne_bytes(b)
+    }
+
+    fn write_hdr(&self, off: usize, bytes: &[u8]) {
+        debug_assert!(off + bytes.len() <= HDR_SIZE);
+        // SAFETY: within the headers buffer, which nothing else touches meanwhile.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.hdr.add(off), bytes.len()) };
+    }
+
+    /// An error reply written by the server itself (bad request, no reply given).
+    fn set_status(&self, unique: u64, error: i32) {
+        let mut out = [0u8; OUT_HEADER];
+        out[0..4].copy_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
+        out[4..8].copy_from_slice(&error.to_ne_bytes());
+        out[8..16].copy_from_slice(&unique.to_ne_bytes());
+        self.write_hdr(0, &out);
+        let mut st = self.state.lock();
+        st.replied = true;
+        st.body_len = 0;
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // SAFETY: allocated by alloc_words with these lengths, freed once.
+        unsafe {
+            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                self.hdr.cast::<u64>(),
+                self.words_hdr,
+            )));
+            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                self.data.cast::<u64>(),
+                self.words_data,
+            )));
+        }
+    }
+}
+
+/// Where a reply to a request that came through a ring entry goes.
+#[derive(Clone)]
+pub(crate) struct RingReply {
+    slot: Arc<Slot>,
+    generation: u64,
+}
+
+impl std::fmt::Debug for RingReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingReply")
+            .field("generation", &self.generation)
+            .finish()
+    }
+}
+
+impl RingReply {
+    /// Writes a reply (fuse_out_header then body, as for writev on /dev/fuse) into the
+    /// entry: the header into `in_out`, the body into the payload buffer or, while the
+    /// request's own payload is still borrowed, a staging buffer.
+    pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> io::Result<()> {
+        let slot = &*self.slot;
+        let mut st = slot.state.lock();
+        if st.generation != self.generation || st.replied {
+            return Err(io::Error::other("reply to a finished io_uring request"));
+        }
+        let total: usize = data.iter().map(|s| s.len()).sum();
+        if total < OUT_HEADER {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "short reply"));
+        }
+        let body_len = total - OUT_HEADER;
+        let mut header = [0u8; OUT_HEADER];
+        let mut at = 0usize;
+        if body_len > slot.cap {
+            // Cannot happen for replies sized by their request; fail the request.
+            let mut h = [0u8; OUT_HEADER];
+            copy_out(data, 0, &mut h);
+            let unique = u64::from_ne_bytes(h[8..16].try_into().unwrap_or_default());
+            drop(st);
+            slot.set_status(unique, -libc::EIO);
+            slot.replied.notify_all();
+            return Err(io::Error::other("reply larger than the ring buffer"));
+        }
+        at += copy_out(data, at, &mut header);
+        slot.write_hdr(0, &header);
+        if body_len > 0 {
+            if st.direct {
+                // SAFETY: the payload buffer holds `cap` >= body_len bytes and the request
+                // borrows none of it (it had no payload).
+                let body = unsafe { std::slice::from_raw_parts_mut(slot.payload(), body_len) };
+                copy_out(data, at, body);
+            } else {
+                let mut staged = std::mem::take(&mut st.staged);
+                staged.resize(body_len, 0);
+                copy_out(data, at, &mut staged);
+                st.staged = staged;
+            }
+        }
+        st.body_len = body_len;
+        st.replied = true;
+        drop(st);
+        slot.replied.notify_all();
+        Ok(())
+    }
+}
+
+/// Copies bytes `skip..skip + out.len()` of the concatenation of `data` into `out`;
+/// returns how many were copied.
+fn copy_out(data: &[IoSlice<'_>], mut skip: usize, out: &mut [u8]) -> usize {
+    let mut n = 0;
+    for s in data {
+        if n == out.len() {
+            break;
+        }
+        if skip >= s.len() {
+            skip -= s.len();
+            continue;
+        }
+        let take = (s.len() - skip).min(out.len() - n);
+        out[n..n + take].copy_from_slice(&s[skip..skip + take]);
+        n += take;
+        skip = 0;
+    }
+    n
+}
+
+/// A serving thread: registers its entry, then handles a request and commits its
+/// reply until the connection goes away.
+fn serve<FS: Filesystem>(
+    se: SessionEventLoop<FS>,
+    mut ring: IoUring<Entry128, cqueue::Entry>,
+    fd: RawFd,
+    qid: u16,
+    pin: bool,
+    payload: usize,
+) -> io::Result<()> {
+    if pin {
+        pin_to_cpu(qid as usize);
+    }
+    let slot = Arc::new(Slot::new(payload));
+    let iov = [
+        libc::iovec {
+            iov_base: slot.hdr.cast(),
+            iov_len: HDR_SIZE,
+        },
+        libc::iovec {
+            iov_base: slot.payload().cast(),
+            iov_len: payload,
+        },
+    ];
+    let mut sqe = fuse_cmd(fd, CMD_REGISTER, qid, 0, Some(&iov));
+    loop {
+        let res = submit_and_wait(&mut ring, &sqe)?;
+        if res < 0 {
+            let err = io::Error::from_raw_os_error(-res);
+            return match -res {
+                // The connection is unmounted or aborted, or the ring torn down; or
+                // `enable_uring` was turned off between INIT and REGISTER (requests then
+                // keep to /dev/fuse).
+                libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED | libc::ENODEV => Ok(()),
+                libc::EOPNOTSUPP => {
+                    debug!("fuse io_uring queue {qid}: not enabled");
+                    Ok(())
+                }
+                _ => {
+                    warn!("fuse io_uring queue {qid}: {err}");
+                    Err(err)
+                }
+            };
+        }
+        let commit_id = handle(&se, &slot);
+        sqe = fuse_cmd(fd, CMD_COMMIT_AND_FETCH, qid, commit_id, None);
+    }
+}
+
+/// Dispatches the request in the entry; returns its commit id with the reply in place.
+fn handle<FS: Filesystem>(se: &SessionEventLoop<FS>, slot: &Arc<Slot>) -> u64 {
+    let in_len = slot.read_u32(0) as usize;
+    let opcode = slot.read_u32(4);
+    let unique = slot.read_u64(8);
+    let commit_id = slot.read_u64(HDR_ENT_IN_OUT + 8);
+    let payload_sz = slot.read_u32(HDR_ENT_IN_OUT + 16) as usize;
+    let generation = {
+        let mut st = slot.state.lock();
+        st.generation += 1;
+        st.replied = false;
+        st.direct = payload_sz == 0;
+        st.body_len = 0;
+        st.generation
+    };
+    let arg0 = in_len.checked_sub(IN_HEADER + payload_sz);
+    let Some(arg0) =
+        arg0.filter(|&a| a <= OP_IN_MAX && (IN_HEADER + a) % 8 == 0 && payload_sz <= slot.cap)
+    else {
+        warn!("fuse io_uring: malformed request (len {in_len}, payload {payload_sz})");
+        slot.set_status(unique, -libc::EIO);
+        return finish(slot, commit_id);
+    };
+    let start = LEAD - IN_HEADER - arg0;
+    // SAFETY: [start, LEAD) is the room before the payload, inside the data allocation;
+    // the headers buffer holds IN_HEADER + arg0 <= 168 readable bytes at these offsets.
+    // The message slice then spans the room and the request's payload, which the kernel
+    // wrote before completing and nothing writes until the reply (direct replies only
+    // when there is no request payload, and they write past LEAD).
+    let msg = unsafe {
+        std::ptr::copy_nonoverlapping(slot.hdr, slot.data.add(start), IN_HEADER);
+        std::ptr::copy_nonoverlapping(
+            slot.hdr.add(HDR_OP_IN),
+            slot.data.add(start + IN_HEADER),
+            arg0,
+        );
+        std::slice::from_raw_parts(slot.data.add(start), IN_HEADER + arg0 + payload_sz)
+    };
+    let reply = RingReply {
+        slot: slot.clone(),
+        generation,
+    };
+    match RequestWithSender::with_ring(se.ch.sender(), reply, msg) {
+        Some(req) => req.dispatch(se),
+        None => slot.set_status(unique, -libc::EIO),
+    }
+    // A reply handed to another thread is waited for; requests without replies should
+    // not come this way, but would otherwise hold the entry forever.
+    let mut st = slot.state.lock();
+    if !st.replied && matches!(opcode, FUSE_FORGET | FUSE_BATCH_FORGET) {
+        drop(st);
+        slot.set_status(unique, 0);
+    } else {
+        while !st.replied {
+            slot.replied.wait(&mut st);
+        }
+        drop(st);
+    }
+    finish(slot, commit_id)
+}
+
+/// Moves a staged body into the payload buffer and records its size for the kernel.
+fn finish(slot: &Slot, commit_id: u64) -> u64 {
+    let mut st = slot.state.lock();
+    let body_len = st.body_len;
+    if body_len > 0 && !st.direct {
+        // SAFETY: body_len <= cap (checked in send); the request's borrow has ended.
+        unsafe { std::ptr::copy_nonoverlapping(st.staged.as_ptr(), slot.payload(), body_len) };
+        st.staged.clear();
+    }
+    // One reply per generation: a late duplicate is refused.
+    st.generation += 1;
+    drop(st);
+    slot.write_hdr(HDR_ENT_IN_OUT + 16, &(body_len as u32).to_ne_bytes());
+    commit_id
+}
