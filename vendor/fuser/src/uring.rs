@@ -627,27 +627,43 @@ fn handle<FS: Filesystem>(se: &SessionEventLoop<FS>, slot: &Arc<Slot>) -> u64 {
         st.generation
     };
     let arg0 = in_len.checked_sub(IN_HEADER + payload_sz);
-    let Some(arg0) =
-        arg0.filter(|&a| a <= OP_IN_MAX && (IN_HEADER + a) % 8 == 0 && payload_sz <= slot.cap)
-    else {
+    let Some(arg0) = arg0.filter(|&a| a <= OP_IN_MAX && payload_sz <= slot.cap) else {
         warn!("fuse io_uring: malformed request (len {in_len}, payload {payload_sz})");
         slot.set_status(unique, -libc::EIO);
         return finish(slot, commit_id);
     };
-    let start = LEAD - IN_HEADER - arg0;
-    // SAFETY: [start, LEAD) is the room before the payload, inside the data allocation;
-    // the headers buffer holds IN_HEADER + arg0 <= 168 readable bytes at these offsets.
-    // The message slice then spans the room and the request's payload, which the kernel
-    // wrote before completing and nothing writes until the reply (direct replies only
-    // when there is no request payload, and they write past LEAD).
-    let msg = unsafe {
-        std::ptr::copy_nonoverlapping(slot.hdr, slot.data.add(start), IN_HEADER);
-        std::ptr::copy_nonoverlapping(
-            slot.hdr.add(HDR_OP_IN),
-            slot.data.add(start + IN_HEADER),
-            arg0,
-        );
-        std::slice::from_raw_parts(slot.data.add(start), IN_HEADER + arg0 + payload_sz)
+    let len = IN_HEADER + arg0 + payload_sz;
+    let mut scratch: Vec<u64>;
+    let msg: &[u8] = if (IN_HEADER + arg0) % 8 == 0 {
+        let start = LEAD - IN_HEADER - arg0;
+        // SAFETY: [start, LEAD) is the room before the payload, inside the data
+        // allocation; the headers buffer holds IN_HEADER + arg0 <= 168 readable bytes at
+        // these offsets. The message then spans the room and the request's payload,
+        // which the kernel wrote before completing and nothing writes until the reply
+        // (direct replies only when there is no request payload, and past LEAD).
+        unsafe {
+            std::ptr::copy_nonoverlapping(slot.hdr, slot.data.add(start), IN_HEADER);
+            std::ptr::copy_nonoverlapping(
+                slot.hdr.add(HDR_OP_IN),
+                slot.data.add(start + IN_HEADER),
+                arg0,
+            );
+            std::slice::from_raw_parts(slot.data.add(start), len)
+        }
+    } else {
+        // First arguments are whole structs (multiples of 8 bytes) as of Linux 6.18;
+        // any other size would leave the payload unaligned in place: copy the message
+        // to an aligned buffer instead of refusing it.
+        scratch = vec![0u64; len.div_ceil(8)];
+        let base = scratch.as_mut_ptr().cast::<u8>();
+        // SAFETY: `scratch` holds >= len bytes and is not otherwise borrowed; the
+        // sources are as above plus the payload (payload_sz <= cap).
+        unsafe {
+            std::ptr::copy_nonoverlapping(slot.hdr, base, IN_HEADER);
+            std::ptr::copy_nonoverlapping(slot.hdr.add(HDR_OP_IN), base.add(IN_HEADER), arg0);
+            std::ptr::copy_nonoverlapping(slot.payload(), base.add(IN_HEADER + arg0), payload_sz);
+            std::slice::from_raw_parts(base, len)
+        }
     };
     let reply = RingReply {
         slot: slot.clone(),
