@@ -332,6 +332,13 @@ impl File {
     pub fn ino(&self) -> Ino {
         self.ino
     }
+    /// linkat(fd, "", AT_FDCWD, `path`, AT_EMPTY_PATH): a new name for this file,
+    /// also for an unnamed one from [`Fs::create_unnamed`] made linkable.
+    pub fn link(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        let p = path.as_ref().as_os_str().as_encoded_bytes();
+        let (parent, name) = self.fs.parent_and_name(p)?;
+        self.fs.link_ino(self.ino, parent, name)
+    }
     fn inode(&self) -> Result<Inode> {
         self.fs.read_inode_vfs(self.ino)
     }

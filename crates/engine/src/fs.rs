@@ -48,6 +48,11 @@ pub struct FsOptions {
     /// writeback cache) turns this off: the engine then holds only dirty data, and
     /// reads copy what is cached and read the rest from the device.
     pub cache_clean: bool,
+    /// Where the times of changes come from (`None`: the system's realtime clock,
+    /// [`crate::inode_write::now_ts`]). A frontend whose kernel also stamps times — the
+    /// FUSE mount, where the kernel's writeback cache sets mtime and ctime from its
+    /// coarse clock — passes that clock, so a file is never born after its mtime.
+    pub clock: Option<fn() -> rext4_format::inode::Timestamp>,
 }
 
 impl Default for FsOptions {
@@ -59,6 +64,7 @@ impl Default for FsOptions {
             commit_secs: 5,
             cache_bytes: None,
             cache_clean: true,
+            clock: None,
         }
     }
 }
@@ -156,6 +162,11 @@ pub(crate) struct Inner {
     /// References held on inodes (open handles): an inode with references is not freed
     /// when its last link goes; it becomes an orphan (see `orphan.rs`).
     pub(crate) pins: Mutex<std::collections::HashMap<Ino, u32>>,
+    /// Unnamed files made by `tmpfile_ino` without `excl`: `link_ino` may give them a
+    /// name although they have no links (the kernel's I_LINKABLE).
+    pub(crate) linkable: Mutex<std::collections::HashSet<Ino>>,
+    /// Source of the times of changes (`FsOptions::clock`).
+    pub(crate) clock: fn() -> rext4_format::inode::Timestamp,
     /// Per-inode I/O locks, striped by inode number: shared for reads and in-place
     /// overwrites of written blocks (which then need no other lock), exclusive for
     /// anything that changes which blocks an inode maps (allocating writes, truncate,
@@ -312,6 +323,8 @@ impl Fs {
                 busy: Mutex::new(Busy::default()),
                 shutdown: Mutex::new(None),
                 pins: Mutex::new(std::collections::HashMap::new()),
+                linkable: Mutex::new(std::collections::HashSet::new()),
+                clock: opts.clock.unwrap_or(crate::inode_write::now_ts),
                 io_locks: (0..IO_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
                 tree_locks: (0..IO_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
                 pagecache: crate::pagecache::PageCache::new(

@@ -29,6 +29,11 @@ pub fn now_ts() -> Timestamp {
 }
 
 impl Fs {
+    /// The time of a change now (`FsOptions::clock`).
+    pub(crate) fn now(&self) -> Timestamp {
+        (self.inner.clock)()
+    }
+
     /// Store `inode` as inode `ino`. Caller holds the write lock.
     pub(crate) fn write_inode(&self, ino: Ino, inode: &Inode) -> Result<()> {
         self.write_inode_record(ino, inode, false)
@@ -95,7 +100,7 @@ impl Fs {
 
     /// A fresh in-memory inode of `mode` (type and permissions).
     pub(crate) fn new_inode(&self, mode: u16, uid: u32, gid: u32) -> Inode {
-        let t = now_ts();
+        let t = self.now();
         let mut i = Inode::decode(&[0u8; 256]).unwrap_or_else(|_| unreachable_inode());
         i.mode = mode;
         i.uid = uid;

@@ -127,6 +127,13 @@ fn dirent_type(mode: u16) -> DirFt {
     DirFt::from_mode(mode)
 }
 
+/// The set behind `m`, whether or not a panicking thread poisoned it.
+fn lock_set(
+    m: &std::sync::Mutex<std::collections::HashSet<Ino>>,
+) -> std::sync::MutexGuard<'_, std::collections::HashSet<Ino>> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn check_name(name: &[u8]) -> Result<()> {
     if name.len() > NAME_MAX {
         return Err(Error::NameTooLong);
@@ -194,7 +201,7 @@ impl Fs {
         let r = dir_write::add_entry(d, name, ino.0, dirent_type(mode), self.dir_index());
         self.dent_changed(d.ino, name, &r, Some((ino.0, dirent_type(mode) as u8)));
         r?;
-        let t = now_ts();
+        let t = self.now();
         d.inode.mtime = t;
         d.inode.ctime = t;
         d.dirty = true;
@@ -261,6 +268,56 @@ impl Fs {
         })();
         self.keep_or_abandon(ino, false, made)?;
         self.finish_dir(d)?;
+        Ok(ino)
+    }
+
+    /// Create an unnamed regular file in directory `parent` (O_TMPFILE): an inode with
+    /// no links, on the orphan list from the start as ext4 puts it (a crash frees it at
+    /// the next read-write open), which gets a name only through [`Fs::link_ino`] — and
+    /// not even then when `excl` (O_TMPFILE | O_EXCL). It comes back pinned once: the
+    /// caller owns that reference, whose last [`Fs::unpin`] frees a file still unnamed.
+    /// `mode` holds S_IFREG (or no type) and the permission bits.
+    pub fn tmpfile_ino(
+        &self,
+        parent: Ino,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        excl: bool,
+    ) -> Result<Ino> {
+        let mut mode = mode as u16;
+        match mode & m::S_IFMT {
+            0 => mode |= m::S_IFREG,
+            m::S_IFREG => {}
+            _ => {
+                return Err(Error::InvalidInput(
+                    "an unnamed file must be a regular file".into(),
+                ))
+            }
+        }
+        let _w = self.write_lock();
+        self.check_writable()?;
+        let d = self.dir_handle(parent)?;
+        may_change(&d.inode, "add a name", true)?;
+        let inherited = self.inherit_acl(&d.inode, parent, &mut mode)?;
+        let ino = self.alloc_inode(parent, false)?;
+        let made = (|| {
+            let mut inode = self.new_inode(mode, uid, gid);
+            inode.links_count = 0;
+            if self.uses_extents() {
+                inode.flags |= flags::EXTENTS;
+                crate::extent_write::init_empty(&mut inode.block);
+            }
+            self.write_new_inode(ino, &inode)?;
+            self.store_inherited(ino, inherited)?;
+            let inode = self.orphan_add(ino, self.read_inode(ino)?)?;
+            self.write_inode(ino, &inode)
+        })();
+        self.keep_or_abandon(ino, false, made)?;
+        self.pin(ino);
+        if !excl {
+            lock_set(&self.inner.linkable).insert(ino);
+        }
         Ok(ino)
     }
 
@@ -396,6 +453,12 @@ impl Fs {
         if inode.links_count >= LINK_MAX {
             return Err(Error::TooManyLinks);
         }
+        // No links left: only an unnamed file made to be linked (O_TMPFILE without
+        // O_EXCL) may get a name back; any other is gone (the kernel's ENOENT).
+        let unnamed = inode.links_count == 0;
+        if unnamed && !lock_set(&self.inner.linkable).contains(&ino) {
+            return Err(Error::NotFound);
+        }
         let mut d = self.dir_handle(new_parent)?;
         if self.lookup(new_parent, new_name)?.is_some() {
             return Err(Error::Exists);
@@ -403,8 +466,13 @@ impl Fs {
         may_change(&inode, "link", false)?;
         may_change(&d.inode, "add a name", true)?;
         self.link_into(&mut d, new_name, ino, inode.mode)?;
+        if unnamed {
+            self.orphan_remove(ino, &inode)?;
+            inode.dtime = 0;
+            lock_set(&self.inner.linkable).remove(&ino);
+        }
         inode.links_count += 1;
-        inode.ctime = now_ts();
+        inode.ctime = self.now();
         self.write_inode(ino, &inode)?;
         self.finish_dir(d)
     }
@@ -425,7 +493,7 @@ impl Fs {
         let r = dir_write::remove_entry(&mut d, name);
         self.dent_changed(parent, name, &r, None);
         r?;
-        let t = now_ts();
+        let t = self.now();
         d.inode.mtime = t;
         d.inode.ctime = t;
         d.dirty = true;
@@ -436,7 +504,7 @@ impl Fs {
     /// One link of `ino` went away: update it, or free it with the last link.
     fn drop_link(&self, ino: Ino, mut inode: Inode) -> Result<()> {
         inode.links_count = inode.links_count.saturating_sub(1);
-        inode.ctime = now_ts();
+        inode.ctime = self.now();
         if inode.links_count > 0 {
             return self.write_inode(ino, &inode);
         }
@@ -477,7 +545,7 @@ impl Fs {
         self.release_xattr_block(&mut inode)?;
         inode.links_count = 0;
         inode.size = 0;
-        inode.dtime = now_ts().sec as u32;
+        inode.dtime = self.now().sec as u32;
         self.write_inode(ino, &inode)?;
         self.free_inode(ino, is_dir)
     }
@@ -500,7 +568,7 @@ impl Fs {
         self.dent_changed(parent, name, &r, None);
         r?;
         Self::dec_dir_links(&mut d.inode);
-        let t = now_ts();
+        let t = self.now();
         d.inode.mtime = t;
         d.inode.ctime = t;
         d.dirty = true;
@@ -604,7 +672,7 @@ impl Fs {
             }
         }
         // Preconditions hold: change things.
-        let t = now_ts();
+        let t = self.now();
         let mut victim = None;
         {
             let mut nd = self.dir_handle(new_parent)?;
@@ -680,7 +748,7 @@ impl Fs {
     fn exchange(&self, p1: Ino, n1: &[u8], i1: Ino, p2: Ino, n2: &[u8], i2: Ino) -> Result<()> {
         let a = self.read_live_inode(i1)?;
         let b = self.read_live_inode(i2)?;
-        let t = now_ts();
+        let t = self.now();
         // Each parent now names the other inode; across parents, a directory moving
         // out takes a link from its old parent and gives one to the new.
         for (p, name, new_ino, now, was, other) in
@@ -869,7 +937,7 @@ impl Fs {
             ));
         }
         inode.flags = want;
-        inode.ctime = now_ts();
+        inode.ctime = self.now();
         self.write_inode(ino, &inode)
     }
 
@@ -988,7 +1056,7 @@ impl Fs {
             self.zero_past_eof(ino, &inode, size)?;
         }
         inode.size = size;
-        let t = now_ts();
+        let t = self.now();
         inode.mtime = t;
         inode.ctime = t;
         self.write_inode(ino, &inode)?;
@@ -1092,7 +1160,7 @@ impl Fs {
         let _w = self.write_lock();
         self.check_writable()?;
         let mut inode = self.read_live_inode(ino)?;
-        let t = now_ts();
+        let t = self.now();
         let near = |x: Timestamp| {
             let a = i128::from(x.sec) * 1_000_000_000 + i128::from(x.nsec);
             let b = i128::from(t.sec) * 1_000_000_000 + i128::from(t.nsec);
@@ -1225,7 +1293,7 @@ impl Fs {
             inode.size = pos;
         }
         if done > 0 && update_times {
-            let t = now_ts();
+            let t = self.now();
             inode.mtime = t;
             inode.ctime = t;
         }
@@ -1396,7 +1464,7 @@ impl Fs {
                 }
             }
         }
-        inode.ctime = now_ts();
+        inode.ctime = self.now();
         if matches!(mode, FallocMode::PunchHole | FallocMode::ZeroRange { .. }) {
             inode.mtime = inode.ctime;
         }
@@ -1457,7 +1525,7 @@ impl Fs {
             with_tree(self, ino, &mut inode, |t| t.insert_range(first, n))?;
             inode.size += len;
         }
-        inode.ctime = now_ts();
+        inode.ctime = self.now();
         inode.mtime = inode.ctime;
         self.write_inode(ino, &inode)?;
         self.pc_disk_size_is(ino, inode.size, true);

@@ -385,6 +385,20 @@ impl Fs {
             .open(self, path)
     }
 
+    /// open(`dir`, O_TMPFILE | O_RDWR, `mode`): an unnamed regular file in directory
+    /// `dir`, open for reading and writing and owned by root. It is freed when the
+    /// returned [`File`] (and every clone of its reference) is gone, unless
+    /// [`File::link`] gave it a name first; with `linkable` false (O_EXCL) it never
+    /// gets one.
+    pub fn create_unnamed(&self, dir: impl AsRef<Path>, mode: u32, linkable: bool) -> Result<File> {
+        let parent = self.resolve(path_bytes(dir.as_ref()), true)?;
+        let ino = self.tmpfile_ino(parent, mode & 0o7777, 0, 0, !linkable)?;
+        // The file takes over the reference tmpfile_ino returned.
+        let f = self.open_ino_with(ino, true);
+        let _ = self.unpin(ino);
+        f
+    }
+
     /// Write a whole file (`std::fs::write`).
     pub fn write(&self, path: impl AsRef<Path>, data: impl AsRef<[u8]>) -> Result<()> {
         let f = self.create(path)?;

@@ -257,7 +257,7 @@ impl Fs {
             self.cache().write(target, Kind::Xattr, data, |_| Ok(()))?;
             inode.file_acl = target;
         }
-        inode.ctime = crate::inode_write::now_ts();
+        inode.ctime = self.now();
         self.write_inode_raw(ino, &raw, &inode)
     }
 }

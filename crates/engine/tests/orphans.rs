@@ -99,3 +99,97 @@ fn orphan_file_upstream() {
 fn legacy_orphan_list_debian() {
     case(false);
 }
+
+/// O_TMPFILE (`Fs::create_unnamed`): the unnamed inode is an orphan from the start, so
+/// a crash while it is open frees it at the next read-write open; a linkable one takes
+/// a name (and leaves the orphan list), an O_EXCL one never does, and closing an
+/// unnamed one frees it. e2fsck is clean after each.
+fn unnamed_case(upstream: bool) {
+    let img = mkfs(&MkfsOptions::new(4096, 32 << 20).upstream(upstream)).expect("mkfs");
+    let base = std::fs::read(img.path()).expect("read");
+    let dev = Arc::new(Recorder::new(base));
+    let fs = rw_dev(dev.clone());
+    fs.create_dir("/d").expect("mkdir");
+    fs.sync().expect("sync");
+    let (inodes0, blocks0) = {
+        let sb = fs.superblock();
+        (sb.free_inodes_count, sb.free_blocks_count)
+    };
+    let f = fs.create_unnamed("/d", 0o640, true).expect("O_TMPFILE");
+    f.write_all_at(&[9u8; 300_000], 0).expect("write");
+    assert_eq!(f.metadata().expect("fstat").nlink, 0);
+    assert!(fs.read_dir("/d").expect("readdir").is_empty(), "no name");
+    fs.sync().expect("commit");
+    assert_eq!(fs.superblock().free_inodes_count, inodes0 - 1);
+    let crashed = dev.mem.snapshot();
+
+    // O_EXCL: never linkable; freed at close.
+    let g = fs
+        .create_unnamed("/d", 0o600, false)
+        .expect("O_TMPFILE|O_EXCL");
+    g.write_all_at(b"gone", 0).expect("write");
+    assert!(matches!(g.link("/d/g"), Err(Error::NotFound)));
+    drop(g);
+    fs.sync().expect("sync");
+    assert_eq!(fs.superblock().free_inodes_count, inodes0 - 1);
+
+    // Linkable: takes a name, keeps its data, leaves the orphan list.
+    f.link("/d/named").expect("linkat");
+    assert!(matches!(f.link("/d/named"), Err(Error::Exists)));
+    let m = fs.metadata("/d/named").expect("stat");
+    assert_eq!((m.nlink, m.len(), m.mode & 0o7777), (1, 300_000, 0o640));
+    drop(f);
+    fs.sync().expect("sync");
+    assert_eq!(fs.read("/d/named").expect("read"), vec![9u8; 300_000]);
+    assert_eq!(fs.superblock().last_orphan, 0);
+    assert!(!fs
+        .superblock()
+        .has_ro_compat(rext4::format::superblock::feature::RO_COMPAT_ORPHAN_PRESENT));
+    // A name given to a file unlinked while open is refused (linkat's ENOENT).
+    let h = fs.open_file("/d/named").expect("open");
+    fs.remove_file("/d/named").expect("unlink");
+    assert!(matches!(h.link("/d/again"), Err(Error::NotFound)));
+    drop(h);
+    fs.close().expect("close");
+    let tmp = TempDir::new("unnamed").expect("tmp");
+    let p = tmp.join("done.img");
+    std::fs::write(&p, dev.mem.snapshot()).expect("write");
+    let r = e2fsck_fn(&p);
+    assert!(r.clean, "after close: {}", r.output);
+
+    // The crash image with the unnamed file open: the next open frees it.
+    let p = tmp.join("crash.img");
+    std::fs::write(&p, crashed).expect("write");
+    let fs = Fs::open_with(
+        &p,
+        FsOptions {
+            read_only: false,
+            commit_secs: 0,
+            ..FsOptions::default()
+        },
+    )
+    .expect("reopen");
+    assert!(
+        fs.warnings().iter().any(|w| w.contains("orphan")),
+        "{:?}",
+        fs.warnings()
+    );
+    let sb = fs.superblock();
+    assert_eq!(
+        (sb.free_inodes_count, sb.free_blocks_count),
+        (inodes0, blocks0)
+    );
+    fs.close().expect("close");
+    let r = e2fsck_fn(&p);
+    assert!(r.clean, "after orphan processing: {}", r.output);
+}
+
+#[test]
+fn unnamed_file_upstream() {
+    unnamed_case(true);
+}
+
+#[test]
+fn unnamed_file_legacy_orphan_list() {
+    unnamed_case(false);
+}

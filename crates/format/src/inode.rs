@@ -35,6 +35,8 @@ pub mod flags {
     pub const HUGE_FILE: u32 = 0x40000;
     pub const EXTENTS: u32 = 0x80000;
     pub const EA_INODE: u32 = 0x200000;
+    pub const ENCRYPT: u32 = 0x800;
+    pub const VERITY: u32 = 0x0010_0000;
     pub const DAX: u32 = 0x0200_0000;
     pub const INLINE_DATA: u32 = 0x10000000;
     pub const PROJINHERIT: u32 = 0x2000_0000;
