@@ -29,7 +29,7 @@ use std::ffi::CString;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::os::unix::fs::{symlink, FileExt, FileTypeExt, MetadataExt};
+use std::os::unix::fs::{symlink, FileExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -160,6 +160,8 @@ const CHECKS: &[(&str, Check)] = &[
     ("seek_data_hole_unsynced", check_seek_data_hole_unsynced),
     ("statfs_sanity", check_statfs_sanity),
     ("mknod_nodes", check_mknod_nodes),
+    ("o_tmpfile", check_o_tmpfile),
+    ("statx_btime", check_statx_btime),
 ];
 
 const NOBODY: u32 = 65534;
@@ -2899,4 +2901,141 @@ fn posix_suite() {
         "POSIX suite:\n  {}",
         problems.join("\n  ")
     );
+}
+
+/// linkat(fd, "", AT_FDCWD, path, AT_EMPTY_PATH): a name for an open file.
+fn link_fd(f: &File, to: &Path) -> io::Result<()> {
+    let c = cpath(to);
+    // SAFETY: valid descriptor and C strings.
+    cvt(unsafe {
+        libc::linkat(
+            f.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        )
+    })
+    .map(|_| ())
+}
+
+/// O_TMPFILE: an unnamed file that linkat can name (not when O_EXCL), freed at close
+/// when it has no name; the VFS's argument rules.
+fn check_o_tmpfile(d: &Path) -> Res {
+    let s0 = statvfs(d).ctx("statvfs")?;
+    let f = open(d, libc::O_TMPFILE | libc::O_RDWR, 0o640).ctx("O_TMPFILE")?;
+    let data = pattern(30_000, 3);
+    f.write_all_at(&data, 0).ctx("write")?;
+    let m = f.metadata().ctx("fstat")?;
+    eq("nlink", m.nlink(), 0)?;
+    eq("size", m.len(), data.len() as u64)?;
+    eq("mode", m.mode(), 0o100_640)?;
+    eq(
+        "directory stays empty",
+        fs::read_dir(d).ctx("readdir")?.count(),
+        0,
+    )?;
+    eq(
+        "f_ffree with it open",
+        statvfs(d).ctx("statvfs")?.f_ffree,
+        s0.f_ffree - 1,
+    )?;
+    link_fd(&f, &d.join("named")).ctx("linkat")?;
+    errno("linkat again", link_fd(&f, &d.join("named")), libc::EEXIST)?;
+    eq("nlink once named", f.metadata().ctx("fstat")?.nlink(), 1)?;
+    drop(f);
+    eq("content by name", read(&d.join("named"))? == data, true)?;
+    let g =
+        open(d, libc::O_TMPFILE | libc::O_WRONLY | libc::O_EXCL, 0o600).ctx("O_TMPFILE|O_EXCL")?;
+    g.write_all_at(b"never named", 0).ctx("write")?;
+    errno(
+        "linkat of an O_EXCL one",
+        link_fd(&g, &d.join("g")),
+        libc::ENOENT,
+    )?;
+    drop(g);
+    let until = Instant::now() + Duration::from_secs(5);
+    let ffree = loop {
+        let n = statvfs(d).ctx("statvfs")?.f_ffree;
+        if n == s0.f_ffree - 1 || Instant::now() > until {
+            break n;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    eq(
+        "f_ffree after the unnamed one closed",
+        ffree,
+        s0.f_ffree - 1,
+    )?;
+    errno(
+        "O_TMPFILE read-only",
+        open(d, libc::O_TMPFILE | libc::O_RDONLY, 0o600),
+        libc::EINVAL,
+    )?;
+    errno(
+        "O_TMPFILE on a file",
+        open(&d.join("named"), libc::O_TMPFILE | libc::O_RDWR, 0o600),
+        libc::ENOTDIR,
+    )
+}
+
+fn statx_of(p: &Path) -> io::Result<libc::statx> {
+    let c = cpath(p);
+    // SAFETY: all-zero is a valid statx; valid C string and output pointer.
+    let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    cvt(unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_BASIC_STATS | libc::STATX_BTIME,
+            &mut sx,
+        )
+    })?;
+    Ok(sx)
+}
+
+/// statx reports the birth time: set at creation, kept by later changes, never after
+/// the times of those changes.
+fn check_statx_btime(d: &Path) -> Res {
+    let t0 = now_secs();
+    let f = d.join("f");
+    write(&f, b"born")?;
+    let sx = statx_of(&f).ctx("statx")?;
+    ensure(sx.stx_mask & libc::STATX_BTIME != 0, || {
+        "no STATX_BTIME".into()
+    })?;
+    let born = (sx.stx_btime.tv_sec, sx.stx_btime.tv_nsec);
+    ensure((t0 - 2..=now_secs() + 2).contains(&born.0), || {
+        format!("birth time {} not near {t0}", born.0)
+    })?;
+    let mt = (sx.stx_mtime.tv_sec, sx.stx_mtime.tv_nsec);
+    ensure(born <= mt, || {
+        format!("born {born:?} after its mtime {mt:?}")
+    })?;
+    std::thread::sleep(Duration::from_millis(20));
+    let h = open(&f, libc::O_WRONLY, 0).ctx("open")?;
+    h.write_all_at(b"later", 4).ctx("write")?;
+    drop(h);
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).ctx("chmod")?;
+    utimensat(&f, [ts(1_000_000_000, 0), ts(1_000_000_000, 0)], 0).ctx("utimensat")?;
+    let sx = statx_of(&f).ctx("statx again")?;
+    eq(
+        "birth time after write, chmod, utimensat",
+        (sx.stx_btime.tv_sec, sx.stx_btime.tv_nsec),
+        born,
+    )?;
+    let ct = (sx.stx_ctime.tv_sec, sx.stx_ctime.tv_nsec);
+    ensure(born <= ct, || {
+        format!("born {born:?} after its ctime {ct:?}")
+    })?;
+    let dir = d.join("sub");
+    fs::create_dir(&dir).ctx("mkdir")?;
+    let dx = statx_of(&dir).ctx("statx dir")?;
+    ensure(dx.stx_mask & libc::STATX_BTIME != 0, || {
+        "no STATX_BTIME on a dir".into()
+    })?;
+    ensure((dx.stx_btime.tv_sec, dx.stx_btime.tv_nsec) >= born, || {
+        "a later directory was born earlier".into()
+    })
 }

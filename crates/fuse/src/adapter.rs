@@ -37,7 +37,7 @@ use fuser::{
     Filesystem, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner,
     OpenAccMode, OpenFlags, RenameFlags as FuseRenameFlags, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use rext4::format::acl;
 use rext4::format::inode::Inode;
@@ -83,6 +83,23 @@ const XFLAGS: [(u32, u32); 7] = {
         (f::DAX, 0x8000),
     ]
 };
+
+/// The STATX_ATTR_* flags of ext4 inode flags `flags`, and the mask of those ext4
+/// reports at all (what ext4_getattr fills in).
+fn statx_attributes(flags: u32) -> (u64, u64) {
+    use rext4::format::inode::flags as f;
+    const TABLE: [(u32, u64); 6] = [
+        (f::COMPR, 0x4),        // STATX_ATTR_COMPRESSED
+        (f::IMMUTABLE, 0x10),   // STATX_ATTR_IMMUTABLE
+        (f::APPEND, 0x20),      // STATX_ATTR_APPEND
+        (f::NODUMP, 0x40),      // STATX_ATTR_NODUMP
+        (f::ENCRYPT, 0x800),    // STATX_ATTR_ENCRYPTED
+        (f::VERITY, 0x10_0000), // STATX_ATTR_VERITY
+    ];
+    TABLE.iter().fold((0, 0), |(a, m), &(fl, x)| {
+        (if flags & fl != 0 { a | x } else { a }, m | x)
+    })
+}
 
 fn xflags_of(flags: u32) -> u32 {
     XFLAGS
@@ -812,6 +829,25 @@ impl Filesystem for Adapter {
         reply.attr(&TTL, &attr);
     }
 
+    /// statx with the birth time (ext4's i_crtime, kept by inodes larger than 128
+    /// bytes) and the STATX_ATTR_* flags ext4 reports.
+    fn statx(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: Option<FileHandle>,
+        _flags: u32,
+        _mask: u32,
+        reply: ReplyStatx,
+    ) {
+        let s = &self.s;
+        let e = to_ext4(ino);
+        let i = tri!(reply, s.load(e));
+        let attr = tri!(reply, s.attr_of(e, &i));
+        let (attributes, mask) = statx_attributes(i.flags);
+        reply.statx(&TTL, &attr, i.crtime.map(system_time), attributes, mask);
+    }
+
     fn setattr(
         &self,
         req: &Request,
@@ -1499,6 +1535,51 @@ impl Filesystem for Adapter {
             }
         };
         reply.created(&TTL, &attr, generation, FileHandle(fh), fl);
+    }
+
+    /// O_TMPFILE: an unnamed file, open, that a later LINK may name (the kernel sends
+    /// LINK only when it was opened without O_EXCL; the engine checks that too).
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let s = &self.s;
+        let p = to_ext4(parent);
+        tri!(reply, s.writable());
+        let (uid, gid, _) = tri!(reply, s.new_owner(req, p));
+        let mode = tri!(reply, s.new_mode(p, (mode & 0o7777) | 0o100_000, umask));
+        let excl = flags & libc::O_EXCL != 0;
+        let ino = match s.fs.tmpfile_ino(p, mode, uid, gid, excl) {
+            Ok(ino) => ino,
+            Err(e) => {
+                reply.error(s.fail("tmpfile", &e));
+                return;
+            }
+        };
+        // The handle and the kernel's reference take over the one tmpfile_ino returned.
+        let opened = s
+            .open_file(ino, flags & !libc::O_TRUNC)
+            .and_then(|(fh, fl)| {
+                s.entry(ino).map(|e| (fh, fl, e)).inspect_err(|_| {
+                    if let Some(Handle::File { ino, .. }) = lock(&s.handles).remove(&fh) {
+                        let _ = s.fs.unpin(ino);
+                    }
+                })
+            });
+        if let Err(e) = s.fs.unpin(ino) {
+            s.fail("tmpfile", &e);
+        }
+        match opened {
+            Ok((fh, fl, (attr, generation))) => {
+                reply.created(&TTL, &attr, generation, FileHandle(fh), fl)
+            }
+            Err(e) => reply.error(e),
+        }
     }
 
     fn fallocate(

@@ -37,7 +37,10 @@
 //!
 //! Workers: `threads` fuser worker threads (default 2x CPUs, at least 2), each reading
 //! its own cloned /dev/fuse descriptor (FUSE_DEV_IOC_CLONE), all calling one shared
-//! `rext4::Fs`.
+//! `rext4::Fs`; where the kernel offers FUSE-over-io_uring (option `uring`, the
+//! default), two more threads per CPU, pinned to it, serve that CPU's request queue
+//! and the /dev/fuse workers see only FORGET, INTERRUPT and the like
+//! (vendor/fuser/src/uring.rs).
 
 mod adapter;
 
@@ -129,6 +132,22 @@ impl Default for MountOptions {
             exec: true,
             bdi_max_ratio: 40,
         }
+    }
+}
+
+/// CLOCK_REALTIME_COARSE, the clock of the kernel's current_time() (the last tick).
+fn coarse_now() -> rext4::Timestamp {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut t) } != 0 {
+        return rext4::inode_write::now_ts();
+    }
+    rext4::Timestamp {
+        sec: t.tv_sec,
+        nsec: t.tv_nsec as u32,
     }
 }
 
@@ -546,6 +565,10 @@ fn serve_inner(
         // The kernel's page cache holds file data (KEEP_CACHE, and the writeback
         // cache): the engine keeps only dirty pages, for delayed allocation.
         cache_clean: false,
+        // The kernel stamps mtime/ctime itself under the writeback cache, from its
+        // coarse clock: the engine's times come from the same clock, so they stay in
+        // order with the kernel's (a file is never born after its first write).
+        clock: Some(coarse_now),
         ..FsOptions::default()
     };
     if let Some(mb) = opts.cache_mb {

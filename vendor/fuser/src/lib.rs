@@ -72,6 +72,7 @@ pub use crate::reply::ReplyLseek;
 pub use crate::reply::ReplyOpen;
 pub use crate::reply::ReplyPoll;
 pub use crate::reply::ReplyStatfs;
+pub use crate::reply::ReplyStatx;
 pub use crate::reply::ReplyWrite;
 pub use crate::reply::ReplyXattr;
 pub use crate::request_param::Request;
@@ -854,6 +855,45 @@ pub trait Filesystem: Send + Sync + 'static {
         warn!(
             "[Not Implemented] create(parent: {parent:#x?}, name: {name:?}, mode: {mode}, \
             umask: {umask:#x?}, flags: {flags:#x?})"
+        );
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// Create an unnamed regular file in directory `parent` and open it (O_TMPFILE;
+    /// rext4 addition, Linux 6.1+). Reply as for `create`: the new inode has no links
+    /// (nlink 0) and gets a name only through a later `link`. Without it the kernel
+    /// answers O_TMPFILE with EOPNOTSUPP.
+    fn tmpfile(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        warn!(
+            "[Not Implemented] tmpfile(parent: {parent:#x?}, mode: {mode:#o}, flags: {flags:#x?})"
+        );
+        let _ = umask;
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// statx(2) of an inode when the caller asks for more than the basic stats (the
+    /// birth time; rext4 addition, Linux 6.6+). `mask` holds the STATX_* fields wanted,
+    /// `flags` the caller's AT_STATX_* synchronisation flags. Without it the kernel
+    /// answers from GETATTR and reports no birth time.
+    fn statx(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: Option<FileHandle>,
+        flags: u32,
+        mask: u32,
+        reply: ReplyStatx,
+    ) {
+        warn!(
+            "[Not Implemented] statx(ino: {ino:#x?}, fh: {fh:?}, flags: {flags:#x}, mask: {mask:#x})"
         );
         reply.error(Errno::ENOSYS);
     }

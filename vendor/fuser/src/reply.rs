@@ -11,7 +11,6 @@ use std::ffi::OsStr;
 use std::io::IoSlice;
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
-#[cfg(target_os = "macos")]
 use std::time::SystemTime;
 
 use log::error;
@@ -307,6 +306,47 @@ impl ReplyAttr {
     pub fn attr(self, ttl: &Duration, attr: &FileAttr) {
         self.reply
             .send_ll(&ll::ResponseStruct::new_attr(ttl, &attr.into()));
+    }
+
+    /// Reply to a request with the given error code
+    pub fn error(self, err: Errno) {
+        self.reply.error(err);
+    }
+}
+
+/// Reply to a `statx` request (rext4 addition).
+#[derive(Debug)]
+pub struct ReplyStatx {
+    reply: ReplyRaw,
+}
+
+impl Reply for ReplyStatx {
+    fn new(unique: ll::RequestId, sender: ReplySender) -> ReplyStatx {
+        ReplyStatx {
+            reply: Reply::new(unique, sender),
+        }
+    }
+}
+
+impl ReplyStatx {
+    /// Reply with `attr` (every basic stat) and, when `btime` is given, the birth time.
+    /// `attributes` are STATX_ATTR_* flags among those in `attributes_mask` (the ones
+    /// this filesystem reports at all).
+    pub fn statx(
+        self,
+        ttl: &Duration,
+        attr: &FileAttr,
+        btime: Option<SystemTime>,
+        attributes: u64,
+        attributes_mask: u64,
+    ) {
+        self.reply.send_ll(&ll::ResponseStruct::new_statx(
+            ttl,
+            attr,
+            btime,
+            attributes,
+            attributes_mask,
+        ));
     }
 
     /// Reply to a request with the given error code

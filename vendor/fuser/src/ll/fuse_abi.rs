@@ -161,6 +161,10 @@ pub(crate) enum fuse_opcode {
     FUSE_RENAME2 = 45,
     FUSE_LSEEK = 46,
     FUSE_COPY_FILE_RANGE = 47,
+    /// rext4 addition: O_TMPFILE (7.37), same arguments and reply as FUSE_CREATE.
+    FUSE_TMPFILE = 51,
+    /// rext4 addition: statx(2) beyond the basic stats (7.39), e.g. the birth time.
+    FUSE_STATX = 52,
 
     #[cfg(target_os = "macos")]
     FUSE_SETVOLNAME = 61,
@@ -232,6 +236,68 @@ pub(crate) struct fuse_attr_out {
     pub(crate) dummy: u32,
     pub(crate) attr: fuse_attr,
 }
+
+/// rext4 addition: struct fuse_statx_in (7.39).
+#[repr(C)]
+#[derive(Debug, FromBytes, KnownLayout, Immutable)]
+pub(crate) struct fuse_statx_in {
+    pub(crate) getattr_flags: u32,
+    pub(crate) reserved: u32,
+    pub(crate) fh: u64,
+    pub(crate) sx_flags: u32,
+    pub(crate) sx_mask: u32,
+}
+
+/// rext4 addition: struct fuse_sx_time.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, KnownLayout, Immutable)]
+pub(crate) struct fuse_sx_time {
+    pub(crate) tv_sec: i64,
+    pub(crate) tv_nsec: u32,
+    pub(crate) reserved: i32,
+}
+
+/// rext4 addition: struct fuse_statx (the layout of struct statx).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, IntoBytes, KnownLayout, Immutable)]
+pub(crate) struct fuse_statx {
+    pub(crate) mask: u32,
+    pub(crate) blksize: u32,
+    pub(crate) attributes: u64,
+    pub(crate) nlink: u32,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    pub(crate) mode: u16,
+    pub(crate) spare0: u16,
+    pub(crate) ino: u64,
+    pub(crate) size: u64,
+    pub(crate) blocks: u64,
+    pub(crate) attributes_mask: u64,
+    pub(crate) atime: fuse_sx_time,
+    pub(crate) btime: fuse_sx_time,
+    pub(crate) ctime: fuse_sx_time,
+    pub(crate) mtime: fuse_sx_time,
+    pub(crate) rdev_major: u32,
+    pub(crate) rdev_minor: u32,
+    pub(crate) dev_major: u32,
+    pub(crate) dev_minor: u32,
+    pub(crate) spare2: [u64; 14],
+}
+
+/// rext4 addition: struct fuse_statx_out.
+#[repr(C)]
+#[derive(Debug, IntoBytes, KnownLayout, Immutable)]
+pub(crate) struct fuse_statx_out {
+    pub(crate) attr_valid: u64,
+    pub(crate) attr_valid_nsec: u32,
+    pub(crate) flags: u32,
+    pub(crate) spare: [u64; 2],
+    pub(crate) stat: fuse_statx,
+}
+
+const _: () = assert!(size_of::<fuse_statx_in>() == 24);
+const _: () = assert!(size_of::<fuse_statx>() == 256);
+const _: () = assert!(size_of::<fuse_statx_out>() == 288);
 
 #[cfg(target_os = "macos")]
 #[repr(C)]

@@ -4,7 +4,6 @@ use std::io::IoSlice;
 use std::os::unix::prelude::OsStrExt;
 use std::path::Path;
 use std::time::Duration;
-#[cfg(target_os = "macos")]
 use std::time::SystemTime;
 
 use smallvec::SmallVec;
@@ -116,6 +115,58 @@ impl ResponseStruct<abi::fuse_attr_out> {
             attr_valid_nsec: ttl.subsec_nanos(),
             dummy: 0,
             attr: attr.attr,
+        })
+    }
+}
+
+impl ResponseStruct<abi::fuse_statx_out> {
+    /// A statx reply (rext4 addition): every basic stat of `attr`, and the birth time
+    /// when there is one.
+    pub(crate) fn new_statx(
+        ttl: &Duration,
+        attr: &crate::FileAttr,
+        btime: Option<SystemTime>,
+        attributes: u64,
+        attributes_mask: u64,
+    ) -> Self {
+        const STATX_BASIC_STATS: u32 = 0x7ff;
+        const STATX_BTIME: u32 = 0x800;
+        let sx = |t: &SystemTime| {
+            let (tv_sec, tv_nsec) = time_from_system_time(t);
+            abi::fuse_sx_time {
+                tv_sec,
+                tv_nsec,
+                reserved: 0,
+            }
+        };
+        let a = fuse_attr_from_attr(attr);
+        let stat = abi::fuse_statx {
+            mask: STATX_BASIC_STATS | if btime.is_some() { STATX_BTIME } else { 0 },
+            blksize: a.blksize,
+            attributes: attributes & attributes_mask,
+            nlink: a.nlink,
+            uid: a.uid,
+            gid: a.gid,
+            // The type and permission bits (st_mode is 16 bits wide).
+            mode: a.mode as u16,
+            ino: a.ino,
+            size: a.size,
+            blocks: a.blocks,
+            attributes_mask,
+            atime: sx(&attr.atime),
+            btime: btime.as_ref().map(sx).unwrap_or_default(),
+            ctime: sx(&attr.ctime),
+            mtime: sx(&attr.mtime),
+            rdev_major: (a.rdev >> 8) & 0xfff,
+            rdev_minor: (a.rdev & 0xff) | ((a.rdev >> 12) & 0xfff00),
+            ..Default::default()
+        };
+        ResponseStruct(abi::fuse_statx_out {
+            attr_valid: ttl.as_secs(),
+            attr_valid_nsec: ttl.subsec_nanos(),
+            flags: 0,
+            spare: [0; 2],
+            stat,
         })
     }
 }

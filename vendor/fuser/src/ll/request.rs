@@ -576,6 +576,50 @@ mod op {
         }
     }
 
+    /// Create an unnamed regular file in a directory and open it (O_TMPFILE; rext4
+    /// addition). Same arguments as [`Create`]; the name the kernel sends is not used.
+    #[derive(Debug)]
+    pub(crate) struct Tmpfile<'a> {
+        #[expect(dead_code)]
+        header: &'a fuse_in_header,
+        arg: &'a fuse_create_in,
+    }
+    impl Tmpfile<'_> {
+        pub(crate) fn mode(&self) -> u32 {
+            self.arg.mode
+        }
+        /// Flags as passed to the `open()` call
+        pub(crate) fn flags(&self) -> i32 {
+            self.arg.flags
+        }
+        pub(crate) fn umask(&self) -> u32 {
+            self.arg.umask
+        }
+    }
+
+    /// Get extended file attributes (statx(2) beyond the basic stats; rext4 addition).
+    #[derive(Debug)]
+    pub(crate) struct Statx<'a> {
+        #[expect(dead_code)]
+        header: &'a fuse_in_header,
+        arg: &'a fuse_statx_in,
+    }
+    impl Statx<'_> {
+        pub(crate) fn file_handle(&self) -> Option<FileHandle> {
+            GetattrFlags::from_bits_retain(self.arg.getattr_flags)
+                .contains(GetattrFlags::FUSE_GETATTR_FH)
+                .then_some(FileHandle(self.arg.fh))
+        }
+        /// AT_STATX_* synchronisation flags of the caller.
+        pub(crate) fn flags(&self) -> u32 {
+            self.arg.sx_flags
+        }
+        /// STATX_* fields asked for.
+        pub(crate) fn mask(&self) -> u32 {
+            self.arg.sx_mask
+        }
+    }
+
     /// Remove a file.
     #[derive(Debug)]
     pub(crate) struct Unlink<'a> {
@@ -1799,6 +1843,14 @@ mod op {
                 arg: data.fetch()?,
                 name: data.fetch_str()?.as_ref(),
             }),
+            fuse_opcode::FUSE_TMPFILE => Operation::Tmpfile(Tmpfile {
+                header,
+                arg: data.fetch()?,
+            }),
+            fuse_opcode::FUSE_STATX => Operation::Statx(Statx {
+                header,
+                arg: data.fetch()?,
+            }),
             fuse_opcode::FUSE_INTERRUPT => Operation::Interrupt(Interrupt {
                 header,
                 arg: data.fetch()?,
@@ -1926,6 +1978,8 @@ pub(crate) enum Operation<'a> {
     Rename2(Rename2<'a>),
     Lseek(Lseek<'a>),
     CopyFileRange(CopyFileRange<'a>),
+    Tmpfile(Tmpfile<'a>),
+    Statx(Statx<'a>),
 
     #[cfg(target_os = "macos")]
     SetVolName(SetVolName<'a>),
@@ -2065,6 +2119,10 @@ impl fmt::Display for Operation<'_> {
                 x.mode(),
                 x.flags()
             ),
+            Operation::Tmpfile(x) => {
+                write!(f, "TMPFILE mode {:#05o}, flags {:#x}", x.mode(), x.flags())
+            }
+            Operation::Statx(x) => write!(f, "STATX mask {:#x}, flags {:#x}", x.mask(), x.flags()),
             Operation::Interrupt(x) => write!(f, "INTERRUPT unique {:?}", x.unique()),
             Operation::BMap(x) => write!(f, "BMAP blocksize {}, ids {}", x.block_size(), x.block()),
             Operation::Destroy(_) => write!(f, "DESTROY"),
