@@ -124,6 +124,15 @@ impl Fs {
             .wrapping_add(mix)
     }
 
+    /// Give new inode `inode` an empty extent tree when the filesystem uses extents
+    /// (else it keeps an empty block map).
+    pub(crate) fn map_by_extents(&self, inode: &mut Inode) {
+        if self.uses_extents() {
+            inode.flags |= flags::EXTENTS;
+            crate::extent_write::init_empty(&mut inode.block);
+        }
+    }
+
     /// Whether new regular files and directories use extents.
     pub(crate) fn uses_extents(&self) -> bool {
         self.inner.sb.has_incompat(feature::INCOMPAT_EXTENTS)

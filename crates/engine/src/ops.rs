@@ -255,9 +255,8 @@ impl Fs {
         let ino = self.alloc_inode(parent, false)?;
         let made = (|| {
             let mut inode = self.new_inode(mode, uid, gid);
-            if ft == m::S_IFREG && self.uses_extents() {
-                inode.flags |= flags::EXTENTS;
-                crate::extent_write::init_empty(&mut inode.block);
+            if ft == m::S_IFREG {
+                self.map_by_extents(&mut inode);
             }
             if ft == m::S_IFCHR || ft == m::S_IFBLK {
                 inode.set_device(rdev.0, rdev.1);
@@ -304,10 +303,7 @@ impl Fs {
         let made = (|| {
             let mut inode = self.new_inode(mode, uid, gid);
             inode.links_count = 0;
-            if self.uses_extents() {
-                inode.flags |= flags::EXTENTS;
-                crate::extent_write::init_empty(&mut inode.block);
-            }
+            self.map_by_extents(&mut inode);
             self.write_new_inode(ino, &inode)?;
             self.store_inherited(ino, inherited)?;
             let inode = self.orphan_add(ino, self.read_inode(ino)?)?;
@@ -359,10 +355,7 @@ impl Fs {
         let made = (|| {
             let mut inode = self.new_inode(mode, uid, gid);
             inode.links_count = 2;
-            if self.uses_extents() {
-                inode.flags |= flags::EXTENTS;
-                crate::extent_write::init_empty(&mut inode.block);
-            }
+            self.map_by_extents(&mut inode);
             self.write_new_inode(ino, &inode)?;
             let mut nd = FsDir {
                 fs: self,

@@ -24,6 +24,25 @@ fn rw_dev(dev: Arc<dyn BlockDevice>) -> Fs {
     .expect("open")
 }
 
+/// Open the crash image at `p` read-write: the open finishes its orphans and says so.
+fn reopen_finishing_orphans(p: &std::path::Path) -> Fs {
+    let fs = Fs::open_with(
+        p,
+        FsOptions {
+            read_only: false,
+            commit_secs: 0,
+            ..FsOptions::default()
+        },
+    )
+    .expect("reopen");
+    assert!(
+        fs.warnings().iter().any(|w| w.contains("orphan")),
+        "{:?}",
+        fs.warnings()
+    );
+    fs
+}
+
 fn case(upstream: bool) {
     let img = mkfs(&MkfsOptions::new(4096, 32 << 20).upstream(upstream)).expect("mkfs");
     let base = std::fs::read(img.path()).expect("read");
@@ -65,20 +84,7 @@ fn case(upstream: bool) {
     // The crash image: the next open finishes the orphan.
     let p = tmp.join("crash.img");
     std::fs::write(&p, crashed).expect("write");
-    let fs = Fs::open_with(
-        &p,
-        FsOptions {
-            read_only: false,
-            commit_secs: 0,
-            ..FsOptions::default()
-        },
-    )
-    .expect("reopen");
-    assert!(
-        fs.warnings().iter().any(|w| w.contains("orphan")),
-        "{:?}",
-        fs.warnings()
-    );
+    let fs = reopen_finishing_orphans(&p);
     assert_eq!(fs.superblock().free_blocks_count, free0);
     fs.close().expect("close");
     let h = dumpe2fs_h(&p).expect("dumpe2fs");
@@ -160,20 +166,7 @@ fn unnamed_case(upstream: bool) {
     // The crash image with the unnamed file open: the next open frees it.
     let p = tmp.join("crash.img");
     std::fs::write(&p, crashed).expect("write");
-    let fs = Fs::open_with(
-        &p,
-        FsOptions {
-            read_only: false,
-            commit_secs: 0,
-            ..FsOptions::default()
-        },
-    )
-    .expect("reopen");
-    assert!(
-        fs.warnings().iter().any(|w| w.contains("orphan")),
-        "{:?}",
-        fs.warnings()
-    );
+    let fs = reopen_finishing_orphans(&p);
     let sb = fs.superblock();
     assert_eq!(
         (sb.free_inodes_count, sb.free_blocks_count),

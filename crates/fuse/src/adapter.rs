@@ -101,6 +101,13 @@ fn statx_attributes(flags: u32) -> (u64, u64) {
     })
 }
 
+/// Whether `handles` has a file handle of `ino`.
+fn has_file(handles: &HashMap<u64, Handle>, ino: Ino) -> bool {
+    handles
+        .values()
+        .any(|h| matches!(h, Handle::File { ino: i, .. } if *i == ino))
+}
+
 fn xflags_of(flags: u32) -> u32 {
     XFLAGS
         .iter()
@@ -161,6 +168,8 @@ pub(crate) struct Shared {
     /// Kernel lookup count per inode (root excluded: the kernel never forgets it).
     lookups: Mutex<HashMap<Ino, u64>>,
     handles: Mutex<HashMap<u64, Handle>>,
+    /// Signalled after a RELEASE while `stale_any` is set (`await_release`).
+    released: std::sync::Condvar,
     next_fh: AtomicU64,
     huge_file: bool,
     block_size: u32,
@@ -325,6 +334,7 @@ impl Shared {
             cfg,
             lookups: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
+            released: std::sync::Condvar::new(),
             next_fh: AtomicU64::new(1),
             latched_ro: AtomicBool::new(false),
             writeback: AtomicBool::new(false),
@@ -386,9 +396,26 @@ impl Shared {
 
     /// Whether a file handle of `ino` is open.
     fn has_open_file(&self, ino: Ino) -> bool {
-        lock(&self.handles)
-            .values()
-            .any(|h| matches!(h, Handle::File { ino: i, .. } if *i == ino))
+        has_file(&lock(&self.handles), ino)
+    }
+
+    /// Before making the kernel drop its inode of `ino`: a handle we still have may be
+    /// one the application already closed, whose RELEASE is on its way — the kernel
+    /// holds the inode until that RELEASE is answered, and a lookup meanwhile would
+    /// find the old inode again. Wait a little for such releases (`STALE_WAIT`); a
+    /// handle that stays open keeps the kernel's inode until it is closed
+    /// (`stale_times`).
+    fn await_release(&self, ino: Ino) {
+        const STALE_WAIT: Duration = Duration::from_millis(50);
+        let handles = lock(&self.handles);
+        if !has_file(&handles, ino) {
+            return;
+        }
+        // Releases signal `released` only while this is set.
+        self.stale_any.store(true, Ordering::SeqCst);
+        let _ = self
+            .released
+            .wait_timeout_while(handles, STALE_WAIT, |h| has_file(h, ino));
     }
 
     /// After a handle of `ino` is released: when it was the last one and the kernel
@@ -581,6 +608,21 @@ impl Shared {
         self.fs
             .create_mode(parent, mode, umask)
             .map_err(|e| self.fail("create mode", &e))
+    }
+
+    /// For a new inode in `parent` asked with `mode` and `umask`: the mount must be
+    /// writable; then its owner, group, whether the parent passes set-group-ID on, and
+    /// its mode.
+    fn new_inode_args(
+        &self,
+        req: &Request,
+        parent: Ino,
+        mode: u32,
+        umask: u32,
+    ) -> Result<(u32, u32, bool, u32), Errno> {
+        self.writable()?;
+        let (uid, gid, sgid) = self.new_owner(req, parent)?;
+        Ok((uid, gid, sgid, self.new_mode(parent, mode, umask)?))
     }
 
     /// Open `ino` for I/O: pin it and make a handle.
@@ -939,6 +981,7 @@ impl Filesystem for Adapter {
             && attr.kind == FileType::RegularFile
             && a.mtime.is_some_and(|m| m != timestamp(attr.mtime))
         {
+            s.await_release(ino);
             let bumped = s.drop_kernel_inode(ino);
             s.debug(|| format!("setattr {}: mtime clamped, epoch bumped: {bumped}", ino.0));
         }
@@ -967,9 +1010,7 @@ impl Filesystem for Adapter {
     ) {
         let s = &self.s;
         let p = to_ext4(parent);
-        tri!(reply, s.writable());
-        let (uid, gid, _) = tri!(reply, s.new_owner(req, p));
-        let mode = tri!(reply, s.new_mode(p, mode, umask));
+        let (uid, gid, _, mode) = tri!(reply, s.new_inode_args(req, p, mode, umask));
         let ino = tri!(
             reply,
             s.fs.mknod_ino(p, name_bytes(name), mode, uid, gid, decode_dev(rdev))
@@ -990,9 +1031,7 @@ impl Filesystem for Adapter {
     ) {
         let s = &self.s;
         let p = to_ext4(parent);
-        tri!(reply, s.writable());
-        let (uid, gid, sgid) = tri!(reply, s.new_owner(req, p));
-        let mode = tri!(reply, s.new_mode(p, mode, umask));
+        let (uid, gid, sgid, mode) = tri!(reply, s.new_inode_args(req, p, mode, umask));
         let perm = (mode & 0o7777) | if sgid { S_ISGID } else { 0 };
         let ino = tri!(
             reply,
@@ -1249,6 +1288,9 @@ impl Filesystem for Adapter {
             }
         }
         reply.ok();
+        if s.stale_any.load(Ordering::Relaxed) {
+            s.released.notify_all();
+        }
     }
 
     fn fsync(
@@ -1494,14 +1536,12 @@ impl Filesystem for Adapter {
     ) {
         let s = &self.s;
         let p = to_ext4(parent);
-        tri!(reply, s.writable());
-        let (uid, gid, _) = tri!(reply, s.new_owner(req, p));
         let mode = if u32::from(S_IFMT) & mode == 0 {
             mode | 0o100_000
         } else {
             mode
         };
-        let mode = tri!(reply, s.new_mode(p, mode, umask));
+        let (uid, gid, _, mode) = tri!(reply, s.new_inode_args(req, p, mode, umask));
         let ino = match s.fs.mknod_ino(p, name_bytes(name), mode, uid, gid, (0, 0)) {
             Ok(ino) => ino,
             // Created by someone else since the kernel's lookup: open it, unless O_EXCL.
@@ -1550,9 +1590,8 @@ impl Filesystem for Adapter {
     ) {
         let s = &self.s;
         let p = to_ext4(parent);
-        tri!(reply, s.writable());
-        let (uid, gid, _) = tri!(reply, s.new_owner(req, p));
-        let mode = tri!(reply, s.new_mode(p, (mode & 0o7777) | 0o100_000, umask));
+        let regular = (mode & 0o7777) | 0o100_000;
+        let (uid, gid, _, mode) = tri!(reply, s.new_inode_args(req, p, regular, umask));
         let excl = flags & libc::O_EXCL != 0;
         let ino = match s.fs.tmpfile_ino(p, mode, uid, gid, excl) {
             Ok(ino) => ino,
