@@ -1157,3 +1157,110 @@ fn requests_are_served_by_per_cpu_io_uring_queues() {
     assert!(m.unmount().success());
     fsck_clean(img.path());
 }
+
+/// Pins the calling thread to CPU `cpu`.
+fn pin_this_thread(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET stays inside it for cpu < 1024.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0,
+            "pin to CPU {cpu}"
+        );
+    }
+}
+
+/// Scheduling policies of the server's io_uring queue threads for CPU `cpu`.
+fn queue_policies(pid: i32, cpu: usize) -> Vec<i32> {
+    let prefix = format!("fuser-q{cpu}.");
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("task dir")
+        .flatten()
+        .filter(|t| fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(&prefix)))
+        .filter_map(|t| t.file_name().to_str()?.parse::<i32>().ok())
+        // SAFETY: plain syscall on a thread id.
+        .map(|tid| unsafe { libc::sched_getscheduler(tid) })
+        .collect()
+}
+
+/// The io_uring queue threads run SCHED_IDLE (so a woken caller stays on its CPU), and
+/// must not starve there: a busy normal task on the CPU of a queue whose caller blocks
+/// on it moves them to SCHED_OTHER; when it is gone they return to SCHED_IDLE. (The
+/// machine then has no more runnable tasks than CPUs, so only the threads' own wait
+/// for their CPU shows the starvation: a monitor that only counted runnable tasks left
+/// them starving here.)
+#[test]
+fn queue_threads_leave_sched_idle_when_starved() {
+    if let Some(why) = cannot_mount().or_else(uring_unavailable) {
+        skip(&why);
+        return;
+    }
+    let img = image();
+    let mut m = Mounted::new(img.path(), &[]);
+    let pid = m.pid();
+    let is_idle = |p: &Vec<i32>| !p.is_empty() && p.iter().all(|&c| c == libc::SCHED_IDLE);
+    let wait_for = |want_idle: bool, secs: u64| {
+        let until = std::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            let p = queue_policies(pid, 0);
+            if is_idle(&p) == want_idle || std::time::Instant::now() > until {
+                return p;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let p = wait_for(true, 15);
+    assert!(is_idle(&p), "queue 0 threads not SCHED_IDLE at rest: {p:?}");
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hog = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            pin_this_thread(0);
+            let mut x = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        })
+    };
+    // GETXATTR: one synchronous request per call (the kernel caches no xattrs), and
+    // nothing asynchronous beside it, so at most the hog and one of the caller or a
+    // queue thread are runnable.
+    let f = m.join("x");
+    fs::write(&f, b"x").expect("write");
+    let path = CString::new(f.as_os_str().as_bytes()).expect("path");
+    let load = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            pin_this_thread(0);
+            let mut buf = [0u8; 8];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // SAFETY: valid C strings and buffer; ENODATA is the expected answer.
+                let r = unsafe {
+                    libc::getxattr(
+                        path.as_ptr(),
+                        c"user.none".as_ptr(),
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                    )
+                };
+                assert_eq!(r, -1, "user.none exists");
+            }
+        })
+    };
+    let busy = wait_for(false, 10);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    hog.join().expect("hog");
+    load.join().expect("load");
+    assert!(
+        !busy.is_empty() && busy.iter().all(|&c| c == libc::SCHED_OTHER),
+        "queue 0 threads starved behind a busy task on their CPU: {busy:?}\n{}",
+        m.stderr()
+    );
+    let calm = wait_for(true, 15);
+    assert!(is_idle(&calm), "not back to SCHED_IDLE when calm: {calm:?}");
+    assert!(m.unmount().success(), "{}", m.stderr());
+    fsck_clean(img.path());
+}
