@@ -1040,8 +1040,9 @@ fn uring_unavailable() -> Option<String> {
     }
 }
 
-/// The server's threads: name, allowed CPUs, CPU time in clock ticks.
-fn server_threads(pid: i32) -> Vec<(String, String, u64)> {
+/// The server's threads: name, allowed CPUs, CPU time in clock ticks, scheduling
+/// policy.
+fn server_threads(pid: i32) -> Vec<(String, String, u64, i32)> {
     let mut out = Vec::new();
     for t in fs::read_dir(format!("/proc/{pid}/task"))
         .expect("task dir")
@@ -1065,7 +1066,14 @@ fn server_threads(pid: i32) -> Vec<(String, String, u64)> {
         let rest = &stat[stat.rfind(')').expect("stat") + 2..];
         let f: Vec<&str> = rest.split_whitespace().collect();
         let ticks = f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0);
-        out.push((comm.trim().to_string(), cpus, ticks));
+        let tid = t
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+            .unwrap_or(0);
+        // SAFETY: plain syscall on a thread id.
+        let policy = unsafe { libc::sched_getscheduler(tid) };
+        out.push((comm.trim().to_string(), cpus, ticks, policy));
     }
     out
 }
@@ -1122,11 +1130,15 @@ fn requests_are_served_by_per_cpu_io_uring_queues() {
             None => r.parse() == Ok(cpu),
         })
     };
-    for (name, cpus, _) in &ring {
+    for (name, cpus, _, policy) in &ring {
         let cpu = &name["fuser-q".len()..name.find('.').expect("fuser-q<cpu>.<n>")];
-        // A queue of an online CPU is served on that CPU alone.
+        // A queue of an online CPU is served at SCHED_IDLE on that CPU alone — or, while
+        // that would starve its threads, at SCHED_OTHER anywhere.
         if is_online(cpu.parse().expect("queue number")) {
-            assert_eq!(cpus, cpu, "{name} may run on {cpus}");
+            match *policy {
+                libc::SCHED_IDLE => assert_eq!(cpus, cpu, "{name} may run on {cpus}"),
+                p => assert_eq!(p, libc::SCHED_OTHER, "{name} has policy {p}"),
+            }
         }
     }
     let ring_ticks: u64 = ring.iter().map(|t| t.2).sum();
@@ -1185,9 +1197,10 @@ fn queue_policies(pid: i32, cpu: usize) -> Vec<i32> {
         .collect()
 }
 
-/// The io_uring queue threads run SCHED_IDLE (so a woken caller stays on its CPU), and
-/// must not starve there: a busy normal task on the CPU of a queue whose caller blocks
-/// on it moves them to SCHED_OTHER; when it is gone they return to SCHED_IDLE. (The
+/// The io_uring queue threads run SCHED_IDLE pinned to their CPU (so a woken caller
+/// stays on its CPU), and must not starve there: a busy normal task on the CPU of a
+/// queue whose caller blocks on it moves them to SCHED_OTHER, free to run on any CPU;
+/// when it is gone they return to SCHED_IDLE on their CPU. (The
 /// machine then has no more runnable tasks than CPUs, so only the threads' own wait
 /// for their CPU shows the starvation: a monitor that only counted runnable tasks left
 /// them starving here.)
@@ -1200,18 +1213,20 @@ fn queue_threads_leave_sched_idle_when_starved() {
     let img = image();
     let mut m = Mounted::new(img.path(), &[]);
     let pid = m.pid();
-    let is_idle = |p: &Vec<i32>| !p.is_empty() && p.iter().all(|&c| c == libc::SCHED_IDLE);
-    let wait_for = |want_idle: bool, secs: u64| {
+    let all = |p: &Vec<i32>, want: i32| !p.is_empty() && p.iter().all(|&c| c == want);
+    let is_idle = |p: &Vec<i32>| all(p, libc::SCHED_IDLE);
+    // Policies of queue 0 once all are `want`, or as they are after `secs`.
+    let wait_for = |want: i32, secs: u64| {
         let until = std::time::Instant::now() + Duration::from_secs(secs);
         loop {
             let p = queue_policies(pid, 0);
-            if is_idle(&p) == want_idle || std::time::Instant::now() > until {
+            if all(&p, want) || std::time::Instant::now() > until {
                 return p;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
     };
-    let p = wait_for(true, 15);
+    let p = wait_for(libc::SCHED_IDLE, 15);
     assert!(is_idle(&p), "queue 0 threads not SCHED_IDLE at rest: {p:?}");
 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -1250,17 +1265,38 @@ fn queue_threads_leave_sched_idle_when_starved() {
             }
         })
     };
-    let busy = wait_for(false, 10);
+    let busy = wait_for(libc::SCHED_OTHER, 10);
+    let q0_cpus = || -> Vec<String> {
+        server_threads(pid)
+            .into_iter()
+            .filter(|t| t.0.starts_with("fuser-q0."))
+            .map(|t| t.1)
+            .collect()
+    };
+    let relaxed_cpus = q0_cpus();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     hog.join().expect("hog");
     load.join().expect("load");
     assert!(
-        !busy.is_empty() && busy.iter().all(|&c| c == libc::SCHED_OTHER),
+        all(&busy, libc::SCHED_OTHER),
         "queue 0 threads starved behind a busy task on their CPU: {busy:?}\n{}",
         m.stderr()
     );
-    let calm = wait_for(true, 15);
+    let several =
+        fs::read_to_string("/sys/devices/system/cpu/online").is_ok_and(|s| s.trim() != "0");
+    if several {
+        assert!(
+            relaxed_cpus.iter().all(|c| c != "0"),
+            "relaxed queue 0 threads still pinned: {relaxed_cpus:?}"
+        );
+    }
+    let calm = wait_for(libc::SCHED_IDLE, 15);
     assert!(is_idle(&calm), "not back to SCHED_IDLE when calm: {calm:?}");
+    let pinned = q0_cpus();
+    assert!(
+        !pinned.is_empty() && pinned.iter().all(|c| c == "0"),
+        "queue 0 threads not pinned to CPU 0 again: {pinned:?}"
+    );
     assert!(m.unmount().success(), "{}", m.stderr());
     fsck_clean(img.path());
 }

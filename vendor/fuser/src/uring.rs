@@ -28,10 +28,10 @@
 //! whose only runnable tasks are SCHED_IDLE counts as idle for that choice (and a woken
 //! normal task preempts them), so the serving threads run SCHED_IDLE: the caller is
 //! woken where it was and runs at once. SCHED_IDLE threads get almost no CPU next to a
-//! busy normal task, so a monitor thread switches them to SCHED_OTHER while they are
-//! being starved — the machine has more runnable tasks than CPUs, or the threads wait
-//! for their CPU far longer per request than requests answered one after another do
-//! (see `Monitor`) — and back when that has stopped for a while. io_uring is used
+//! busy normal task, so a monitor thread relaxes them — SCHED_OTHER, free to run on
+//! any CPU — while they are being starved, that is while they wait for their CPU far
+//! longer per request than requests answered one after another do (see `Monitor`),
+//! and pins them back at SCHED_IDLE when that has stopped for a while. io_uring is used
 //! only when a thread may make both switches (SCHED_IDLE -> SCHED_OTHER needs
 //! CAP_SYS_NICE or RLIMIT_NICE 20).
 //!
@@ -155,23 +155,27 @@ fn can_switch_class() -> io::Result<()> {
     .map_err(|_| io::Error::other("probe thread panicked"))?
 }
 
-/// Keeps the serving threads SCHED_IDLE while that does not starve them, SCHED_OTHER
-/// while it would. Sampled every 50 ms, starvation shows as:
-/// - more runnable tasks than CPUs (two samples in a row), or
-/// - the threads waiting for a CPU (run delay, /proc/self/task/TID/schedstat) more than
-///   `STARVED_PER_REQUEST` per request answered and `STARVED_TOTAL` in all: a busy
-///   normal task shares their CPU, say a streaming writer and the kernel's flusher,
-///   without the machine having more runnable tasks than CPUs. (Measured here: a tar
-///   -x, requests answered one after another, waits ~2 us per request; 1 MiB writes
-///   behind a writer on the same CPU waited 2.5 ms per request, 30-47% of the time.)
+/// Keeps the serving threads SCHED_IDLE and pinned to their queue's CPU while that
+/// does not starve them, SCHED_OTHER and free to run on any CPU while it would (a
+/// queue whose CPU is busy is then served from an idle one). Starvation, sampled every 50 ms, is the threads waiting for a CPU
+/// (run delay, /proc/self/task/TID/schedstat) more than `STARVED_PER_REQUEST` per
+/// request answered and `STARVED_TOTAL` in all: a busy normal task shares their CPU
+/// (a CPU hog, or a streaming writer and the kernel's flusher). Measured here: a tar
+/// -x, requests answered one after another, waits 1-7 us per request; 1 MiB writes
+/// behind a writer on the same CPU waited 2.5 ms per request, 30-47% of the time.
+/// The number of runnable tasks says less: a tar -x with the flusher often has more
+/// than CPUs without starving anyone, and a caller blocked on a queue whose CPU one
+/// hog keeps busy starves with no more than CPUs; it serves only where schedstat is
+/// missing (two samples in a row with more runnable tasks than CPUs).
 ///
 /// Back to SCHED_IDLE after `hold` without either sign. `hold` starts at
 /// `HOLD_MIN` and doubles, up to `HOLD_MAX`, when starvation returns within a second
 /// of going back, so a steady stream does not flap between the classes; it falls back
 /// to `HOLD_MIN` after `HOLD_MAX` in SCHED_IDLE.
-#[derive(Default)]
 struct Monitor {
     inner: Mutex<MonitorState>,
+    /// The CPUs the process may use: where unpinned threads run.
+    all: libc::cpu_set_t,
 }
 
 const SAMPLE: Duration = Duration::from_millis(50);
@@ -182,8 +186,9 @@ const HOLD_MAX: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
 struct MonitorState {
-    /// Serving threads: thread id and requests answered.
-    members: Vec<(libc::pid_t, Arc<AtomicU64>)>,
+    /// Serving threads: thread id, requests answered, the CPU it is pinned to while
+    /// SCHED_IDLE (none: an offline CPU's queue, served from anywhere).
+    members: Vec<(libc::pid_t, Arc<AtomicU64>, Option<usize>)>,
     alive: usize,
     normal: bool,
 }
@@ -197,16 +202,15 @@ struct Member {
 }
 
 impl Member {
-    fn join(monitor: Arc<Monitor>) -> Member {
+    /// Joins thread-to-be-pinned-to `pin` with the monitor's current mode.
+    fn join(monitor: Arc<Monitor>, pin: Option<usize>) -> Member {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
         let requests = Arc::new(AtomicU64::new(0));
         {
             let mut st = monitor.inner.lock();
-            st.members.push((tid, requests.clone()));
-            if let Err(e) = set_idle_class(0, !st.normal) {
-                debug!("uring: scheduling class: {e}");
-            }
+            st.members.push((tid, requests.clone(), pin));
+            monitor.apply(0, pin, st.normal);
         }
         Member {
             monitor,
@@ -252,6 +256,16 @@ fn runnable_tasks() -> usize {
 }
 
 impl Monitor {
+    /// Thread `tid` (0: this one) in the relaxed mode (`normal`: SCHED_OTHER, on any
+    /// CPU) or the default one (SCHED_IDLE, pinned to `pin`).
+    fn apply(&self, tid: libc::pid_t, pin: Option<usize>, normal: bool) {
+        // Affinity first: a thread seen in its new class has its new CPUs too.
+        set_affinity(tid, if normal { None } else { pin }, &self.all);
+        if let Err(e) = set_idle_class(tid, !normal) {
+            debug!("uring: scheduling class of {tid}: {e}");
+        }
+    }
+
     /// Samples every `SAMPLE` until the serving threads are gone.
     fn run(&self, cpus: usize) {
         let mut prev: std::collections::HashMap<libc::pid_t, (u64, Duration)> =
@@ -265,22 +279,29 @@ impl Monitor {
             if st.alive == 0 {
                 return;
             }
-            let (mut requests, mut waited) = (0u64, Duration::ZERO);
-            for (tid, count) in &st.members {
+            let (mut requests, mut waited, mut measured) = (0u64, Duration::ZERO, false);
+            for (tid, count, _) in &st.members {
                 let n = count.load(Ordering::Relaxed);
                 if let Some(d) = run_delay(*tid) {
+                    measured = true;
                     let (n0, d0) = prev.insert(*tid, (n, d)).unwrap_or((n, d));
                     requests += n - n0;
                     waited += d.saturating_sub(d0);
                 }
             }
-            let starved = waited > STARVED_TOTAL
-                && waited / u32::try_from(requests.max(1)).unwrap_or(u32::MAX)
-                    > STARVED_PER_REQUEST;
-            busy = if runnable_tasks() > cpus { busy + 1 } else { 0 };
+            // The threads' own wait for a CPU decides where it can be read; without it,
+            // more runnable tasks than CPUs in two samples in a row stands for it.
+            let starved = if measured {
+                waited > STARVED_TOTAL
+                    && waited / u32::try_from(requests.max(1)).unwrap_or(u32::MAX)
+                        > STARVED_PER_REQUEST
+            } else {
+                busy = if runnable_tasks() > cpus { busy + 1 } else { 0 };
+                busy >= 2
+            };
             let now = Instant::now();
             let want_normal = if st.normal {
-                if starved || busy > 0 {
+                if starved {
                     since = now;
                 }
                 now - since < hold
@@ -288,24 +309,27 @@ impl Monitor {
                 if now - since >= HOLD_MAX {
                     hold = HOLD_MIN;
                 }
-                starved || busy >= 2
+                starved
             };
             if want_normal == st.normal {
                 continue;
             }
             if want_normal && now - since < Duration::from_secs(1) {
+                // Starvation back soon after the return: hold longer.
                 hold = (hold * 2).min(HOLD_MAX);
             }
             since = now;
             st.normal = want_normal;
             debug!(
                 "uring: serving threads to SCHED_{}",
-                if want_normal { "OTHER" } else { "IDLE" }
-            );
-            for (tid, _) in &st.members {
-                if let Err(e) = set_idle_class(*tid, !want_normal) {
-                    debug!("uring: scheduling class of {tid}: {e}");
+                if want_normal {
+                    "OTHER, any CPU"
+                } else {
+                    "IDLE, pinned"
                 }
+            );
+            for &(tid, _, pin) in &st.members {
+                self.apply(tid, pin, want_normal);
             }
         }
     }
@@ -342,7 +366,10 @@ pub(crate) fn spawn<FS: Filesystem + 'static>(
     make_loop: impl Fn(String) -> SessionEventLoop<FS>,
 ) -> io::Result<Vec<std::thread::JoinHandle<io::Result<()>>>> {
     let Prepared { rings, payload } = prepared;
-    let monitor = Arc::new(Monitor::default());
+    let monitor = Arc::new(Monitor {
+        inner: Mutex::new(MonitorState::default()),
+        all: process_cpus(),
+    });
     let cpus = rings
         .iter()
         .filter(|r| r.1)
@@ -358,8 +385,8 @@ pub(crate) fn spawn<FS: Filesystem + 'static>(
         let se = make_loop(name.clone());
         let m = monitor.clone();
         let spawned = std::thread::Builder::new().name(name).spawn(move || {
-            let member = Member::join(m);
-            serve(se, ring, fd, qid, pin, payload, &member)
+            let member = Member::join(m, pin.then_some(qid as usize));
+            serve(se, ring, fd, qid, payload, &member)
         });
         match spawned {
             Ok(t) => threads.push(t),
@@ -380,19 +407,38 @@ pub(crate) fn spawn<FS: Filesystem + 'static>(
     Ok(threads)
 }
 
-fn pin_to_cpu(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays within it for any CPU
-    // below CPU_SETSIZE (checked), and sched_setaffinity(0) acts on this thread.
+/// The CPUs this process may run on (its threads inherit them until pinned).
+fn process_cpus() -> libc::cpu_set_t {
+    // SAFETY: a zeroed cpu_set_t is a valid (empty) set for sched_getaffinity to fill.
     unsafe {
-        if cpu >= libc::CPU_SETSIZE as usize {
-            return;
-        }
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            for cpu in 0..libc::CPU_SETSIZE as usize {
+                libc::CPU_SET(cpu, &mut set);
+            }
+        }
+        set
+    }
+}
+
+/// Lets thread `tid` (0: this one) run on CPU `cpu` alone, or with `None` on `all`.
+fn set_affinity(tid: libc::pid_t, cpu: Option<usize>, all: &libc::cpu_set_t) {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays within it for any CPU
+    // below CPU_SETSIZE (checked); sched_setaffinity reads one set.
+    unsafe {
+        let set = match cpu {
+            Some(c) if c < libc::CPU_SETSIZE as usize => {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(c, &mut set);
+                set
+            }
+            Some(_) => return,
+            None => *all,
+        };
+        if libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
             // A cpuset may leave this CPU out: serve its queue from anywhere.
             debug!(
-                "uring: cannot pin to CPU {cpu}: {}",
+                "uring: affinity of {tid} to {cpu:?}: {}",
                 io::Error::last_os_error()
             );
         }
@@ -646,13 +692,9 @@ fn serve<FS: Filesystem>(
     mut ring: IoUring<Entry128, cqueue::Entry>,
     fd: RawFd,
     qid: u16,
-    pin: bool,
     payload: usize,
     member: &Member,
 ) -> io::Result<()> {
-    if pin {
-        pin_to_cpu(qid as usize);
-    }
     let slot = Arc::new(Slot::new(payload));
     let iov = [
         libc::iovec {
