@@ -779,9 +779,21 @@ fn dirty_page_share_of_the_mount() {
             .expect("mount in mountinfo");
         let bdi = Path::new("/sys/class/bdi").join(&dev);
         let read = |n: &str| fs::read_to_string(bdi.join(n)).map(|s| s.trim().to_string());
-        match (read("max_ratio"), read("strict_limit")) {
-            (Ok(r), Ok(l)) => assert_eq!((r.as_str(), l.as_str()), want, "{opts:?}"),
-            _ => skip("no /sys/class/bdi max_ratio/strict_limit on this kernel"),
+        // A foreground server sets the share just after the mount appears: give it a
+        // moment.
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match (read("max_ratio"), read("strict_limit")) {
+                (Ok(r), Ok(l)) if (r.as_str(), l.as_str()) == want => break,
+                (Ok(r), Ok(l)) if std::time::Instant::now() > until => {
+                    assert_eq!((r.as_str(), l.as_str()), want, "{opts:?}")
+                }
+                (Ok(_), Ok(_)) => std::thread::sleep(Duration::from_millis(10)),
+                _ => {
+                    skip("no /sys/class/bdi max_ratio/strict_limit on this kernel");
+                    break;
+                }
+            }
         }
         assert!(m.unmount().success(), "{}", m.stderr());
     }
