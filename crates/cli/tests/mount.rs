@@ -1110,7 +1110,8 @@ fn small_file_round_trips(dir: &Path, n: usize) {
 }
 
 /// With FUSE-over-io_uring on, the requests are served by one queue per CPU, its
-/// threads pinned to that CPU (named fuser-q<cpu>.<n>), not by the /dev/fuse workers
+/// threads pinned to that CPU at SCHED_IDLE unless relaxed against starvation (named
+/// fuser-q<cpu>.<n>), not by the /dev/fuse workers
 /// (which keep FORGET and INTERRUPT); `nouring` keeps to /dev/fuse. Either way the
 /// image comes out clean with what was written.
 #[test]
