@@ -136,6 +136,37 @@ impl Default for MountOptions {
     }
 }
 
+/// Where the transport's own messages go (fuser logs through the `log` crate: that
+/// io_uring could not be set up and why, a malformed request, an operation the
+/// kernel sent that nothing serves): standard error, warnings and errors always,
+/// everything with `-o debug`. A daemon's standard error is /dev/null once it is up.
+struct StderrLog;
+
+impl log::Log for StderrLog {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::max_level()
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            eprintln!("rext4-fuse: {}: {}", r.level(), r.args());
+        }
+    }
+    fn flush(&self) {}
+}
+
+static STDERR_LOG: StderrLog = StderrLog;
+
+fn init_log(debug: bool) {
+    // Another logger set by an embedding program stays.
+    if log::set_logger(&STDERR_LOG).is_ok() {
+        log::set_max_level(if debug {
+            log::LevelFilter::Debug
+        } else {
+            log::LevelFilter::Warn
+        });
+    }
+}
+
 /// CLOCK_REALTIME_COARSE, the clock of the kernel's current_time() (the last tick).
 fn coarse_now() -> rext4::Timestamp {
     let mut t = libc::timespec {
@@ -555,6 +586,7 @@ fn serve_inner(
     opts: &MountOptions,
     ready: &mut Ready,
 ) -> Result<(), String> {
+    init_log(opts.debug);
     let ro = opts.ro && !opts.rw;
     let _lock = lock_image(image, !ro)?;
     // Block the stop signals before any thread starts (the engine's commit thread,

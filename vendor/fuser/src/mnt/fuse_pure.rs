@@ -90,6 +90,11 @@ impl MountImpl {
             return Ok(());
         }
         if let Err(err) = crate::mnt::libc_umount(&self.mountpoint) {
+            if err == nix::errno::Errno::EINVAL {
+                // Not a mount point (any more): unmounted meanwhile, e.g. by
+                // `fusermount3 -u` (rext4 change).
+                return Ok(());
+            }
             if err == nix::errno::Errno::EPERM {
                 // Linux always returns EPERM for non-root users.  We have to let the
                 // library go through the setuid-root "fusermount -u" to unmount.
