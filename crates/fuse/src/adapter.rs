@@ -168,8 +168,10 @@ pub(crate) struct Shared {
     /// Kernel lookup count per inode (root excluded: the kernel never forgets it).
     lookups: Mutex<HashMap<Ino, u64>>,
     handles: Mutex<HashMap<u64, Handle>>,
-    /// Signalled after a RELEASE while `stale_any` is set (`await_release`).
+    /// Signalled after a RELEASE while a SETATTR waits for one (`await_release`).
     released: std::sync::Condvar,
+    /// How many SETATTRs wait on `released`.
+    release_waiters: AtomicU64,
     next_fh: AtomicU64,
     huge_file: bool,
     block_size: u32,
@@ -335,6 +337,7 @@ impl Shared {
             lookups: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             released: std::sync::Condvar::new(),
+            release_waiters: AtomicU64::new(0),
             next_fh: AtomicU64::new(1),
             latched_ro: AtomicBool::new(false),
             writeback: AtomicBool::new(false),
@@ -411,11 +414,12 @@ impl Shared {
         if !has_file(&handles, ino) {
             return;
         }
-        // Releases signal `released` only while this is set.
-        self.stale_any.store(true, Ordering::SeqCst);
+        // Counted under the handles lock, which RELEASE takes before it signals.
+        self.release_waiters.fetch_add(1, Ordering::SeqCst);
         let _ = self
             .released
             .wait_timeout_while(handles, STALE_WAIT, |h| has_file(h, ino));
+        self.release_waiters.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// After a handle of `ino` is released: when it was the last one and the kernel
@@ -1288,7 +1292,7 @@ impl Filesystem for Adapter {
             }
         }
         reply.ok();
-        if s.stale_any.load(Ordering::Relaxed) {
+        if s.release_waiters.load(Ordering::SeqCst) > 0 {
             s.released.notify_all();
         }
     }
