@@ -1207,13 +1207,10 @@ fn pin_this_thread(cpu: usize) {
 /// Scheduling policies of the server's io_uring queue threads for CPU `cpu`.
 fn queue_policies(pid: i32, cpu: usize) -> Vec<i32> {
     let prefix = format!("fuser-q{cpu}.");
-    fs::read_dir(format!("/proc/{pid}/task"))
-        .expect("task dir")
-        .flatten()
-        .filter(|t| fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(&prefix)))
-        .filter_map(|t| t.file_name().to_str()?.parse::<i32>().ok())
-        // SAFETY: plain syscall on a thread id.
-        .map(|tid| unsafe { libc::sched_getscheduler(tid) })
+    server_threads(pid)
+        .into_iter()
+        .filter(|t| t.0.starts_with(&prefix))
+        .map(|t| t.3)
         .collect()
 }
 

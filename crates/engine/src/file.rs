@@ -335,8 +335,9 @@ impl File {
     /// linkat(fd, "", AT_FDCWD, `path`, AT_EMPTY_PATH): a new name for this file,
     /// also for an unnamed one from [`Fs::create_unnamed`] made linkable.
     pub fn link(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
-        let p = path.as_ref().as_os_str().as_encoded_bytes();
-        let (parent, name) = self.fs.parent_and_name(p)?;
+        let (parent, name) = self
+            .fs
+            .parent_and_name(crate::path::path_bytes(path.as_ref()))?;
         self.fs.link_ino(self.ino, parent, name)
     }
     fn inode(&self) -> Result<Inode> {

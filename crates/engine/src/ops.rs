@@ -128,7 +128,7 @@ fn dirent_type(mode: u16) -> DirFt {
 }
 
 /// The set behind `m`, whether or not a panicking thread poisoned it.
-fn lock_set(
+pub(crate) fn lock_set(
     m: &std::sync::Mutex<std::collections::HashSet<Ino>>,
 ) -> std::sync::MutexGuard<'_, std::collections::HashSet<Ino>> {
     m.lock().unwrap_or_else(|p| p.into_inner())

@@ -7,8 +7,8 @@
 //! it has entries) or else the legacy list (s_last_orphan → i_dtime chain). The last
 //! unpin frees it and takes it off the list. Both steps are ordinary metadata changes,
 //! journaled with the operation. An unnamed file (O_TMPFILE, `Fs::tmpfile_ino`) is on
-//! the list from its creation; `Fs::link_ino` takes it off when it gets a name. At the next read-write open after a crash, every
-//! listed inode is finished: freed when it has no links, else truncated to i_size
+//! the list from its creation; `Fs::link_ino` takes it off when it gets a name. At the
+//! next read-write open after a crash, every listed inode is finished: freed when it has no links, else truncated to i_size
 //! (a truncate the kernel had in progress).
 
 use rext4_format::inode::Inode;
@@ -43,11 +43,7 @@ impl Fs {
                 }
                 Some(_) => {
                     pins.remove(&ino);
-                    self.inner
-                        .linkable
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&ino);
+                    crate::ops::lock_set(&self.inner.linkable).remove(&ino);
                     true
                 }
                 None => false,

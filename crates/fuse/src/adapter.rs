@@ -629,6 +629,13 @@ impl Shared {
         Ok((uid, gid, sgid, self.new_mode(parent, mode, umask)?))
     }
 
+    /// Undo `open_file` whose reply cannot be sent: drop handle `fh` and its pin.
+    fn undo_open(&self, fh: u64) {
+        if let Some(Handle::File { ino, .. }) = lock(&self.handles).remove(&fh) {
+            let _ = self.fs.unpin(ino);
+        }
+    }
+
     /// Open `ino` for I/O: pin it and make a handle.
     fn open_file(&self, ino: Ino, flags: i32) -> Result<(u64, FopenFlags), Errno> {
         let i = self.load(ino)?;
@@ -1161,9 +1168,7 @@ impl Filesystem for Adapter {
                 Ok(true) => s.invalidate_attrs(ino),
                 Ok(false) => {}
                 Err(e) => {
-                    if let Some(Handle::File { ino, .. }) = lock(&s.handles).remove(&fh) {
-                        let _ = s.fs.unpin(ino);
-                    }
+                    s.undo_open(fh);
                     reply.error(s.fail("open O_TRUNC", &e));
                     return;
                 }
@@ -1571,9 +1576,7 @@ impl Filesystem for Adapter {
         let (attr, generation) = match s.entry(ino) {
             Ok(v) => v,
             Err(e) => {
-                if let Some(Handle::File { ino, .. }) = lock(&s.handles).remove(&fh) {
-                    let _ = s.fs.unpin(ino);
-                }
+                s.undo_open(fh);
                 reply.error(e);
                 return;
             }
@@ -1608,11 +1611,9 @@ impl Filesystem for Adapter {
         let opened = s
             .open_file(ino, flags & !libc::O_TRUNC)
             .and_then(|(fh, fl)| {
-                s.entry(ino).map(|e| (fh, fl, e)).inspect_err(|_| {
-                    if let Some(Handle::File { ino, .. }) = lock(&s.handles).remove(&fh) {
-                        let _ = s.fs.unpin(ino);
-                    }
-                })
+                s.entry(ino)
+                    .map(|e| (fh, fl, e))
+                    .inspect_err(|_| s.undo_open(fh))
             });
         if let Err(e) = s.fs.unpin(ino) {
             s.fail("tmpfile", &e);

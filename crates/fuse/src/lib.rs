@@ -39,9 +39,8 @@
 //! its own cloned /dev/fuse descriptor (FUSE_DEV_IOC_CLONE), all calling one shared
 //! `rext4::Fs`; where the kernel offers FUSE-over-io_uring (option `uring`, the
 //! default), two more threads per CPU, pinned to it (unless that starves them), serve
-//! that CPU's request queue
-//! and the /dev/fuse workers see only FORGET, INTERRUPT and the like
-//! (vendor/fuser/src/uring.rs).
+//! that CPU's request queue, and the /dev/fuse workers see only FORGET, INTERRUPT and
+//! the like (vendor/fuser/src/uring.rs).
 
 mod adapter;
 

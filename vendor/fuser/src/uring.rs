@@ -157,20 +157,22 @@ fn can_switch_class() -> io::Result<()> {
 
 /// Keeps the serving threads SCHED_IDLE and pinned to their queue's CPU while that
 /// does not starve them, SCHED_OTHER and free to run on any CPU while it would (a
-/// queue whose CPU is busy is then served from an idle one). Starvation, sampled every 50 ms, is the threads waiting for a CPU
-/// (run delay, /proc/self/task/TID/schedstat) more than `STARVED_PER_REQUEST` per
-/// request answered and `STARVED_TOTAL` in all: a busy normal task shares their CPU
+/// queue whose CPU is busy is then served from an idle one).
+///
+/// Starvation, sampled every `SAMPLE`, is the threads waiting for a CPU (run delay,
+/// /proc/self/task/TID/schedstat) more than `STARVED_TOTAL` in all and more than
+/// `STARVED_PER_REQUEST` per request answered: a busy normal task shares their CPU
 /// (a CPU hog, or a streaming writer and the kernel's flusher). Measured here: a tar
 /// -x, requests answered one after another, waits 1-7 us per request; creates while
 /// the kernel still writes back a random-write run, up to ~50 us and 6 ms in a
 /// sample; 1 MiB writes behind a writer on the same CPU 2.5 ms per request, 30-47%
 /// of the time; a caller blocked on a queue whose CPU a hog keeps busy, all of it.
-/// The number of runnable tasks says less: a tar -x with the flusher often has more
-/// than CPUs without starving anyone, and a caller blocked on a queue whose CPU one
-/// hog keeps busy starves with no more than CPUs; it serves only where schedstat is
-/// missing (two samples in a row with more runnable tasks than CPUs).
+/// The number of runnable tasks says less — a tar -x with the flusher often has more
+/// than CPUs without starving anyone, and that blocked caller starves with no more
+/// than CPUs — so it serves only where schedstat is missing (two samples in a row
+/// with more runnable tasks than CPUs).
 ///
-/// Back to SCHED_IDLE after `hold` without either sign. `hold` starts at
+/// Back to SCHED_IDLE after `hold` without starvation. `hold` starts at
 /// `HOLD_MIN` and doubles, up to `HOLD_MAX`, when starvation returns within a second
 /// of going back, so a steady stream does not flap between the classes; it falls back
 /// to `HOLD_MIN` after `HOLD_MAX` in SCHED_IDLE.
