@@ -14,6 +14,10 @@
 //! go to their parent's group, directories are spread (Orlov-like: the next group with
 //! at least average free inodes and blocks).
 //!
+//! Every allocation is admitted by `space` under the calling thread's claim before its
+//! bits are set: free blocks promised to delayed allocation or kept back (the pool,
+//! the root reserve) are not there for every caller.
+//!
 //! Locking: callers hold `Fs::write_lock`; inside, one group mutex at a time, then the
 //! superblock (`live`) — never the other way round.
 
@@ -56,7 +60,7 @@ impl Fs {
     /// inside it (its superblock backup, GDT and reserved GDT blocks, and any group's
     /// bitmaps and inode table that lie there with flex_bg: the system zone, whose
     /// locations never change while open), plus the padding past the group's end.
-    fn uninit_block_bitmap(&self, g: usize) -> Vec<u8> {
+    pub(crate) fn uninit_block_bitmap(&self, g: usize) -> Vec<u8> {
         let sb = &self.inner.sb;
         let bs = self.inner.block_size as usize;
         let mut b = vec![0u8; bs];
@@ -139,6 +143,7 @@ impl Fs {
                 })
             };
             let Some(x) = found else { continue };
+            self.inner.space.admit(1)?;
             bitmap::set(&mut b, x, true);
             grp.desc.free_blocks_count = grp.desc.free_blocks_count.saturating_sub(1);
             self.store_block_bitmap(&mut grp, b)?;
@@ -231,6 +236,9 @@ impl Fs {
             }
             drop(busy);
             let Some((x, len)) = found else { continue };
+            // Free is not the same as available: what is promised or kept back
+            // (`space`) is not this claim's to take.
+            let len = self.inner.space.admit(len)?;
             for k in x..x + len {
                 bitmap::set(&mut b, k, true);
             }
@@ -288,6 +296,7 @@ impl Fs {
             grp.desc.free_blocks_count += freed;
             self.store_block_bitmap(&mut grp, b)?;
             drop(grp);
+            self.inner.space.freed(u64::from(freed));
             let mut live = self.live();
             live.sb.free_blocks_count += u64::from(freed);
             live.dirty = true;

@@ -124,7 +124,88 @@ impl Fs {
         if sb.journal_inum != 0 {
             self.audit_journal(Ino(sb.journal_inum), &mut a);
         }
+        for d in self.check_counts()? {
+            a.problems.push(Error::corrupted(d, None));
+        }
         Ok(a)
+    }
+
+    /// Compare each group's free-block, free-inode and used-directory counts with
+    /// what its bitmaps and inode table hold, and the superblock's totals with their
+    /// sums (what e2fsck's pass 5 checks): one line per difference, none when they
+    /// agree. On a read-write filesystem it holds the write lock, so it sees the
+    /// counts between operations.
+    pub fn check_counts(&self) -> Result<Vec<String>> {
+        let _w = (!self.inner.read_only).then(|| self.write_lock());
+        let sb = self.superblock();
+        let ipg = u64::from(sb.inodes_per_group);
+        let mut diffs = Vec::new();
+        let (mut free_blocks, mut free_inodes) = (0u64, 0u64);
+        for (g, gd) in self.group_descs().iter().enumerate() {
+            let bb = if gd.has_flag(FLAG_BLOCK_UNINIT) {
+                self.uninit_block_bitmap(g)
+            } else {
+                self.cache()
+                    .read(gd.block_bitmap, Kind::Bitmap, |_| Ok(()))?
+                    .to_vec()
+            };
+            let n = sb.blocks_in_group(g as u64);
+            let fb = n - bitmap::count_set(&bb, n);
+            if fb != u64::from(gd.free_blocks_count) {
+                diffs.push(format!(
+                    "group {g}: {} free blocks counted, the bitmap has {fb}",
+                    gd.free_blocks_count
+                ));
+            }
+            free_blocks += fb;
+            let (fi, dirs) = if gd.has_flag(FLAG_INODE_UNINIT) {
+                (ipg, 0)
+            } else {
+                let ib = self
+                    .cache()
+                    .read(gd.inode_bitmap, Kind::Bitmap, |_| Ok(()))?
+                    .to_vec();
+                let mut fi = 0;
+                let mut dirs = 0;
+                for i in 0..ipg {
+                    if !bitmap::test(&ib, i) {
+                        fi += 1;
+                    } else if self
+                        .read_inode(Ino((g as u64 * ipg + i + 1) as u32))
+                        .is_ok_and(|inode| inode.is_dir())
+                    {
+                        dirs += 1;
+                    }
+                }
+                (fi, dirs)
+            };
+            if fi != u64::from(gd.free_inodes_count) {
+                diffs.push(format!(
+                    "group {g}: {} free inodes counted, the bitmap has {fi}",
+                    gd.free_inodes_count
+                ));
+            }
+            if dirs != u64::from(gd.used_dirs_count) {
+                diffs.push(format!(
+                    "group {g}: {} directories counted, the inode table has {dirs}",
+                    gd.used_dirs_count
+                ));
+            }
+            free_inodes += fi;
+        }
+        if free_blocks != sb.free_blocks_count {
+            diffs.push(format!(
+                "superblock: {} free blocks, the groups have {free_blocks}",
+                sb.free_blocks_count
+            ));
+        }
+        if free_inodes != u64::from(sb.free_inodes_count) {
+            diffs.push(format!(
+                "superblock: {} free inodes, the groups have {free_inodes}",
+                sb.free_inodes_count
+            ));
+        }
+        Ok(diffs)
     }
 
     fn audit_inode(&self, ino: Ino, inode: &Inode, a: &mut Audit) {

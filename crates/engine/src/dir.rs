@@ -158,8 +158,27 @@ impl Fs {
         Ok(set)
     }
 
+    /// A read of directory metadata, which takes no lock: a `Corrupted` result may be
+    /// a change seen half done across blocks (a directory just converted to an htree,
+    /// a leaf split whose inode is not written yet). On a read-write filesystem it is
+    /// tried again under the write lock, where no change is in progress; only a
+    /// second failure is reported.
+    fn settled<T>(&self, read: impl Fn() -> Result<T>) -> Result<T> {
+        match read() {
+            Err(Error::Corrupted { .. }) if !self.inner.read_only && !Fs::holds_write_lock() => {
+                let _w = self.write_lock();
+                read()
+            }
+            r => r,
+        }
+    }
+
     /// Every live entry of directory `ino` except "." and "..", in on-disk order.
     pub fn read_dir_ino(&self, ino: Ino) -> Result<Vec<DirEntry>> {
+        self.settled(|| self.read_dir_once(ino))
+    }
+
+    fn read_dir_once(&self, ino: Ino) -> Result<Vec<DirEntry>> {
         let inode = self.read_live_inode(ino)?;
         let n = self.dir_nblocks(ino, &inode)?;
         let skip = if self.is_indexed(&inode) {
@@ -223,7 +242,7 @@ impl Fs {
             return Err(Error::InvalidInput("bad file name".into()));
         }
         if name == b"." || name == b".." {
-            return self.lookup_uncached(dir, name);
+            return self.settled(|| self.lookup_uncached(dir, name));
         }
         let dc = &self.inner.caches.dentries;
         let key = DentRef { dir: dir.0, name };
@@ -235,7 +254,7 @@ impl Fs {
             }));
         }
         let ticket = dc.ticket(&key);
-        let found = self.lookup_uncached(dir, name)?;
+        let found = self.settled(|| self.lookup_uncached(dir, name))?;
         dc.fill(
             DentKey {
                 dir: dir.0,

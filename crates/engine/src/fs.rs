@@ -177,6 +177,9 @@ pub(crate) struct Inner {
     pub(crate) tree_locks: Box<[RwLock<()>]>,
     /// File data: pages, dirty state, writeback (see `pagecache`).
     pub(crate) pagecache: crate::pagecache::PageCache,
+    /// Who may take the free blocks: delalloc promises, the pool, the root reserve
+    /// (see `space`); shared with the page cache.
+    pub(crate) space: Arc<crate::space::Space>,
     /// Decoded inodes and directory entries, lock-free on hits, and the grace periods
     /// that keep freed inode numbers from reuse while lockless readers may hold them.
     pub(crate) caches: crate::icache::Caches,
@@ -303,6 +306,14 @@ impl Fs {
             read_only = true;
         }
         let was_clean = sb.state & STATE_VALID != 0;
+        let space = Arc::new(crate::space::Space::new(
+            0,
+            crate::space::Space::pool_for(
+                sb.blocks_count,
+                sb.has_incompat(feature::INCOMPAT_EXTENTS),
+            ),
+            sb.r_blocks_count,
+        ));
         let mut fs = Fs {
             inner: Arc::new(Inner {
                 cache,
@@ -332,7 +343,9 @@ impl Fs {
                     opts.cache_bytes
                         .unwrap_or_else(crate::pagecache::default_limit_bytes),
                     opts.cache_clean,
+                    space.clone(),
                 ),
+                space,
                 caches: crate::icache::Caches::new(
                     crate::icache::INODES_DEFAULT,
                     crate::icache::DENTRIES_DEFAULT,
@@ -356,6 +369,7 @@ impl Fs {
             });
             let mut live = fs.live();
             live.sb.free_blocks_count = fb;
+            fs.inner.space.freed(fb);
             live.sb.free_inodes_count = fi.min(u64::from(u32::MAX)) as u32;
         }
         if !read_only {
@@ -448,14 +462,21 @@ impl Fs {
     /// dirty, they are written back (background-style writeback; errors surface at the
     /// next `sync`, whose flush retries them).
     pub(crate) fn write_lock(&self) -> WriteGuard<'_> {
-        WriteGuard {
+        let g = WriteGuard {
             inner: &self.inner,
             _g: self
                 .inner
                 .write_lock
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()),
-        }
+        };
+        HOLDS_WRITE_LOCK.with(|h| h.set(true));
+        g
+    }
+
+    /// Whether this thread holds the write lock (of any filesystem).
+    pub(crate) fn holds_write_lock() -> bool {
+        HOLDS_WRITE_LOCK.with(|h| h.get())
     }
 
     /// Fail with `ReadOnly` unless the filesystem is writable.
@@ -781,11 +802,16 @@ pub(crate) struct WriteGuard<'a> {
     _g: MutexGuard<'a, ()>,
 }
 
+thread_local! {
+    static HOLDS_WRITE_LOCK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 impl Drop for WriteGuard<'_> {
     fn drop(&mut self) {
         if !self.inner.read_only && self.inner.wants_commit() {
             let _ = self.inner.sync_locked();
         }
+        HOLDS_WRITE_LOCK.with(|h| h.set(false));
     }
 }
 

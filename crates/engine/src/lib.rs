@@ -46,6 +46,7 @@ pub mod orphan;
 pub mod pagecache;
 pub mod path;
 pub mod perm;
+mod space;
 pub mod store;
 pub mod xattr;
 
@@ -63,4 +64,5 @@ pub use path::OpenOptions;
 pub use perm::Creds;
 pub use rext4_format as format;
 pub use rext4_format::inode::Timestamp;
+pub use space::{act_as_privileged, PrivilegeGuard};
 pub use xattr::XattrFlags;

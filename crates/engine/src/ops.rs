@@ -253,6 +253,7 @@ impl Fs {
         let mut d = self.dir_for_new_name(parent, name)?;
         let inherited = self.inherit_acl(&d.inode, parent, &mut mode)?;
         let ino = self.alloc_inode(parent, false)?;
+        let mut written = false;
         let made = (|| {
             let mut inode = self.new_inode(mode, uid, gid);
             if ft == m::S_IFREG {
@@ -262,10 +263,11 @@ impl Fs {
                 inode.set_device(rdev.0, rdev.1);
             }
             self.write_new_inode(ino, &inode)?;
+            written = true;
             self.store_inherited(ino, inherited)?;
             self.link_into(&mut d, name, ino, mode)
         })();
-        self.keep_or_abandon(ino, false, made)?;
+        self.keep_or_abandon(ino, false, written, made)?;
         self.finish_dir(d)?;
         Ok(ino)
     }
@@ -300,16 +302,18 @@ impl Fs {
         may_change(&d.inode, "add a name", true)?;
         let inherited = self.inherit_acl(&d.inode, parent, &mut mode)?;
         let ino = self.alloc_inode(parent, false)?;
+        let mut written = false;
         let made = (|| {
             let mut inode = self.new_inode(mode, uid, gid);
             inode.links_count = 0;
             self.map_by_extents(&mut inode);
             self.write_new_inode(ino, &inode)?;
+            written = true;
             self.store_inherited(ino, inherited)?;
             let inode = self.orphan_add(ino, self.read_inode(ino)?)?;
             self.write_inode(ino, &inode)
         })();
-        self.keep_or_abandon(ino, false, made)?;
+        self.keep_or_abandon(ino, false, written, made)?;
         self.pin(ino);
         if !excl {
             lock_set(&self.inner.linkable).insert(ino);
@@ -320,13 +324,22 @@ impl Fs {
     /// After the steps that make new inode `ino` and link it: on success keep it; on
     /// failure (ENOSPC growing the directory, a block-mapped parent, an I/O error) free
     /// it with whatever it got, so no unattached inode is left, and return the error.
-    fn keep_or_abandon(&self, ino: Ino, is_dir: bool, made: Result<()>) -> Result<()> {
+    /// `written` says whether the new record reached the inode table: until it did, the
+    /// slot holds whatever inode used the number before (a freed directory, say),
+    /// whose blocks and type are not this inode's.
+    fn keep_or_abandon(
+        &self,
+        ino: Ino,
+        is_dir: bool,
+        written: bool,
+        made: Result<()>,
+    ) -> Result<()> {
         let Err(e) = made else {
             return Ok(());
         };
         // Best effort: the first error is the one to report.
         let _ = match self.read_inode(ino) {
-            Ok(i) if i.mode != 0 => self.free_inode_and_blocks(ino, i),
+            Ok(i) if written && i.mode != 0 => self.free_inode_and_blocks(ino, i),
             _ => self.free_inode(ino, is_dir),
         };
         Err(e)
@@ -352,11 +365,13 @@ impl Fs {
         let mut mode = m::S_IFDIR | (perm as u16 & 0o7777);
         let inherited = self.inherit_acl(&pd.inode, parent, &mut mode)?;
         let ino = self.alloc_inode(parent, true)?;
+        let mut written = false;
         let made = (|| {
             let mut inode = self.new_inode(mode, uid, gid);
             inode.links_count = 2;
             self.map_by_extents(&mut inode);
             self.write_new_inode(ino, &inode)?;
+            written = true;
             let mut nd = FsDir {
                 fs: self,
                 ino,
@@ -369,7 +384,7 @@ impl Fs {
             self.store_inherited(ino, inherited)?;
             self.link_into(&mut pd, name, ino, mode)
         })();
-        self.keep_or_abandon(ino, true, made)?;
+        self.keep_or_abandon(ino, true, written, made)?;
         Self::inc_dir_links(&mut pd.inode);
         self.finish_dir(pd)?;
         Ok(ino)
@@ -395,12 +410,14 @@ impl Fs {
         let _w = self.write_lock();
         let mut d = self.dir_for_new_name(parent, name)?;
         let ino = self.alloc_inode(parent, false)?;
+        let mut written = false;
         let made = (|| {
             let mut inode = self.new_inode(m::S_IFLNK | 0o777, uid, gid);
             inode.size = target.len() as u64;
             if target.len() < 60 {
                 inode.block[..target.len()].copy_from_slice(target);
                 self.write_new_inode(ino, &inode)?;
+                written = true;
             } else {
                 inode.flags |= flags::EXTENTS;
                 crate::extent_write::init_empty(&mut inode.block);
@@ -421,13 +438,14 @@ impl Fs {
                 inode.blocks_raw += (bs / 512) as u64;
                 // Recorded first, so that a failure below frees the block with it.
                 self.write_new_inode(ino, &inode)?;
+                written = true;
                 let mut data = vec![0u8; bs];
                 data[..target.len()].copy_from_slice(target);
                 self.cache().device().write_at(&data, p * bs as u64)?;
             }
             self.link_into(&mut d, name, ino, m::S_IFLNK)
         })();
-        self.keep_or_abandon(ino, false, made)?;
+        self.keep_or_abandon(ino, false, written, made)?;
         self.finish_dir(d)?;
         Ok(ino)
     }
@@ -520,6 +538,8 @@ impl Fs {
         self.inner.pagecache.discard(ino);
         let is_dir = inode.is_dir();
         if inode.has_flag(flags::EXTENTS) {
+            // Removing extents may split one (a new leaf): from the pool if need be.
+            let _c = crate::space::claim_as(crate::space::Claim::NoFail);
             with_tree(self, ino, &mut inode, |t| {
                 t.remove(0, MAX_LOGICAL).map(|_| ())
             })?;
@@ -1039,6 +1059,8 @@ impl Fs {
         let bs = u64::from(self.inner.block_size);
         if size < inode.size {
             let first_gone = size.div_ceil(bs);
+            // Removing extents may split one (a new leaf): from the pool if need be.
+            let _c = crate::space::claim_as(crate::space::Claim::NoFail);
             with_tree(self, ino, &mut inode, |t| {
                 t.remove(first_gone as u32, MAX_LOGICAL).map(|_| ())
             })?;
@@ -1184,12 +1206,14 @@ impl Fs {
             self.writeback_ino(ino, 0, u64::MAX, true)?;
             let _io = self.io_exclusive(ino);
             // A buffered writer may have dirtied pages between the writeback and the
-            // lock: write them first (without the lock), then try again.
-            let racing = self
-                .inner
-                .pagecache
-                .file(ino)
-                .is_some_and(|fc| !fc.lock().dirty_idx.is_empty());
+            // lock, and the writeback thread may be writing some: let them finish
+            // first (without the lock), then try again. A pass still running could
+            // otherwise have written data past the record's size that the zeroing of
+            // the old EOF block below would wipe before the pass raises the size.
+            let racing = self.inner.pagecache.file(ino).is_some_and(|fc| {
+                let st = fc.lock();
+                !st.dirty_idx.is_empty() || st.writeback > 0
+            });
             if racing {
                 continue;
             }
@@ -1282,7 +1306,9 @@ impl Fs {
         // Whatever was done is recorded, even when the rest failed (e.g. ENOSPC): the
         // inode must reference every block the loop allocated.
         let done = pos - offset;
-        if pos > inode.size {
+        // A write that wrote nothing (ENOSPC at its first block) leaves the size as it
+        // was, even when it started past the end.
+        if done > 0 && pos > inode.size {
             inode.size = pos;
         }
         if done > 0 && update_times {
@@ -1345,16 +1371,19 @@ impl Fs {
                     data[start_in..start_in + n]
                         .copy_from_slice(&buf[(pos_now - offset) as usize..][..n]);
                     dev.write_at(&data, physical * bs)?;
-                    with_tree(self, ino, inode, |t| {
-                        t.mark_written(lblk as u32, nblk as u32)
-                    })?;
+                    {
+                        // The conversion's extent splits may use the pool.
+                        let _c = crate::space::claim_as(crate::space::Claim::NoFail);
+                        with_tree(self, ino, inode, |t| {
+                            t.mark_written(lblk as u32, nblk as u32)
+                        })?;
+                    }
                     *pos = run_end;
                 }
                 Mapping::Hole { len } => {
-                    let want_blk = self.data_alloc_cap(
-                        len.min(end.div_ceil(bs) - lblk)
-                            .min(u64::from(rext4_format::extent::MAX_INIT_LEN)),
-                    )?;
+                    let want_blk = len
+                        .min(end.div_ceil(bs) - lblk)
+                        .min(u64::from(rext4_format::extent::MAX_INIT_LEN));
                     let goal = self.data_goal(ino, inode, lblk);
                     let (p, got) = self.alloc_blocks(goal, want_blk as u32)?;
                     let got = u64::from(got);
@@ -1532,10 +1561,9 @@ impl Fs {
             match self.map_block(ino, inode, l)? {
                 Mapping::Mapped { len, .. } => l += len,
                 Mapping::Hole { len } => {
-                    let want = self.data_alloc_cap(
-                        len.min(end - l)
-                            .min(u64::from(rext4_format::extent::MAX_UNWRITTEN_LEN)),
-                    )?;
+                    let want = len
+                        .min(end - l)
+                        .min(u64::from(rext4_format::extent::MAX_UNWRITTEN_LEN));
                     let goal = self.data_goal(ino, inode, l);
                     let (p, got) = self.alloc_blocks(goal, want as u32)?;
                     let ext = Extent {
@@ -1562,6 +1590,8 @@ impl Fs {
         let first_full = start.div_ceil(bs);
         let end_full = end / bs;
         if first_full < end_full {
+            // Removing extents may split one (a new leaf): from the pool if need be.
+            let _c = crate::space::claim_as(crate::space::Claim::NoFail);
             with_tree(self, ino, inode, |t| {
                 t.remove(first_full as u32, end_full).map(|_| ())
             })?;
@@ -1579,18 +1609,18 @@ impl Fs {
         Ok(())
     }
 
-    /// statfs(2). Blocks reserved by delayed allocations count as used (as the
-    /// kernel's dirty clusters do).
+    /// statfs(2), as ext4 answers it: blocks promised to delayed allocations count as
+    /// used (the kernel's dirty clusters); the available blocks leave out the root
+    /// reserve and the pool kept for changes that must not fail.
     pub fn statfs(&self) -> StatFs {
         let sb = self.superblock();
         let overhead = u64::from(sb.overhead_clusters);
-        let reserved = self.page_cache_stats().reserved_blocks;
-        let free = sb.free_blocks_count.saturating_sub(reserved);
+        let (free, _, _) = self.inner.space.figures();
         StatFs {
             block_size: self.inner.block_size,
             blocks: sb.blocks_count.saturating_sub(overhead),
             blocks_free: free,
-            blocks_available: free.saturating_sub(sb.r_blocks_count),
+            blocks_available: self.inner.space.available(),
             inodes: u64::from(sb.inodes_count),
             inodes_free: u64::from(sb.free_inodes_count),
             name_max: NAME_MAX as u32,

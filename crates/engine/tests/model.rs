@@ -824,6 +824,15 @@ fn run_seed(seed: u64, ops: usize, bs: u32) {
         d.join("\n"),
         r.log.join("\n")
     );
+    // The groups' and superblock's counts equal what the bitmaps and inode table
+    // hold, while open (between operations) and after reopening.
+    let counts = fs.check_counts().expect("counts");
+    assert!(
+        counts.is_empty(),
+        "seed {seed}: counts:\n{}\nlog:\n{}",
+        counts.join("\n"),
+        r.log.join("\n")
+    );
     fs.close().expect("close");
     let fsck = e2fsck_fn(img.path());
     assert!(
@@ -838,6 +847,12 @@ fn run_seed(seed: u64, ops: usize, bs: u32) {
     drop(r);
     drop(fs);
     let again = Fs::open(img.path()).expect("reopen");
+    let counts = again.check_counts().expect("counts");
+    assert!(
+        counts.is_empty(),
+        "seed {seed}: counts after reopen:\n{}",
+        counts.join("\n")
+    );
     let reread = normalise(common::snapshot(&again).expect("walk"));
     let d = diff_trees(&want, &reread, &Compare::exact());
     assert!(

@@ -129,11 +129,9 @@ impl MappedRange {
             if end > size.div_ceil(page) * page {
                 return Err(sigbus());
             }
-            // A page fault on a hole must get its block (or its reservation) now.
-            if !fs.delalloc_ok(end.div_ceil(bs) - pos / bs) {
-                return Err(Error::NoSpace);
-            }
-            fs.pc_write(self.ino, data, pos, size, size)?;
+            // A page fault on a hole must get its block (or its promise) now.
+            let promise = fs.promise_pages_or_flush(self.ino, pos / bs, (end - 1) / bs)?;
+            fs.pc_write(self.ino, data, pos, size, size, promise)?;
         }
         fs.touch_times(self.ino)?;
         fs.balance_dirty();

@@ -51,7 +51,7 @@ pub(crate) mod rw;
 pub(crate) mod writeback;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -163,6 +163,12 @@ impl std::ops::Deref for FileRef {
     }
 }
 
+impl FileRef {
+    pub(crate) fn arc(&self) -> &Arc<FileCache> {
+        &self.0
+    }
+}
+
 impl Drop for FileRef {
     fn drop(&mut self) {
         self.0.users.fetch_sub(1, Ordering::SeqCst);
@@ -183,6 +189,14 @@ pub(crate) struct FileState {
     pub(crate) ra_pages: u64,
     /// First writeback error since the last fsync.
     pub(crate) error: Option<WbError>,
+    /// Dirty pages over holes, each holding one promised block (`delalloc`).
+    pub(crate) delalloc: u64,
+    /// Promises taken by writes that have not marked their pages yet.
+    pub(crate) pending: u64,
+    /// Extent-tree blocks promised for the writeback of those pages, and the tree's
+    /// (depth, root entries) they were reckoned for (`space::tree_blocks_for`).
+    pub(crate) resv_tree: u64,
+    pub(crate) tree_shape: (u16, u16),
     /// Discarded (the inode was freed): nothing may be added or written back.
     pub(crate) dead: bool,
 }
@@ -261,8 +275,8 @@ pub(crate) struct PageCache {
     pub(crate) dirty: AtomicUsize,
     pub(crate) dirty_limit: usize,
     pub(crate) dirty_background: usize,
-    /// Blocks reserved by delayed-allocation pages.
-    pub(crate) reserved: AtomicU64,
+    /// The filesystem's space accounting: dirty pages over holes hold promises there.
+    pub(crate) space: Arc<crate::space::Space>,
     /// Reclaim order (CLOCK): (inode, page index), oldest first; may hold stale keys.
     lru: Mutex<VecDeque<(u32, u64)>>,
     reclaiming: AtomicBool,
@@ -275,7 +289,12 @@ pub(crate) struct PageCache {
 }
 
 impl PageCache {
-    pub(crate) fn new(page_size: usize, limit_bytes: u64, keep_clean: bool) -> PageCache {
+    pub(crate) fn new(
+        page_size: usize,
+        limit_bytes: u64,
+        keep_clean: bool,
+        space: Arc<crate::space::Space>,
+    ) -> PageCache {
         let limit_pages = (limit_bytes / page_size as u64).max(256) as usize;
         PageCache {
             page_size,
@@ -293,7 +312,7 @@ impl PageCache {
             } else {
                 (limit_pages / 8).min((32 << 20) / page_size)
             },
-            reserved: AtomicU64::new(0),
+            space,
             lru: Mutex::new(VecDeque::new()),
             reclaiming: AtomicBool::new(false),
             dirty_files: Mutex::new(DirtyFiles::default()),
@@ -352,6 +371,10 @@ impl PageCache {
                         ra_next: u64::MAX,
                         ra_pages: 0,
                         error: None,
+                        delalloc: 0,
+                        pending: 0,
+                        resv_tree: 0,
+                        tree_shape: (0, 0),
                         dead: false,
                     }),
                     wb_done: Condvar::new(),
@@ -440,19 +463,36 @@ impl PageCache {
         }
         if d.delalloc {
             d.delalloc = false;
-            self.release(1);
+            drop(d);
+            self.drop_delalloc(st, 1, true);
+        } else {
+            drop(d);
         }
-        drop(d);
         Some(p)
     }
 
-    /// Release `n` reserved blocks.
-    pub(crate) fn release(&self, n: u64) {
-        let _ = self
-            .reserved
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
-                Some(r.saturating_sub(n))
-            });
+    /// `n` pages of a file (state locked) stopped holding a promised block: by
+    /// writeback taking their blocks (`consumed`: the promise was used), or by being
+    /// dropped or cleaned otherwise (the promise goes back). The file's tree promise
+    /// shrinks to what its remaining pages need.
+    pub(crate) fn drop_delalloc(&self, st: &mut FileState, n: u64, give_back: bool) {
+        st.delalloc = st.delalloc.saturating_sub(n);
+        if give_back {
+            self.space.unreserve(n, 0);
+        }
+        self.settle_tree(st);
+    }
+
+    /// Give back the part of the file's tree promise its delalloc pages no longer need.
+    pub(crate) fn settle_tree(&self, st: &mut FileState) {
+        let per_leaf = (self.page_size as u64 - 12) / 12;
+        let (depth, entries) = st.tree_shape;
+        let need =
+            crate::space::tree_blocks_for(st.delalloc + st.pending, depth, entries, per_leaf);
+        if st.resv_tree > need {
+            self.space.unreserve(0, st.resv_tree - need);
+            st.resv_tree = need;
+        }
     }
 
     /// Retire a file cache that holds nothing (no pages, no size ahead of the record,
@@ -567,12 +607,12 @@ impl PageCache {
         Some((Ino(ino), Instant::now().saturating_duration_since(since)))
     }
 
-    /// (cached pages, dirty pages, reserved blocks, limit pages).
+    /// (cached pages, dirty pages, blocks promised to data, limit pages).
     pub(crate) fn stats(&self) -> (usize, usize, u64, usize) {
         (
             self.pages.load(Ordering::Relaxed),
             self.dirty.load(Ordering::Relaxed),
-            self.reserved.load(Ordering::Relaxed),
+            self.space.figures().1,
             self.limit_pages,
         )
     }
@@ -611,7 +651,10 @@ impl DirtyFiles {
 pub struct PageCacheStats {
     pub cached_bytes: u64,
     pub dirty_bytes: u64,
+    /// Blocks promised to dirty pages over holes (delayed allocation).
     pub reserved_blocks: u64,
+    /// Extent-tree blocks promised for their writeback.
+    pub reserved_tree_blocks: u64,
     pub limit_bytes: u64,
 }
 
@@ -625,6 +668,7 @@ impl crate::fs::Fs {
             cached_bytes: p as u64 * ps,
             dirty_bytes: d as u64 * ps,
             reserved_blocks: r,
+            reserved_tree_blocks: self.inner.space.figures().2,
             limit_bytes: l as u64 * ps,
         }
     }

@@ -17,6 +17,22 @@ use crate::error::{Error, Result};
 use crate::fs::{Fs, Ino};
 use crate::map::Mapping;
 
+/// Blocks promised to a buffered write before it marks its pages (`promise_pages`):
+/// the pages over holes, sorted.
+#[derive(Default)]
+pub(crate) struct Promise {
+    pages: Vec<u64>,
+}
+
+/// (depth, root entries) of an extent-mapped inode's tree, for the tree estimate.
+fn tree_shape(inode: &Inode) -> (u16, u16) {
+    if !inode.has_flag(flags::EXTENTS) {
+        return (0, 0);
+    }
+    let le16 = |o: usize| u16::from_le_bytes([inode.block[o], inode.block[o + 1]]);
+    (le16(6), le16(2))
+}
+
 /// Where a byte of a file comes from, for SEEK_DATA / SEEK_HOLE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Whence {
@@ -360,22 +376,43 @@ impl Fs {
         let len = buf.len() as u64;
         let end = offset + len;
         let (first, last) = pages_spanned(offset, len, self.page_size());
-        if !cacheable(&inode) || !self.delalloc_ok(last - first + 1) {
+        let go_now = now && self.pc_uncached(ino, first, last);
+        // Pages over holes promise their blocks now (delayed allocation); when the
+        // space is not there the write allocates at once instead, so ENOSPC (or a
+        // short write) comes from this call, as ext4's nodelalloc fallback.
+        let promise = if !cacheable(&inode) {
+            None
+        } else if go_now {
+            Some(Promise::default())
+        } else {
+            match self.promise_pages_or_flush(ino, first, last) {
+                Ok(p) => Some(p),
+                Err(Error::NoSpace) => None,
+                Err(e) => return Err(e),
+            }
+        };
+        let Some(promise) = promise else {
             drop(guard);
             let at = if append { None } else { Some(offset) };
             return self.write_through(ino, buf, at, update_times);
-        }
+        };
         if offset > size && size == inode.size {
             // Growing past a partial last block whose device copy may hold stale bytes
             // from an earlier shrink: zero them before a size that shows them commits.
-            let _w = self.write_lock();
-            self.check_writable()?;
-            self.zero_past_eof(ino, &inode, offset)?;
+            let zeroed = {
+                let _w = self.write_lock();
+                self.check_writable()
+                    .and_then(|()| self.zero_past_eof(ino, &inode, offset))
+            };
+            if let Err(e) = zeroed {
+                self.cancel_promise(ino, promise);
+                return Err(e);
+            }
         }
-        if now && self.pc_uncached(ino, first, last) {
+        if go_now {
             self.write_now(ino, buf, offset, end.max(size))?;
         } else {
-            self.pc_write(ino, buf, offset, size, u64::MAX)?;
+            self.pc_write(ino, buf, offset, size, u64::MAX, promise)?;
         }
         if update_times {
             self.touch_times(ino)?;
@@ -422,7 +459,7 @@ impl Fs {
         };
         self.pin(ino);
         let runs = [(offset / ps, buf.len() as u64 / ps)];
-        let r = self.write_chunk(&fc, ino, &runs, buf, bound);
+        let r = self.write_chunk(fc.arc(), ino, &runs, buf, bound, false);
         if r.is_err() {
             // The write did not happen: the file keeps the size it had.
             let mut st = fc.lock();
@@ -437,46 +474,95 @@ impl Fs {
         r.and(u)
     }
 
-    /// Whether delayed allocation may reserve `n` more blocks: free space minus what
-    /// is already reserved keeps a margin (1/64 of the filesystem, at least 256
-    /// blocks); below it writes allocate at once, so ENOSPC is exact when space runs
-    /// out (ext4's switch to nodelalloc).
-    pub(crate) fn delalloc_ok(&self, n: u64) -> bool {
-        let free = self.live().sb.free_blocks_count;
-        let reserved = self
-            .pc()
-            .reserved
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let margin = (self.inner.sb.blocks_count / 64).max(256);
-        free > reserved.saturating_add(n).saturating_add(margin)
+    /// Promise a block for each page of `[first, last]` of `ino` that lies over a hole
+    /// and holds no promise yet, and the extent-tree blocks their writeback may need
+    /// (`space`): all or nothing, `NoSpace` when the space is not there. The caller
+    /// holds the I/O lock and hands the promise to `pc_write` (or `cancel_promise`).
+    pub(crate) fn promise_pages(&self, ino: Ino, first: u64, last: u64) -> Result<Promise> {
+        let fc = self.pc().live_file(ino);
+        let (pages, shape) = {
+            let _t = self.tree_shared(ino);
+            let inode = self.read_inode(ino)?;
+            let held = |i: u64| {
+                let st = fc.lock();
+                st.pages.get(&i).is_some_and(|p| p.lock().delalloc)
+            };
+            let mut pages = Vec::new();
+            let mut lblk = first;
+            while lblk <= last {
+                match self.map_block(ino, &inode, lblk)? {
+                    Mapping::Hole { len } => {
+                        let end = lblk.saturating_add(len.max(1)).min(last + 1);
+                        pages.extend((lblk..end).filter(|&i| !held(i)));
+                        lblk = end;
+                    }
+                    Mapping::Mapped { len, .. } => lblk = lblk.saturating_add(len.max(1)),
+                }
+            }
+            (pages, tree_shape(&inode))
+        };
+        if pages.is_empty() {
+            return Ok(Promise::default());
+        }
+        let n = pages.len() as u64;
+        let per_leaf = (self.page_size() - 12) / 12;
+        let mut st = fc.lock();
+        let need =
+            crate::space::tree_blocks_for(st.delalloc + st.pending + n, shape.0, shape.1, per_leaf);
+        let extra = need.saturating_sub(st.resv_tree);
+        self.inner.space.reserve(n, extra)?;
+        st.pending += n;
+        st.resv_tree += extra;
+        st.tree_shape = shape;
+        Ok(Promise { pages })
     }
 
-    /// How many of `want` data blocks an allocation made at write time (not by
-    /// writeback) may take: what delayed allocations reserved is theirs, and a small
-    /// reserve (1/256 of the filesystem, 16 to 4096 blocks) stays for the extent-tree
-    /// blocks their writeback may need. `NoSpace` when nothing is left.
-    pub(crate) fn data_alloc_cap(&self, want: u64) -> Result<u64> {
-        let free = self.live().sb.free_blocks_count;
-        let reserved = self
-            .pc()
-            .reserved
-            .load(std::sync::atomic::Ordering::Relaxed);
-        if reserved == 0 {
-            return Ok(want);
+    /// `promise_pages`, and when the space is not there, first write back every dirty
+    /// file and ask again: the tree blocks promised to dirty data are estimates, and
+    /// writeback turns them into what was really used (ext4 likewise flushes delayed
+    /// allocations before it reports ENOSPC).
+    pub(crate) fn promise_pages_or_flush(
+        &self,
+        ino: Ino,
+        first: u64,
+        last: u64,
+    ) -> Result<Promise> {
+        match self.promise_pages(ino, first, last) {
+            Err(Error::NoSpace) if self.inner.space.figures().2 > 0 => {
+                self.writeback_every_file(false)?;
+                self.promise_pages(ino, first, last)
+            }
+            r => r,
         }
-        let keep = (self.inner.sb.blocks_count / 256).clamp(16, 4096);
-        match free.saturating_sub(reserved).saturating_sub(keep) {
-            0 => Err(Error::NoSpace),
-            avail => Ok(want.min(avail)),
+    }
+
+    /// Give back a promise that no page will take.
+    pub(crate) fn cancel_promise(&self, ino: Ino, promise: Promise) {
+        if promise.pages.is_empty() {
+            return;
         }
+        let fc = self.pc().live_file(ino);
+        let mut st = fc.lock();
+        self.settle_promise(&mut st, &promise, 0);
+    }
+
+    /// The write holding `promise` marked `used` of its pages as holding a block:
+    /// the rest goes back.
+    fn settle_promise(&self, st: &mut super::FileState, promise: &Promise, used: u64) {
+        let n = promise.pages.len() as u64;
+        st.pending = st.pending.saturating_sub(n);
+        st.delalloc += used;
+        self.inner.space.unreserve(n - used, 0);
+        self.pc().settle_tree(st);
     }
 
     /// Copy `buf` into the cached pages of `ino` at `offset` and mark them dirty; pages
     /// that become dirty over holes reserve a block each. `size` is the file's current
     /// size (the caller holds the I/O lock: shared when the write ends within `size`,
     /// exclusive otherwise). `limit` bounds what may be written (mappings never write
-    /// past the end of the file): bytes past it are dropped. The caller checked
-    /// `delalloc_ok` for the pages this may reserve.
+    /// past the end of the file): bytes past it are dropped. `promise` (from
+    /// `promise_pages` for this range) is spent on the pages that become dirty over
+    /// holes; what they do not take goes back, also on failure.
     pub(crate) fn pc_write(
         &self,
         ino: Ino,
@@ -484,47 +570,63 @@ impl Fs {
         offset: u64,
         size: u64,
         limit: u64,
+        promise: Promise,
     ) -> Result<()> {
         let ps = self.page_size();
         let end = offset + buf.len() as u64;
         let (first, last) = pages_spanned(offset, buf.len() as u64, ps);
         let fc = self.pc().live_file(ino);
-        // Pages only partly overwritten need their old contents.
+        // Pages only partly overwritten need their old contents: the cached ones are
+        // held from here on, the missing ones read. Reclaim may drop a clean page
+        // before the copy below; a held page then goes back in (its bytes are still
+        // the file's: only this writer, under the I/O lock, changes them), never a
+        // fresh buffer that would lose the part this write does not cover.
         let mut need = Vec::new();
+        let mut held: Vec<(u64, Arc<Page>)> = Vec::new();
         {
             let st = fc.lock();
             for i in first..=last {
-                if st.pages.contains_key(&i) {
-                    continue;
-                }
                 let whole = offset <= i * ps && end >= (i + 1) * ps;
-                if !whole {
-                    need.push(i);
+                match st.pages.get(&i) {
+                    Some(p) if !whole => held.push((i, p.clone())),
+                    Some(_) => {}
+                    None if !whole => need.push(i),
+                    None => {}
                 }
             }
         }
         if !need.is_empty() {
-            self.instantiate(&fc, ino, &need, size)?;
+            match self.instantiate(&fc, ino, &need, size) {
+                Ok(got) => held.extend(got),
+                Err(e) => {
+                    self.settle_promise(&mut fc.lock(), &promise, 0);
+                    return Err(e);
+                }
+            }
         }
-        let mut newly_dirty = Vec::new();
         {
             let mut st = fc.lock();
             if st.dead {
+                self.settle_promise(&mut st, &promise, 0);
                 return Err(Error::NotFound);
             }
+            let mut used = 0;
             for i in first..=last {
                 let p = match st.pages.get(&i) {
                     Some(p) => p.clone(),
-                    None => {
-                        // Wholly overwritten below (it was not read), unless the limit
-                        // cuts the write: then the rest must read as zeros.
-                        let buf = if limit >= end {
-                            self.pc().alloc_buf()
-                        } else {
-                            self.pc().alloc_zeroed()
-                        };
-                        self.pc().insert_page(&mut st, ino, i, new_page(buf))
-                    }
+                    None => match held.iter().find(|(j, _)| *j == i) {
+                        Some((_, p)) => self.pc().insert_page(&mut st, ino, i, p.clone()),
+                        None => {
+                            // Wholly overwritten below (it was not read), unless the
+                            // limit cuts the write: then the rest must read as zeros.
+                            let buf = if limit >= end {
+                                self.pc().alloc_buf()
+                            } else {
+                                self.pc().alloc_zeroed()
+                            };
+                            self.pc().insert_page(&mut st, ino, i, new_page(buf))
+                        }
+                    },
                 };
                 let pstart = i * ps;
                 let from = offset.max(pstart);
@@ -538,7 +640,12 @@ impl Fs {
                 if !d.dirty {
                     d.dirty = true;
                     self.pc().note_dirty(&mut st, ino, i);
-                    newly_dirty.push(i);
+                }
+                // Dirty over a hole: it holds a promised block from now on (set with
+                // `dirty`, under the page lock, so writeback never sees one without).
+                if !d.delalloc && promise.pages.binary_search(&i).is_ok() {
+                    d.delalloc = true;
+                    used += 1;
                 }
                 drop(d);
                 p.hot.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -546,45 +653,8 @@ impl Fs {
             if end > size && limit >= end {
                 st.size = Some(end);
             }
+            self.settle_promise(&mut st, &promise, used);
         }
-        if !newly_dirty.is_empty() {
-            self.reserve_holes(&fc, ino, &newly_dirty)?;
-        }
-        Ok(())
-    }
-
-    /// Pages that just became dirty: those over holes reserve one block each (the
-    /// caller checked `delalloc_ok`).
-    fn reserve_holes(&self, fc: &FileCache, ino: Ino, idxs: &[u64]) -> Result<()> {
-        let holes: Vec<u64> = {
-            let _t = self.tree_shared(ino);
-            let inode = self.read_inode(ino)?;
-            let mut v = Vec::new();
-            for &i in idxs {
-                if matches!(self.map_block(ino, &inode, i)?, Mapping::Hole { .. }) {
-                    v.push(i);
-                }
-            }
-            v
-        };
-        if holes.is_empty() {
-            return Ok(());
-        }
-        let st = fc.lock();
-        let mut n = 0;
-        for i in holes {
-            if let Some(p) = st.pages.get(&i) {
-                let mut d = p.lock();
-                if d.dirty && !d.delalloc {
-                    d.delalloc = true;
-                    n += 1;
-                }
-            }
-        }
-        drop(st);
-        self.pc()
-            .reserved
-            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 

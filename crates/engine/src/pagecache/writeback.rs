@@ -16,10 +16,13 @@
 //!    leaves its page dirty for the next one), release their reservations, wake
 //!    waiters.
 //!
-//! A device write error shuts the filesystem down (as a failed commit does) and is
-//! kept for the next fsync; running out of space despite the reservations (it should
-//! not happen: the margin in `delalloc_ok` covers extent-tree blocks) drops the
-//! chunk's dirty data with a message, as the kernel does, and reports ENOSPC at fsync.
+//! Space: a dirty page over a hole holds a promised block (`space`), spent when step 2
+//! allocates it (`Claim::Reserved`); the tree blocks step 2 and 3 need come from the
+//! file's tree promise, then the pool (`Claim::Writeback`). So writeback does not run
+//! out of space; should it anyway (a tree far more fragmented than the estimate), the
+//! chunk's dirty data is dropped with a message, as the kernel does, and ENOSPC is
+//! reported at fsync. A device write error shuts the filesystem down (as a failed
+//! commit does) and is kept for the next fsync.
 //!
 //! The writeback thread wakes every second (or when kicked): it writes back files
 //! oldest-dirty first while the dirty count is above the background threshold or a
@@ -131,7 +134,7 @@ impl Fs {
 
     fn writeback_pinned(
         &self,
-        fc: &FileCache,
+        fc: &Arc<FileCache>,
         ino: Ino,
         first: u64,
         last: u64,
@@ -210,10 +213,11 @@ impl Fs {
                 (snaps, runs, bound)
             };
             // 2 and 3.
-            let r = self.write_chunk(fc, ino, &runs, &scratch, bound);
+            let r = self.write_chunk(fc, ino, &runs, &scratch, bound, true);
             // 4. Completion.
             let mut st = fc.lock();
             let drop_data = matches!(r, Err(Error::NoSpace));
+            let mut released = 0;
             for (i, p, seq) in &snaps {
                 let mut d = p.lock();
                 d.writeback = false;
@@ -224,10 +228,11 @@ impl Fs {
                     }
                     if d.delalloc {
                         d.delalloc = false;
-                        pc.release(1);
+                        released += 1;
                     }
                 }
             }
+            pc.drop_delalloc(&mut st, released, true);
             st.writeback -= snaps.len();
             if !pc.keep_clean {
                 // The frontend keeps its own copy: hold only dirty data.
@@ -271,13 +276,16 @@ impl Fs {
     }
 
     /// Write the snapshotted runs of one chunk: steps 2 and 3 of the module note.
+    /// `delayed`: the pages are the page cache's (a writeback pass), so holes under
+    /// them hold promised blocks; otherwise (`write_now`) blocks are claimed afresh.
     pub(crate) fn write_chunk(
         &self,
-        fc: &FileCache,
+        fc: &Arc<FileCache>,
         ino: Ino,
         runs: &[(u64, u64)],
         scratch: &[u8],
         bound: u64,
+        delayed: bool,
     ) -> Result<()> {
         let ps = self.inner.pagecache.page_size as u64;
         let dev = self.cache().device().clone();
@@ -289,7 +297,9 @@ impl Fs {
             let mut i = 0u64;
             while i < n {
                 let lblk = start + i;
-                let Some((phys, len, piece)) = self.map_for_writeback(fc, ino, lblk, n - i)? else {
+                let Some((phys, len, piece)) =
+                    self.map_for_writeback(fc, ino, lblk, n - i, delayed)?
+                else {
                     return Ok(()); // the inode was freed: nothing to write
                 };
                 let bytes = &data[(i * ps) as usize..((i + len) * ps) as usize];
@@ -318,11 +328,16 @@ impl Fs {
     /// physical start, length and kind of the piece. `None` when the inode is gone.
     fn map_for_writeback(
         &self,
-        fc: &FileCache,
+        fc: &Arc<FileCache>,
         ino: Ino,
         lblk: u64,
         max: u64,
+        delayed: bool,
     ) -> Result<Option<(u64, u64, Piece)>> {
+        use crate::space::{claim_as, Claim};
+        // Tree blocks of a writeback pass come from the file's promise (then the
+        // pool); a write going out at once claims them afresh.
+        let _c = delayed.then(|| claim_as(Claim::Writeback(fc.clone())));
         let _t = self.tree_exclusive(ino);
         let _w = self.write_lock();
         self.check_writable()?;
@@ -349,17 +364,65 @@ impl Fs {
             ),
             Mapping::Hole { len } => {
                 // Unwritten extents hold at most 32767 blocks.
-                let want = len.min(max).min(32767);
+                let mut want = len.min(max).min(32767);
+                // Pages holding promised blocks spend them on this allocation (their
+                // flags cleared first, so a truncate that drops one meanwhile gives
+                // nothing back); a run of pages without (a write going out at once, or
+                // a page that never reserved) claims afresh.
+                let promised = if delayed {
+                    let mut st = fc.lock();
+                    let mut k = 0;
+                    while k < want {
+                        let Some(pg) = st.pages.get(&(lblk + k)) else {
+                            break;
+                        };
+                        let mut d = pg.lock();
+                        if !d.delalloc {
+                            break;
+                        }
+                        d.delalloc = false;
+                        k += 1;
+                    }
+                    st.delalloc -= k;
+                    if k == 0 {
+                        want = (lblk..lblk + want)
+                            .take_while(|i| st.pages.get(i).is_none_or(|p| !p.lock().delalloc))
+                            .count()
+                            .max(1) as u64;
+                    }
+                    k
+                } else {
+                    0
+                };
+                if promised > 0 {
+                    want = promised;
+                }
                 let goal = self.data_goal(ino, &inode, lblk);
-                let (p, got) = match self.alloc_blocks(goal, want as u32) {
+                let alloc = || {
+                    let _c = claim_as(if promised > 0 {
+                        Claim::Reserved
+                    } else {
+                        Claim::Fresh
+                    });
+                    self.alloc_blocks(goal, want as u32)
+                };
+                let got = match alloc() {
                     Err(Error::NoSpace) => {
                         // Blocks freed by the running transaction become usable at
                         // its commit.
                         self.inner.sync_locked()?;
-                        self.alloc_blocks(goal, want as u32)?
+                        alloc()
                     }
-                    r => r?,
+                    r => r,
                 };
+                let (p, got) = match got {
+                    Ok(x) => x,
+                    Err(e) => {
+                        self.restore_promises(fc, lblk, lblk + promised);
+                        return Err(e);
+                    }
+                };
+                self.restore_promises(fc, lblk + u64::from(got).min(promised), lblk + promised);
                 let ext = Extent {
                     logical: lblk as u32,
                     len: got as u16,
@@ -367,7 +430,12 @@ impl Fs {
                     unwritten: true,
                 };
                 if let Err(e) = with_tree(self, ino, &mut inode, |t| t.insert(ext)) {
-                    let _ = self.free_blocks(p, u64::from(got));
+                    if self.free_blocks(p, u64::from(got)).is_ok() && promised > 0 {
+                        // The blocks are back: so are the pages' promises.
+                        let spent = u64::from(got).min(promised);
+                        self.inner.space.repromise(spent);
+                        self.restore_promises(fc, lblk, lblk + spent);
+                    }
                     return Err(e);
                 }
                 inode.blocks_raw += u64::from(got) * u64::from(self.inner.block_size) / 512;
@@ -377,14 +445,37 @@ impl Fs {
         }))
     }
 
+    /// Pages `[from, to)` of a writeback run spent their promises on an allocation
+    /// that did not take them: they hold them again (a page dropped meanwhile gives
+    /// its promise back). Then the file's tree promise is settled.
+    fn restore_promises(&self, fc: &FileCache, from: u64, to: u64) {
+        let pc = &self.inner.pagecache;
+        let mut st = fc.lock();
+        let mut gone = 0;
+        for i in from..to {
+            match st.pages.get(&i) {
+                Some(pg) => pg.lock().delalloc = true,
+                None => gone += 1,
+            }
+        }
+        st.delalloc += to - from - gone;
+        if gone > 0 {
+            pc.space.unreserve(gone, 0);
+        }
+        pc.settle_tree(&mut st);
+    }
+
     /// Step 3: mark the converted pieces written and raise the on-disk size.
     fn finish_chunk(
         &self,
-        fc: &FileCache,
+        fc: &Arc<FileCache>,
         ino: Ino,
         converts: &[(u64, u64)],
         bound: u64,
     ) -> Result<()> {
+        // Splitting an unwritten extent to mark part of it written takes tree blocks
+        // the file's promise covers, or the pool: it must not fail.
+        let _c = crate::space::claim_as(crate::space::Claim::Writeback(fc.clone()));
         let _t = self.tree_exclusive(ino);
         let _w = self.write_lock();
         self.check_writable()?;
@@ -423,9 +514,19 @@ impl Fs {
     /// first error met, also errors kept from background writeback since the last
     /// sync.
     pub(crate) fn writeback_all(&self) -> Result<()> {
+        self.writeback_every_file(true)
+    }
+
+    /// Write back every dirty file and wait; with `report`, take and return the errors
+    /// kept for fsync too (syncfs), else leave them to each file's next fsync.
+    pub(crate) fn writeback_every_file(&self, report: bool) -> Result<()> {
         let mut first_err = None;
         for fc in self.inner.pagecache.all_files() {
             let r = self.writeback_ino(fc.ino, 0, u64::MAX, true).map(|_| ());
+            if !report {
+                r?;
+                continue;
+            }
             let kept = fc.lock().error.take();
             if first_err.is_none() {
                 if let Err(e) = r {

@@ -1,0 +1,297 @@
+//! A full filesystem through the embedding API: failed creates leave the counts as
+//! they were, a write that returned success is never dropped by writeback for lack of
+//! space, a failed write leaves the size alone, and the pool and root reserve are kept
+//! back as on the kernel's ext4. After each: the counts equal the bitmaps
+//! (`check_counts`), every acknowledged write reads back, e2fsck -fn is clean.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use rext4::{act_as_privileged, Error, Fs, FsOptions, OpenOptions};
+use rext4_testkit::{e2fsck_fn, mkfs, MkfsOptions};
+
+use common::{open_rw as rw, Rng};
+
+fn assert_counts(fs: &Fs, what: &str) {
+    let d = fs.check_counts().expect("counts");
+    assert!(d.is_empty(), "{what}: counts differ:\n{}", d.join("\n"));
+}
+
+/// Write `chunk`-byte pieces to `path` until the filesystem refuses: the bytes it
+/// took.
+fn fill(fs: &Fs, path: &str, chunk: usize) -> u64 {
+    let f = fs.create(path).expect("create the filler");
+    let buf = vec![0x5a; chunk];
+    let mut at = 0u64;
+    loop {
+        match f.write_at(&buf, at) {
+            Ok(0) => break,
+            Ok(n) => at += n as u64,
+            Err(Error::NoSpace) => break,
+            Err(e) => panic!("filling {path}: {e}"),
+        }
+    }
+    f.sync_all().expect("fsync the filler");
+    at
+}
+
+/// The issue's reproducer: a symlink whose block allocation fails took its inode from
+/// a slot a freed directory had used, and giving the inode back freed it as that
+/// directory (e2fsck: "Directories count wrong for group #0").
+#[test]
+fn failed_symlink_on_a_full_disk_keeps_the_directory_count() {
+    let img = mkfs(&MkfsOptions::new(4096, 64 << 20)).expect("mkfs");
+    let fs = rw(img.path());
+    for d in ["/d1", "/d2", "/d3"] {
+        fs.create_dir(d).expect("mkdir");
+    }
+    for d in ["/d1", "/d2", "/d3"] {
+        fs.remove_dir(d).expect("rmdir");
+    }
+    fs.sync().expect("sync");
+    let _root = act_as_privileged(true);
+    fill(&fs, "/fill", 1 << 20);
+    let target = "x".repeat(100);
+    let r = fs.symlink(&target, "/s1");
+    assert!(
+        matches!(r, Err(Error::NoSpace)),
+        "symlink on a full disk: {r:?}"
+    );
+    assert_counts(&fs, "after the failed symlink");
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "{}", r.output);
+}
+
+/// A write past the end that cannot get a single block fails and leaves the file's
+/// size as it was (the kernel's ext4 does; rext4 grew it to the write's offset).
+#[test]
+fn failed_write_past_eof_keeps_the_size() {
+    let img = mkfs(&MkfsOptions::new(4096, 32 << 20)).expect("mkfs");
+    let fs = rw(img.path());
+    let f = fs.create("/small").expect("create");
+    f.write_all_at(&[7u8; 100], 0).expect("write");
+    f.sync_all().expect("fsync");
+    fill(&fs, "/fill", 1 << 20);
+    for (off, len) in [(1_230_700u64, 65536usize), (4096, 1 << 20), (8192, 4096)] {
+        let r = f.write_at(&vec![1u8; len], off);
+        assert!(
+            matches!(r, Err(Error::NoSpace)),
+            "write {len} at {off}: {r:?}"
+        );
+        assert_eq!(
+            f.len().expect("len"),
+            100,
+            "size after a failed write at {off}"
+        );
+    }
+    drop(f);
+    assert_eq!(fs.read("/small").expect("read"), vec![7u8; 100]);
+    assert_counts(&fs, "after failed writes");
+    fs.close().expect("close");
+    let again = Fs::open(img.path()).expect("reopen");
+    assert_eq!(again.metadata("/small").expect("stat").len(), 100);
+    drop(again);
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "{}", r.output);
+}
+
+/// What one worker saw succeed, per file: the model of its bytes.
+type Model = HashMap<String, Vec<u8>>;
+
+/// Several threads create files, write at scattered offsets through the page cache
+/// (delayed allocation), make slow symlinks and directories until the filesystem is
+/// full; every write that returned success must be on the image after close, which
+/// itself must succeed (no writeback may have run out of space).
+#[test]
+fn writes_that_returned_are_never_dropped_when_the_disk_fills() {
+    let img = mkfs(&MkfsOptions::new(4096, 128 << 20)).expect("mkfs");
+    let fs = Fs::open_with(
+        img.path(),
+        FsOptions {
+            read_only: false,
+            commit_secs: 0,
+            // A small cache: writeback runs all along, not only at close.
+            cache_bytes: Some(8 << 20),
+            ..FsOptions::default()
+        },
+    )
+    .expect("open");
+    let models: Arc<Mutex<Model>> = Arc::default();
+    let workers: Vec<_> = (0..4u64)
+        .map(|w| {
+            let fs = fs.clone();
+            let models = models.clone();
+            std::thread::spawn(move || {
+                let mut rng = Rng(0x9E37_79B9 ^ (w + 1).wrapping_mul(0x1234_5677));
+                let mut full = 0;
+                let mut files: Vec<String> = Vec::new();
+                let mut n = 0u64;
+                while full < 60 {
+                    n += 1;
+                    let op = rng.below(10);
+                    let r = if op < 2 || files.is_empty() {
+                        let p = format!("/w{w}-{n}");
+                        match fs.create(&p) {
+                            Ok(_) => {
+                                models.lock().expect("models").insert(p.clone(), Vec::new());
+                                files.push(p);
+                                Ok(())
+                            }
+                            Err(e) => Err(e),
+                        }
+                    } else if op == 2 {
+                        fs.symlink("t".repeat(200), format!("/l{w}-{n}"))
+                    } else if op == 3 {
+                        fs.create_dir(format!("/d{w}-{n}"))
+                    } else {
+                        let p = &files[rng.below(files.len() as u64) as usize];
+                        let off = rng.below(1 << 20);
+                        let len = 1 + rng.below(96 << 10) as usize;
+                        let byte = (n % 251) as u8 + 1;
+                        let f = OpenOptions::new()
+                            .write(true)
+                            .open(&fs, p)
+                            .expect("open for writing");
+                        match f.write_at(&vec![byte; len], off) {
+                            Ok(k) => {
+                                let mut m = models.lock().expect("models");
+                                let v = m.get_mut(p).expect("modelled");
+                                let end = off as usize + k;
+                                if v.len() < end {
+                                    v.resize(end, 0);
+                                }
+                                v[off as usize..end].fill(byte);
+                                Ok(())
+                            }
+                            Err(e) => Err(e),
+                        }
+                    };
+                    match r {
+                        Ok(()) => {}
+                        Err(Error::NoSpace) => full += 1,
+                        Err(e) => panic!("worker {w}: op {op}: {e}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in workers {
+        t.join().expect("worker");
+    }
+    assert_counts(&fs, "full, before close");
+    fs.close()
+        .expect("close: writeback of acknowledged writes must find its space");
+    let again = Fs::open(img.path()).expect("reopen");
+    let models = models.lock().expect("models");
+    for (p, want) in models.iter() {
+        let got = again.read(p).expect("read back");
+        let first = got.iter().zip(want.iter()).position(|(a, b)| a != b);
+        let run = first.map(|i| {
+            let n = got[i..]
+                .iter()
+                .zip(&want[i..])
+                .take_while(|(a, b)| a != b)
+                .count();
+            (i, n, got[i], want[i])
+        });
+        assert!(
+            got.len() == want.len() && got == *want,
+            "{p}: {} bytes on the image, {} acknowledged; first difference (offset, \
+             length, image byte, acknowledged byte): {run:?}",
+            got.len(),
+            want.len(),
+        );
+    }
+    assert_counts(&again, "after reopen");
+    drop(again);
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "{}", r.output);
+}
+
+/// As the kernel's ext4: an unprivileged caller stops short of the root reserve, and
+/// nobody's new data takes the pool kept for changes that must not fail; statfs says
+/// so (f_bavail 0 while blocks are still free).
+#[test]
+fn root_reserve_and_pool_are_kept_back() {
+    let img = mkfs(&MkfsOptions::new(4096, 64 << 20)).expect("mkfs");
+    let fs = rw(img.path());
+    let sb = fs.superblock();
+    assert!(sb.r_blocks_count > 0, "mkfs keeps a root reserve");
+    let pool = (sb.blocks_count / 50).min(4096);
+    {
+        let _user = act_as_privileged(false);
+        fill(&fs, "/user", 1 << 20);
+        let st = fs.statfs();
+        assert_eq!(
+            st.blocks_available, 0,
+            "an unprivileged writer used what it may"
+        );
+        assert!(
+            st.blocks_free >= sb.r_blocks_count + pool,
+            "{} free, reserve {} + pool {pool}",
+            st.blocks_free,
+            sb.r_blocks_count
+        );
+        assert!(matches!(
+            fs.create_dir("/more"),
+            Ok(()) | Err(Error::NoSpace)
+        ));
+    }
+    let _root = act_as_privileged(true);
+    let took = fill(&fs, "/root", 1 << 20);
+    assert!(took > 0, "root writes into its reserve");
+    let st = fs.statfs();
+    assert!(
+        st.blocks_free >= pool,
+        "{} free, pool {pool}",
+        st.blocks_free
+    );
+    assert!(
+        st.blocks_free < pool + 256,
+        "root used its reserve: {} free",
+        st.blocks_free
+    );
+    // Freeing gives the space back to everyone.
+    fs.remove_file("/root").expect("rm");
+    fs.remove_file("/user").expect("rm");
+    fs.sync().expect("sync");
+    assert!(fs.statfs().blocks_available > sb.blocks_count / 2);
+    assert_counts(&fs, "after filling and freeing");
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "{}", r.output);
+}
+
+/// Random sizes of buffered writes never leave promises behind: after fsync of
+/// everything nothing is promised, and statfs's free count equals the superblock's.
+#[test]
+fn promises_are_all_given_back() {
+    let img = mkfs(&MkfsOptions::new(1024, 32 << 20)).expect("mkfs");
+    let fs = rw(img.path());
+    let mut rng = Rng(77);
+    let f = fs.create("/f").expect("create");
+    for _ in 0..300 {
+        let off = rng.below(4 << 20);
+        let len = 1 + rng.below(40_000) as usize;
+        match rng.below(5) {
+            0 => f.set_len(rng.below(4 << 20)).expect("truncate"),
+            _ => f.write_all_at(&vec![3u8; len], off).expect("write"),
+        }
+    }
+    let st = fs.page_cache_stats();
+    assert!(
+        st.reserved_blocks > 0,
+        "the writes left dirty pages over holes"
+    );
+    f.sync_all().expect("fsync");
+    let st = fs.page_cache_stats();
+    assert_eq!((st.reserved_blocks, st.reserved_tree_blocks), (0, 0));
+    assert_eq!(fs.statfs().blocks_free, fs.superblock().free_blocks_count);
+    drop(f);
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "{}", r.output);
+}
