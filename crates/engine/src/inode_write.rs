@@ -361,10 +361,16 @@ impl DirStore for FsDir<'_> {
             let _ = self.fs.free_blocks(p, 1);
             return Err(e);
         }
-        // Zero the new block so no stale bytes are ever visible as entries.
-        self.fs
-            .cache()
-            .write(p, Kind::Raw, vec![0u8; bs as usize], |_| Ok(()))?;
+        // The new block starts as a valid empty leaf, never stale bytes: should the
+        // change that appended it stop here (ENOSPC at its next step), the directory
+        // written as it stands is still well formed.
+        let mut b = vec![0u8; bs as usize];
+        let seed = self.fs.owned_seed(ino, &self.inode);
+        rext4_format::dir::init_empty_leaf(&mut b, seed.is_some());
+        if let Some(s) = seed {
+            rext4_format::dir::set_leaf_csum(&mut b, s)?;
+        }
+        self.fs.cache().write(p, Kind::Raw, b, |_| Ok(()))?;
         self.inode.blocks_raw += bs / 512;
         self.inode.size += bs;
         self.dirty = true;

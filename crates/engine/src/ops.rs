@@ -196,10 +196,18 @@ impl Fs {
         }
     }
 
-    /// Add `name -> ino` to directory `dir`, updating its times.
+    /// Add `name -> ino` to directory `dir`, updating its times. On failure the
+    /// directory's record is written as the steps that did complete left it (a
+    /// block appended, an index level added before a later step ran out of space):
+    /// every step leaves the directory well formed, but only with its size and
+    /// extent root on disk too.
     fn link_into(&self, d: &mut FsDir<'_>, name: &[u8], ino: Ino, mode: u16) -> Result<()> {
         let r = dir_write::add_entry(d, name, ino.0, dirent_type(mode), self.dir_index());
         self.dent_changed(d.ino, name, &r, Some((ino.0, dirent_type(mode) as u8)));
+        if r.is_err() && d.dirty {
+            self.write_inode(d.ino, &d.inode)?;
+            d.dirty = false;
+        }
         r?;
         let t = self.now();
         d.inode.mtime = t;

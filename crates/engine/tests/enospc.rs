@@ -295,3 +295,40 @@ fn promises_are_all_given_back() {
     let r = e2fsck_fn(img.path());
     assert!(r.clean, "{}", r.output);
 }
+
+/// A name added to a full one-block directory converts it to an htree, which takes
+/// two new blocks; with one left the second allocation fails. The directory must stay
+/// well formed (it kept the first block as an empty leaf), nothing leaks.
+#[test]
+fn directory_growth_that_runs_out_halfway_leaves_it_whole() {
+    let img = mkfs(&MkfsOptions::new(4096, 32 << 20)).expect("mkfs");
+    let fs = rw(img.path());
+    fs.create_dir("/d").expect("mkdir");
+    // 19 entries of 208 bytes fill the 4060 bytes after "." and ".." and the tail.
+    let name = |i: usize| format!("/d/{i:0>200}");
+    for i in 0..19 {
+        fs.create(name(i)).expect("create");
+    }
+    assert_eq!(fs.metadata("/d").expect("stat").len(), 4096, "still one block");
+    let _root = act_as_privileged(true);
+    let took = fill(&fs, "/fill", 1 << 20);
+    // Give back exactly one block, committed so it can be used.
+    fs.set_len("/fill", took - 4096).expect("shrink by a block");
+    fs.sync().expect("sync");
+    let r = fs.create(name(19));
+    assert!(matches!(r, Err(Error::NoSpace)), "20th name: {:?}", r.map(|_| ()));
+    let names = fs.read_dir("/d").expect("readdir");
+    assert_eq!(names.len(), 19);
+    assert_counts(&fs, "after the failed conversion");
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "{}", r.output);
+    // Once space is back, the directory takes the name.
+    let fs = rw(img.path());
+    fs.remove_file("/fill").expect("rm");
+    fs.create(name(19)).expect("create after freeing");
+    assert_eq!(fs.read_dir("/d").expect("readdir").len(), 20);
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "{}", r.output);
+}
