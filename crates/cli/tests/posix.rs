@@ -162,6 +162,7 @@ const CHECKS: &[(&str, Check)] = &[
     ("mknod_nodes", check_mknod_nodes),
     ("o_tmpfile", check_o_tmpfile),
     ("statx_btime", check_statx_btime),
+    ("mmap_shared_o_direct", check_mmap_o_direct),
 ];
 
 const NOBODY: u32 = 65534;
@@ -2680,6 +2681,119 @@ fn check_mknod_nodes(d: &Path) -> Res {
         nobody(move || mknod(&d2, libc::S_IFCHR | 0o644, libc::makedev(1, 3))),
         libc::EPERM,
     )
+}
+
+// ---------------------------------------------------------------------------------
+// Linux semantics on the mount: mmap of O_DIRECT files, inode flags, atime, whiteouts.
+
+const PAGE: usize = 4096;
+
+/// A page-aligned buffer of `len` bytes (O_DIRECT wants aligned memory on ext4).
+struct Aligned {
+    buf: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl Aligned {
+    fn new(data: &[u8]) -> Aligned {
+        let len = data.len();
+        let mut buf = vec![0u8; len + PAGE];
+        let start = buf.as_ptr().align_offset(PAGE);
+        buf[start..start + len].copy_from_slice(data);
+        Aligned { buf, start, len }
+    }
+    fn bytes(&self) -> &[u8] {
+        &self.buf[self.start..self.start + self.len]
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[self.start..self.start + self.len]
+    }
+}
+
+/// A MAP_SHARED mapping of a whole file; unmapped on drop.
+struct SharedMap {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl SharedMap {
+    fn new(f: &File, len: usize) -> io::Result<SharedMap> {
+        // SAFETY: a fresh mapping of an open descriptor; the kernel picks the address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(SharedMap { ptr: p.cast(), len })
+    }
+    fn read(&self, off: usize, n: usize) -> Vec<u8> {
+        assert!(off + n <= self.len);
+        // SAFETY: inside the mapping, which lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(off), n) }.to_vec()
+    }
+    fn write(&self, off: usize, data: &[u8]) {
+        assert!(off + data.len() <= self.len);
+        // SAFETY: inside a writable mapping, which lives as long as `self`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(off), data.len()) }
+    }
+    fn msync(&self) -> io::Result<()> {
+        // SAFETY: the whole mapping, which is live.
+        cvt(unsafe { libc::msync(self.ptr.cast(), self.len, libc::MS_SYNC) }).map(drop)
+    }
+}
+
+impl Drop for SharedMap {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the mapping made in `new`, used by nobody after this.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// A file opened with O_DIRECT can be mapped MAP_SHARED, as on ext4, and the two
+/// views stay coherent: a write through the map, msync'ed, reads back with O_DIRECT
+/// and buffered; an O_DIRECT write shows in the map.
+fn check_mmap_o_direct(d: &Path) -> Res {
+    let p = d.join("f");
+    let len = 4 * PAGE;
+    let mut want = pattern(len, 7);
+    write(&p, &want)?;
+    let f = open(&p, libc::O_RDWR | libc::O_DIRECT, 0).ctx("open O_DIRECT")?;
+    let map = SharedMap::new(&f, len).ctx("mmap MAP_SHARED of an O_DIRECT descriptor")?;
+    eq("map shows the file", map.read(0, len) == want, true)?;
+    map.write(100, b"through the map");
+    want[100..115].copy_from_slice(b"through the map");
+    map.msync().ctx("msync")?;
+    let mut buf = Aligned::new(&[0u8; PAGE]);
+    let n = f.read_at(buf.bytes_mut(), 0).ctx("pread O_DIRECT")?;
+    eq(
+        "O_DIRECT pread after msync",
+        (n, buf.bytes() == &want[..PAGE]),
+        (PAGE, true),
+    )?;
+    eq("buffered read after msync", read(&p)? == want, true)?;
+    let other = pattern(PAGE, 99);
+    let n = f
+        .write_at(Aligned::new(&other).bytes(), 2 * PAGE as u64)
+        .ctx("pwrite O_DIRECT")?;
+    eq("O_DIRECT pwrite", n, PAGE)?;
+    want[2 * PAGE..3 * PAGE].copy_from_slice(&other);
+    eq(
+        "map after the O_DIRECT pwrite",
+        map.read(2 * PAGE, PAGE) == other,
+        true,
+    )?;
+    drop(map);
+    drop(f);
+    eq("content after close", read(&p)? == want, true)
 }
 
 // ---------------------------------------------------------------------------------

@@ -805,7 +805,12 @@ impl Filesystem for Adapter {
             | InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_ASYNC_DIO
-            | InitFlags::FUSE_CACHE_SYMLINKS;
+            | InitFlags::FUSE_CACHE_SYMLINKS
+            // A file opened with O_DIRECT (FOPEN_DIRECT_IO) may be mapped MAP_SHARED,
+            // as on ext4: the kernel then writes back and invalidates the mapped
+            // pages around each direct read and write, so the two stay coherent
+            // (Linux 6.6+; without it such an mmap fails with ENODEV).
+            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
         if self.s.cfg.writeback_cache && !self.s.fs.is_read_only() {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
