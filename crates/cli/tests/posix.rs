@@ -163,6 +163,7 @@ const CHECKS: &[(&str, Check)] = &[
     ("o_tmpfile", check_o_tmpfile),
     ("statx_btime", check_statx_btime),
     ("mmap_shared_o_direct", check_mmap_o_direct),
+    ("chattr_ia_cleared_together", check_chattr_ia_together),
 ];
 
 const NOBODY: u32 = 65534;
@@ -2794,6 +2795,44 @@ fn check_mmap_o_direct(d: &Path) -> Res {
     drop(map);
     drop(f);
     eq("content after close", read(&p)? == want, true)
+}
+
+/// `chattr -ia` on a file that is immutable and append-only clears both in one call
+/// (ext4 refuses other flag changes only while immutable stays set); the file is then
+/// writable and removable. The other orders: clearing immutable while setting another
+/// flag works, keeping it while changing another is EPERM.
+fn check_chattr_ia_together(d: &Path) -> Res {
+    let p = d.join("f");
+    write(&p, b"x")?;
+    let f = File::open(&p).ctx("open")?;
+    let base = get_flags(&f).ctx("get")?;
+    run_tool("chattr", &["+ia"], &p)?;
+    eq(
+        "flags after chattr +ia",
+        get_flags(&f).ctx("get")?,
+        base | FL_IMMUTABLE | FL_APPEND,
+    )?;
+    errno(
+        "clearing a while immutable stays",
+        set_flags(&f, base | FL_IMMUTABLE),
+        libc::EPERM,
+    )?;
+    run_tool("chattr", &["-ia"], &p)?;
+    eq("flags after chattr -ia", get_flags(&f).ctx("get")?, base)?;
+    creat(&p, b"rewritten").ctx("rewrite after -ia")?;
+    eq("content", read(&p)?, b"rewritten".to_vec())?;
+    set_flags(&f, base | FL_APPEND).ctx("+a")?;
+    set_flags(&f, base | FL_APPEND | FL_IMMUTABLE).ctx("+i")?;
+    set_flags(&f, base | FL_APPEND | FL_NODUMP).ctx("-i +d in one call")?;
+    eq(
+        "flags after -i +d",
+        get_flags(&f).ctx("get")?,
+        base | FL_APPEND | FL_NODUMP,
+    )?;
+    set_flags(&f, base | FL_IMMUTABLE).ctx("-ad +i in one call")?;
+    set_flags(&f, base).ctx("-i")?;
+    drop(f);
+    unlink(&p).ctx("unlink after the flags are gone")
 }
 
 // ---------------------------------------------------------------------------------

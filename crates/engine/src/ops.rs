@@ -897,11 +897,12 @@ impl Fs {
     }
 
     /// FS_IOC_SETFLAGS (chattr) with ext4's rules: bits outside the modifiable set are
-    /// kept as they are, whatever `new` says, and while a file is immutable only that
-    /// flag may change. rext4 changes the flags that ask nothing of the filesystem but
-    /// being kept (s u c d A t T in chattr's letters; A holds because rext4 never
-    /// updates atime on reads) and the two it enforces, immutable and append-only (i,
-    /// a: see `may_change`); changing another (sync, dirsync, data journaling, project
+    /// kept as they are, whatever `new` says, and a file that is immutable and stays
+    /// so takes no other change (clearing immutable may come with other changes).
+    /// rext4 changes the flags that ask nothing of the filesystem but being kept
+    /// (s u c d A t T in chattr's letters; A holds because rext4 never updates atime
+    /// on reads) and the two it enforces, immutable and append-only (i, a: see
+    /// `may_change`); changing another (sync, dirsync, data journaling, project
     /// inheritance, casefold, extents) is refused as unsupported rather than stored
     /// and ignored. The caller checks ownership and CAP_LINUX_IMMUTABLE (the kernel
     /// does before the ioctl reaches a FUSE server). Setting immutable writes the
@@ -924,9 +925,12 @@ impl Fs {
                 changed & !(FL_KEPT_ONLY | FL_ENFORCED)
             )));
         }
-        if inode.flags & flags::IMMUTABLE != 0 && changed & !flags::IMMUTABLE != 0 {
+        // ext4's rule (ext4_ioctl_check_immutable): an immutable inode that stays
+        // immutable takes no other flag change; one call may clear immutable and
+        // change the rest (`chattr -ia`).
+        if inode.flags & want & flags::IMMUTABLE != 0 && changed & !flags::IMMUTABLE != 0 {
             return Err(Error::NotPermitted(
-                "the inode is immutable: clear that flag first".into(),
+                "the inode is immutable: clear that flag first (or in the same call)".into(),
             ));
         }
         inode.flags = want;

@@ -545,3 +545,32 @@ fn freeing_a_pointer_into_metadata_is_refused() {
         fsck.output
     );
 }
+
+/// `chattr -ia` through the API: one call clears immutable and append-only together
+/// (ext4 refuses other flag changes only while immutable stays set), after which the
+/// file takes writes and goes away.
+#[test]
+fn immutable_cleared_with_other_flags_in_one_call() {
+    let img = mkfs(&MkfsOptions::new(4096, 16 << 20)).expect("mkfs");
+    let fs = rw(img.path());
+    fs.write("/f", b"x").expect("write");
+    let f = fs.resolve(b"/f", true).expect("f");
+    let base = fs.flags_ino(f).expect("flags");
+    let (imm, app, nodump) = (0x10, 0x20, 0x40);
+    fs.set_flags_ino(f, base | imm | app).expect("+ia");
+    match fs.set_flags_ino(f, base | imm) {
+        Err(e) => assert_eq!(e.errno(), 1, "-a while +i stays: {e}"),
+        Ok(()) => panic!("-a while +i stays: accepted"),
+    }
+    fs.set_flags_ino(f, base).expect("-ia in one call");
+    assert_eq!(fs.flags_ino(f).expect("flags"), base);
+    fs.write("/f", b"y").expect("write after -ia");
+    fs.set_flags_ino(f, base | imm).expect("+i");
+    fs.set_flags_ino(f, base | nodump)
+        .expect("-i +d in one call");
+    assert_eq!(fs.flags_ino(f).expect("flags"), base | nodump);
+    fs.remove_file("/f").expect("unlink after -i");
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "e2fsck: {}", r.output);
+}

@@ -379,7 +379,7 @@ impl Shared {
             let _ = std::thread::Builder::new()
                 .name("rext4-inval".into())
                 .spawn(move || {
-                    let _ = n.inval_inode(INodeNo(u64::from(ino.0)), 0, 0);
+                    let _ = n.inval_inode(to_fuse(ino), 0, 0);
                 });
         }
     }
