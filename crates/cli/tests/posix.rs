@@ -22,6 +22,10 @@
 //! A watchdog kills the FUSE server if the suite hangs, so a stuck request fails the
 //! test instead of blocking it. Skips (printing why) without root, /dev/fuse or loop
 //! devices.
+//!
+//! One more test compares with the kernel's ext4 under another setup:
+//! `overlayfs_upper_on_mount` (an overlayfs whose upper and work directories are on
+//! the mount; the overlay is unmounted by a drop guard, also on panic).
 
 mod fuse_mount;
 
@@ -164,6 +168,7 @@ const CHECKS: &[(&str, Check)] = &[
     ("statx_btime", check_statx_btime),
     ("mmap_shared_o_direct", check_mmap_o_direct),
     ("chattr_ia_cleared_together", check_chattr_ia_together),
+    ("rename_whiteout", check_rename_whiteout),
 ];
 
 const NOBODY: u32 = 65534;
@@ -2835,6 +2840,72 @@ fn check_chattr_ia_together(d: &Path) -> Res {
     unlink(&p).ctx("unlink after the flags are gone")
 }
 
+/// renameat2(RENAME_WHITEOUT) as root: the file moves and its old name becomes a
+/// whiteout, a character device 0:0 with mode 0 owned by the caller (a directory
+/// source too); with RENAME_NOREPLACE it works onto a free name and is EEXIST onto a
+/// taken one; with RENAME_EXCHANGE it is EINVAL.
+fn check_rename_whiteout(d: &Path) -> Res {
+    let (a, b, c) = (d.join("a"), d.join("b"), d.join("c"));
+    write(&a, b"data")?;
+    renameat2(&a, &b, libc::RENAME_WHITEOUT).ctx("RENAME_WHITEOUT")?;
+    let is_whiteout = |p: &Path| -> Res {
+        let m = lstat(p)?;
+        eq(
+            &format!("{} (type, mode, rdev, nlink, uid, size)", name(p)),
+            (
+                m.file_type().is_char_device(),
+                m.mode(),
+                m.rdev(),
+                m.nlink(),
+                m.uid(),
+                m.len(),
+            ),
+            (true, libc::S_IFCHR, 0, 1, 0, 0),
+        )
+    };
+    is_whiteout(&a)?;
+    eq("moved file", read(&b)?, b"data".to_vec())?;
+    errno(
+        "RENAME_WHITEOUT | RENAME_EXCHANGE",
+        renameat2(&b, &a, libc::RENAME_WHITEOUT | libc::RENAME_EXCHANGE),
+        libc::EINVAL,
+    )?;
+    errno(
+        "RENAME_WHITEOUT | RENAME_NOREPLACE onto a taken name",
+        renameat2(&b, &a, libc::RENAME_WHITEOUT | libc::RENAME_NOREPLACE),
+        libc::EEXIST,
+    )?;
+    renameat2(&b, &c, libc::RENAME_WHITEOUT | libc::RENAME_NOREPLACE)
+        .ctx("RENAME_WHITEOUT | RENAME_NOREPLACE")?;
+    is_whiteout(&b)?;
+    // Onto a whiteout (which goes), leaving one behind.
+    renameat2(&c, &a, libc::RENAME_WHITEOUT).ctx("RENAME_WHITEOUT onto a whiteout")?;
+    is_whiteout(&c)?;
+    eq("file over the old whiteout", read(&a)?, b"data".to_vec())?;
+    let (s1, s2) = (d.join("s1"), d.join("s2"));
+    mk(&s1, 0o755)?;
+    write(&s1.join("x"), b"x")?;
+    renameat2(&s1, &s2, libc::RENAME_WHITEOUT).ctx("RENAME_WHITEOUT of a directory")?;
+    is_whiteout(&s1)?;
+    eq("moved directory", read(&s2.join("x"))?, b"x".to_vec())?;
+    eq("parent's links", stat(d)?.nlink(), 3)?;
+    let mut names: Vec<String> = fs::read_dir(d)
+        .ctx("readdir")?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<io::Result<_>>()
+        .ctx("readdir entry")?;
+    names.sort();
+    eq(
+        "entries",
+        names,
+        ["a", "b", "c", "s1", "s2"].map(String::from).to_vec(),
+    )?;
+    for w in [&b, &c, &s1] {
+        unlink(w).ctx(&format!("unlink whiteout {}", name(w)))?;
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------
 // Harness.
 
@@ -3191,4 +3262,231 @@ fn check_statx_btime(d: &Path) -> Res {
     ensure((dx.stx_btime.tv_sec, dx.stx_btime.tv_nsec) >= born, || {
         "a later directory was born earlier".into()
     })
+}
+
+// ---------------------------------------------------------------------------------
+// overlayfs with its upper directory on the mount.
+
+/// An overlay mount; unmounted on drop (lazily when busy), also when the test panics.
+struct Overlay {
+    dir: rext4_testkit::TempDir,
+    mounted: bool,
+}
+
+impl Overlay {
+    /// `Ok(None)` when this kernel has no overlayfs.
+    fn mount(lower: &Path, upper: &Path, work: &Path) -> Result<Option<Overlay>, String> {
+        let dir = rext4_testkit::TempDir::new("overlay").map_err(|e| e.to_string())?;
+        let opts = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.display(),
+            upper.display(),
+            work.display()
+        );
+        let out = Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o", &opts])
+            .arg(dir.path())
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            if err.contains("unknown filesystem type") {
+                return Ok(None);
+            }
+            return Err(format!("mount -t overlay -o {opts}: {}", err.trim()));
+        }
+        Ok(Some(Overlay { dir, mounted: true }))
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn unmount(&mut self) -> Res {
+        if !self.mounted {
+            return Ok(());
+        }
+        let ok = Command::new("umount")
+            .arg(self.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = Command::new("umount").arg("-l").arg(self.path()).status();
+        }
+        self.mounted = fuse_mount::is_mounted(self.path());
+        if self.mounted {
+            // Never remove a live mount's contents.
+            self.dir.leak();
+        }
+        ensure(ok, || format!("umount {} failed", self.path().display()))
+    }
+}
+
+impl Drop for Overlay {
+    fn drop(&mut self) {
+        let _ = self.unmount();
+    }
+}
+
+/// A tree as (relative path, what it is: kind with content or device numbers), sorted.
+type Tree = Vec<(String, String)>;
+
+fn tree_of(root: &Path) -> Result<Tree, String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in fs::read_dir(&dir).ctx(&format!("readdir {}", name(&dir)))? {
+            let p = e.ctx("readdir entry")?.path();
+            let rel = p
+                .strip_prefix(root)
+                .map_err(|e| e.to_string())?
+                .display()
+                .to_string();
+            let m = lstat(&p)?;
+            let what = if m.is_dir() {
+                stack.push(p.clone());
+                "dir".to_string()
+            } else if m.file_type().is_char_device() {
+                format!(
+                    "char {}:{} mode {:o}",
+                    libc::major(m.rdev()),
+                    libc::minor(m.rdev()),
+                    m.mode() & 0o7777
+                )
+            } else {
+                format!("file {}", String::from_utf8_lossy(&read(&p)?))
+            };
+            out.push((rel, what));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The overlay scenario with upper and work directories under `base`: delete, rename
+/// and change lower files through the overlay (whiteouts, copy-up, a removed merged
+/// directory), then the view again after a remount of the overlay. Returns the merged
+/// view and the upper directory as left.
+fn overlay_scenario(lower: &Path, base: &Path) -> Result<Option<(Tree, Tree)>, String> {
+    let (upper, work) = (base.join("upper"), base.join("work"));
+    mk(&upper, 0o755)?;
+    mk(&work, 0o755)?;
+    let Some(mut ov) = Overlay::mount(lower, &upper, &work)? else {
+        return Ok(None);
+    };
+    let o = ov.path().to_path_buf();
+    unlink(&o.join("f1")).ctx("rm f1")?;
+    fs::rename(o.join("f2"), o.join("f2new")).ctx("mv f2 f2new")?;
+    fs::remove_dir_all(o.join("dir")).ctx("rm -r dir")?;
+    {
+        let mut f = File::options()
+            .append(true)
+            .open(o.join("keep"))
+            .ctx("open keep")?;
+        f.write_all(b"+more").ctx("append to keep")?;
+    }
+    write(&o.join("new"), b"new")?;
+    mk(&o.join("nd"), 0o755)?;
+    fs::rename(o.join("nd"), o.join("nd2")).ctx("mv nd nd2")?;
+    let view = tree_of(&o)?;
+    ov.unmount()?;
+    drop(ov);
+    let Some(ov) = Overlay::mount(lower, &upper, &work)? else {
+        return Err("overlayfs went away".into());
+    };
+    eq(
+        "view after remounting the overlay",
+        tree_of(ov.path())?,
+        view.clone(),
+    )?;
+    drop(ov);
+    Ok(Some((view, tree_of(&upper)?)))
+}
+
+/// overlayfs with upperdir and workdir on a rext4 mount (whiteouts by RENAME_WHITEOUT
+/// and mknod, trusted.overlay.* xattrs, copy-up): the merged view and the upper
+/// directory it leaves are the ones it leaves on the kernel's ext4, and the image is
+/// clean after.
+#[test]
+fn overlayfs_upper_on_mount() {
+    if let Some(why) = cannot_run() {
+        skip(&why);
+        return;
+    }
+    let lower = rext4_testkit::TempDir::new("ovl-lower").expect("tempdir");
+    let l = lower.path();
+    creat(&l.join("f1"), b"one").expect("f1");
+    creat(&l.join("f2"), b"two").expect("f2");
+    creat(&l.join("keep"), b"kept").expect("keep");
+    mkdir(&l.join("dir"), 0o755).expect("dir");
+    creat(&l.join("dir/f3"), b"three").expect("f3");
+
+    let kimg = mkfs(&MkfsOptions::new(4096, 32 << 20)).expect("mkfs.ext4");
+    let kernel = {
+        let lm = match LoopMount::new(kimg.path(), false, "") {
+            Ok(m) => m,
+            Err(e) => {
+                skip(&e);
+                return;
+            }
+        };
+        let r = overlay_scenario(l, lm.path());
+        if let Err(e) = lm.unmount() {
+            eprintln!("kernel mount: {e}");
+        }
+        r.expect("overlay on the kernel's ext4")
+    };
+    let Some(kernel) = kernel else {
+        skip("no overlayfs in this kernel");
+        return;
+    };
+    let owned = |v: &[(&str, &str)]| -> Tree {
+        v.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    };
+    let view = [
+        ("f2new", "file two"),
+        ("keep", "file kept+more"),
+        ("nd2", "dir"),
+        ("new", "file new"),
+    ];
+    assert_eq!(kernel.0, owned(&view), "overlay view on the kernel's ext4");
+    let whiteout = "char 0:0 mode 0";
+    let upper = [
+        ("dir", whiteout),
+        ("f1", whiteout),
+        ("f2", whiteout),
+        ("f2new", "file two"),
+        ("keep", "file kept+more"),
+        ("nd2", "dir"),
+        ("new", "file new"),
+    ];
+    assert_eq!(
+        kernel.1,
+        owned(&upper),
+        "upper directory on the kernel's ext4"
+    );
+
+    let rimg = mkfs(&MkfsOptions::new(4096, 32 << 20)).expect("mkfs.ext4");
+    for opts in ["allow_other", "allow_other,nowriteback_cache"] {
+        let mut m = Mounted::new(rimg.path(), &[opts]);
+        let r = {
+            let _dog = Watchdog::new("overlay", m.pid(), Duration::from_secs(60));
+            let base = m.join(&opts.replace(',', "-"));
+            mkdir(&base, 0o755)
+                .ctx("mkdir")
+                .and_then(|()| overlay_scenario(l, &base))
+        };
+        let st = m.unmount();
+        assert!(st.success(), "{opts}: server exit {st}: {}", m.stderr());
+        let got = r.unwrap_or_else(|e| panic!("{opts}: {e}"));
+        assert_eq!(
+            got.as_ref(),
+            Some(&kernel),
+            "{opts}: (view, upper) vs the kernel's"
+        );
+        let fsck = e2fsck_fn(rimg.path());
+        assert!(fsck.clean, "{opts}: e2fsck -fn:\n{}", fsck.output);
+    }
 }

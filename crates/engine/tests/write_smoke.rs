@@ -574,3 +574,66 @@ fn immutable_cleared_with_other_flags_in_one_call() {
     let r = e2fsck_fn(img.path());
     assert!(r.clean, "e2fsck: {}", r.output);
 }
+
+/// renameat2(RENAME_WHITEOUT) through the API: the source name becomes a character
+/// device 0:0 with mode 0 owned by the given ids, in the same change as the rename;
+/// with RENAME_EXCHANGE it is refused; when no inode is free for the whiteout the
+/// rename fails with ENOSPC and changes nothing. The kernel reads the whiteout back.
+#[test]
+fn rename_whiteout_through_the_api() {
+    use rext4::{FileType, RenameFlags};
+    let mut opts = MkfsOptions::new(4096, 16 << 20);
+    opts.inodes = Some(64);
+    let img = mkfs(&opts).expect("mkfs");
+    let fs = rw(img.path());
+    fs.write("/a", b"data").expect("write");
+    let wo = RenameFlags {
+        whiteout: Some((7, 8)),
+        ..RenameFlags::default()
+    };
+    fs.rename_with("/a", "/b", wo)
+        .expect("rename with a whiteout");
+    let m = fs.symlink_metadata("/a").expect("whiteout");
+    assert_eq!(
+        (m.file_type, m.mode, m.rdev, m.nlink, m.uid, m.gid, m.size),
+        (FileType::CharDevice, 0o20000, Some((0, 0)), 1, 7, 8, 0)
+    );
+    assert_eq!(fs.read("/b").expect("moved"), b"data");
+    let both = RenameFlags {
+        exchange: true,
+        ..wo
+    };
+    match fs.rename_with("/b", "/a", both) {
+        Err(e) => assert_eq!(e.errno(), 22, "{e}"),
+        Ok(()) => panic!("RENAME_WHITEOUT | RENAME_EXCHANGE accepted"),
+    }
+    // Use up the inodes, then a whiteout cannot be made.
+    let mut n = 0;
+    while fs.write(format!("/fill{n}"), b"").is_ok() {
+        n += 1;
+    }
+    assert!(n > 0, "no inode was free to begin with");
+    match fs.rename_with("/b", "/c", wo) {
+        Err(e) => assert_eq!(e.errno(), 28, "{e}"),
+        Ok(()) => panic!("a whiteout without a free inode"),
+    }
+    assert_eq!(fs.read("/b").expect("b kept"), b"data");
+    assert!(fs.symlink_metadata("/c").is_err(), "c made");
+    fs.remove_file("/fill0").expect("free one inode");
+    fs.rename_with("/b", "/c", wo)
+        .expect("rename with a whiteout");
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "e2fsck: {}", r.output);
+    let m = match LoopMount::new(img.path(), true, "") {
+        Ok(m) => m,
+        Err(why) => return skip(&why),
+    };
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    for name in ["a", "b"] {
+        let k = std::fs::symlink_metadata(m.path().join(name)).expect("lstat");
+        assert!(k.file_type().is_char_device(), "{name}: {k:?}");
+        assert_eq!((k.rdev(), k.mode(), k.uid()), (0, 0o20000, 7), "{name}");
+    }
+    assert_eq!(std::fs::read(m.path().join("c")).expect("c"), b"data");
+}

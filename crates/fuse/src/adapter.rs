@@ -1107,9 +1107,13 @@ impl Filesystem for Adapter {
         reply.entry(&TTL, &attr, generation);
     }
 
+    /// rename and renameat2: RENAME_NOREPLACE, RENAME_EXCHANGE and RENAME_WHITEOUT
+    /// (overlayfs asks for it in an upper directory; the whiteout belongs to the
+    /// caller, as a node it made with mknod would). The kernel has checked the caller
+    /// may change both directories and refused WHITEOUT or NOREPLACE with EXCHANGE.
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -1118,15 +1122,24 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let s = &self.s;
-        let known = FuseRenameFlags::RENAME_NOREPLACE | FuseRenameFlags::RENAME_EXCHANGE;
+        let known = FuseRenameFlags::RENAME_NOREPLACE
+            | FuseRenameFlags::RENAME_EXCHANGE
+            | FuseRenameFlags::RENAME_WHITEOUT;
         if !(flags - known).is_empty() {
             reply.error(Errno::EINVAL);
             return;
         }
         tri!(reply, s.writable());
+        let whiteout = if flags.contains(FuseRenameFlags::RENAME_WHITEOUT) {
+            let (uid, gid, _) = tri!(reply, s.new_owner(req, to_ext4(parent)));
+            Some((uid, gid))
+        } else {
+            None
+        };
         let fl = RenameFlags {
             noreplace: flags.contains(FuseRenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(FuseRenameFlags::RENAME_EXCHANGE),
+            whiteout,
         };
         tri!(
             reply,
