@@ -23,7 +23,8 @@
 //! test instead of blocking it. Skips (printing why) without root, /dev/fuse or loop
 //! devices.
 //!
-//! One more test compares with the kernel's ext4 under another setup:
+//! Two more tests compare with the kernel's ext4 under other mount options:
+//! `atime_mount_options` (noatime, strictatime, nodiratime, relatime on both) and
 //! `overlayfs_upper_on_mount` (an overlayfs whose upper and work directories are on
 //! the mount; the overlay is unmounted by a drop guard, also on panic).
 
@@ -168,6 +169,7 @@ const CHECKS: &[(&str, Check)] = &[
     ("statx_btime", check_statx_btime),
     ("mmap_shared_o_direct", check_mmap_o_direct),
     ("chattr_ia_cleared_together", check_chattr_ia_together),
+    ("atime_relatime", check_atime_relatime),
     ("rename_whiteout", check_rename_whiteout),
 ];
 
@@ -2840,6 +2842,68 @@ fn check_chattr_ia_together(d: &Path) -> Res {
     unlink(&p).ctx("unlink after the flags are gone")
 }
 
+fn atime_of(p: &Path) -> Result<(i64, i64), String> {
+    let m = stat(p)?;
+    Ok((m.atime(), m.atime_nsec()))
+}
+
+/// Past the clock tick the kernel stamps times with (CLOCK_REALTIME_COARSE), so two
+/// steps apart get different times.
+fn next_tick() {
+    std::thread::sleep(Duration::from_millis(30));
+}
+
+/// The default mount (relatime): a read moves an atime that is not newer than the
+/// mtime, once — a second read at once leaves it; an atime newer than mtime and ctime
+/// stays; writing, also a partial write that makes the kernel read the page first,
+/// is no read. A directory listing moves a directory's atime the same way.
+fn check_atime_relatime(d: &Path) -> Res {
+    let t = now_secs();
+    let p = d.join("f");
+    {
+        // Written around the page cache, so the partial write below must read the
+        // page first (on a FUSE mount a READ on the write-only descriptor).
+        let f = open(&p, libc::O_WRONLY | libc::O_CREAT | libc::O_DIRECT, 0o644).ctx("create")?;
+        let data = Aligned::new(&pattern(2 * PAGE, 3));
+        f.write_at(data.bytes(), 0).ctx("O_DIRECT write")?;
+    }
+    utimensat(&p, [ts(t - 200, 0), ts(t - 100, 0)], 0).ctx("utimensat")?;
+    {
+        let f = open(&p, libc::O_WRONLY, 0).ctx("open O_WRONLY")?;
+        f.write_all_at(b"partial", 5000).ctx("partial write")?;
+    }
+    eq("atime after a write", atime_of(&p)?, (t - 200, 0))?;
+    next_tick();
+    read(&p)?;
+    let a1 = atime_of(&p)?;
+    ensure(a1.0 >= t - 1, || {
+        format!("atime not moved by a read: {a1:?} (now {t})")
+    })?;
+    next_tick();
+    read(&p)?;
+    eq("atime after a second read", atime_of(&p)?, a1)?;
+    let q = d.join("newer");
+    write(&q, b"q")?;
+    utimensat(&q, [ts(t + 1000, 0), ts(t - 100, 0)], 0).ctx("utimensat")?;
+    next_tick();
+    read(&q)?;
+    eq(
+        "an atime newer than mtime and ctime",
+        atime_of(&q)?,
+        (t + 1000, 0),
+    )?;
+    let sub = d.join("sub");
+    mk(&sub, 0o755)?;
+    write(&sub.join("x"), b"x")?;
+    utimensat(&sub, [ts(t - 200, 0), ts(t - 100, 0)], 0).ctx("utimensat dir")?;
+    next_tick();
+    eq("entries", fs::read_dir(&sub).ctx("readdir")?.count(), 1)?;
+    let a = atime_of(&sub)?;
+    ensure(a.0 >= t - 1, || {
+        format!("directory atime not moved by a listing: {a:?} (now {t})")
+    })
+}
+
 /// renameat2(RENAME_WHITEOUT) as root: the file moves and its old name becomes a
 /// whiteout, a character device 0:0 with mode 0 owned by the caller (a directory
 /// source too); with RENAME_NOREPLACE it works onto a free name and is EEXIST onto a
@@ -3262,6 +3326,96 @@ fn check_statx_btime(d: &Path) -> Res {
     ensure((dx.stx_btime.tv_sec, dx.stx_btime.tv_nsec) >= born, || {
         "a later directory was born earlier".into()
     })
+}
+
+// ---------------------------------------------------------------------------------
+// atime mount options, compared with the kernel's ext4 mounted the same way.
+
+/// What reads did to atimes, each starting from an atime older than the mtime:
+/// [a read moved the file's, a second read at once moved it again, a listing moved
+/// the directory's].
+fn atime_effects(d: &Path) -> Result<[bool; 3], String> {
+    let t = now_secs();
+    let old = (t - 200, 0);
+    let p = d.join("f");
+    write(&p, b"x")?;
+    utimensat(&p, [ts(old.0, 0), ts(t - 100, 0)], 0).ctx("utimensat")?;
+    next_tick();
+    read(&p)?;
+    let a1 = atime_of(&p)?;
+    next_tick();
+    read(&p)?;
+    let a2 = atime_of(&p)?;
+    let sub = d.join("sub");
+    mk(&sub, 0o755)?;
+    write(&sub.join("x"), b"x")?;
+    utimensat(&sub, [ts(old.0, 0), ts(t - 100, 0)], 0).ctx("utimensat dir")?;
+    next_tick();
+    fs::read_dir(&sub).ctx("readdir")?.count();
+    let da = atime_of(&sub)?;
+    Ok([a1 != old, a2 != a1, da != old])
+}
+
+/// `-o noatime`, `strictatime`, `nodiratime` and `relatime` on a rext4 mount do to
+/// atimes what they do on the kernel's ext4 (FUSE inodes get no atime updates from the
+/// kernel: the server applies the policy).
+#[test]
+fn atime_mount_options() {
+    if let Some(why) = cannot_run() {
+        skip(&why);
+        return;
+    }
+    let cases: [(&str, [bool; 3]); 4] = [
+        ("noatime", [false, false, false]),
+        ("strictatime", [true, true, true]),
+        ("nodiratime", [true, false, false]),
+        ("relatime", [true, false, true]),
+    ];
+    let kimg = mkfs(&MkfsOptions::new(4096, 32 << 20)).expect("mkfs.ext4");
+    let rimg = mkfs(&MkfsOptions::new(4096, 32 << 20)).expect("mkfs.ext4");
+    let mut problems = Vec::new();
+    for (opt, want) in cases {
+        let kernel = {
+            let lm = match LoopMount::new(kimg.path(), false, opt) {
+                Ok(m) => m,
+                Err(e) => {
+                    skip(&e);
+                    return;
+                }
+            };
+            let d = lm.path().join(opt);
+            let r = mkdir(&d, 0o755)
+                .ctx("mkdir")
+                .and_then(|()| atime_effects(&d));
+            if let Err(e) = lm.unmount() {
+                eprintln!("kernel mount: {e}");
+            }
+            r
+        };
+        let rext4 = {
+            let mut m = Mounted::new(rimg.path(), &[opt]);
+            let r = {
+                let _dog = Watchdog::new("atime", m.pid(), Duration::from_secs(60));
+                let d = m.join(opt);
+                mkdir(&d, 0o755)
+                    .ctx("mkdir")
+                    .and_then(|()| atime_effects(&d))
+            };
+            let st = m.unmount();
+            assert!(st.success(), "-o {opt}: server exit {st}: {}", m.stderr());
+            r
+        };
+        eprintln!("-o {opt}: want {want:?}, kernel {kernel:?}, rext4 {rext4:?}");
+        if kernel != Ok(want) {
+            problems.push(format!("-o {opt}: kernel {kernel:?}, expected {want:?}"));
+        }
+        if rext4 != Ok(want) {
+            problems.push(format!("-o {opt}: rext4 {rext4:?}, expected {want:?}"));
+        }
+    }
+    let r = e2fsck_fn(rimg.path());
+    assert!(r.clean, "e2fsck -fn:\n{}", r.output);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
 // ---------------------------------------------------------------------------------

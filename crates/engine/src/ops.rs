@@ -933,9 +933,9 @@ impl Fs {
     /// kept as they are, whatever `new` says, and a file that is immutable and stays
     /// so takes no other change (clearing immutable may come with other changes).
     /// rext4 changes the flags that ask nothing of the filesystem but being kept
-    /// (s u c d A t T in chattr's letters; A holds because rext4 never updates atime
-    /// on reads) and the two it enforces, immutable and append-only (i, a: see
-    /// `may_change`); changing another (sync, dirsync, data journaling, project
+    /// (s u c d t T in chattr's letters), A (no atime updates, which the atime policy
+    /// honours: `atime.rs`) and the two it enforces, immutable and append-only (i, a:
+    /// see `may_change`); changing another (sync, dirsync, data journaling, project
     /// inheritance, casefold, extents) is refused as unsupported rather than stored
     /// and ignored. The caller checks ownership and CAP_LINUX_IMMUTABLE (the kernel
     /// does before the ioctl reaches a FUSE server). Setting immutable writes the

@@ -637,3 +637,60 @@ fn rename_whiteout_through_the_api() {
     }
     assert_eq!(std::fs::read(m.path().join("c")).expect("c"), b"data");
 }
+
+/// Atime through the API: the default policy never changes an image that is only
+/// read; relatime moves a file's atime on a read when it is not newer than the mtime,
+/// once, and a directory's on a listing; a read-only open moves nothing.
+#[test]
+fn atime_policy_through_the_api() {
+    use rext4::{AtimePolicy, FsOptions};
+    let img = mkfs(&MkfsOptions::new(4096, 16 << 20)).expect("mkfs");
+    let old = Timestamp { sec: 1000, nsec: 0 };
+    let older = |fs: &Fs| {
+        for p in ["/f", "/d"] {
+            fs.set_times(p, Some(old), Some(Timestamp { sec: 2000, nsec: 0 }))
+                .expect("set_times");
+        }
+    };
+    let atimes = |fs: &Fs| ["/f", "/d"].map(|p| fs.metadata(p).expect("stat").atime);
+    let fs = rw(img.path());
+    fs.create_dir("/d").expect("mkdir");
+    fs.write("/f", b"data").expect("write");
+    older(&fs);
+    fs.read("/f").expect("read");
+    fs.read_dir("/d").expect("readdir");
+    assert_eq!(atimes(&fs), [old, old], "the default policy");
+    fs.close().expect("close");
+
+    let open = |read_only: bool| {
+        let o = FsOptions {
+            read_only,
+            commit_secs: 0,
+            atime: AtimePolicy::RELATIME,
+            ..FsOptions::default()
+        };
+        Fs::open_with(img.path(), o).expect("open")
+    };
+    let fs = open(true);
+    fs.read("/f").expect("read");
+    fs.read_dir("/d").expect("readdir");
+    assert_eq!(atimes(&fs), [old, old], "a read-only open");
+    drop(fs);
+
+    let fs = open(false);
+    let t0 = rext4::inode_write::now_ts().sec;
+    fs.read("/f").expect("read");
+    fs.read_dir("/d").expect("readdir");
+    let moved = atimes(&fs);
+    assert!(moved.iter().all(|a| a.sec >= t0), "relatime: {moved:?}");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    fs.read("/f").expect("read again");
+    fs.read_dir("/d").expect("readdir again");
+    assert_eq!(atimes(&fs), moved, "a second access under relatime");
+    fs.close().expect("close");
+    let fs = rw(img.path());
+    assert_eq!(atimes(&fs), moved, "after a reopen");
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "e2fsck: {}", r.output);
+}

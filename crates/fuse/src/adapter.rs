@@ -17,6 +17,9 @@
 //!   refreshed when a reader starts again at offset 0), "." and ".." first: stable for
 //!   the life of a handle.
 //! - Every request gets exactly one reply.
+//! - Atime is ours (the kernel never updates it on a FUSE inode): READ, READDIR(PLUS),
+//!   READLINK and an OPEN for reading apply the mount's policy before their reply
+//!   (`Shared::accessed`, which says why OPEN counts as the read).
 //!
 //! Concurrency: fuser calls these methods from several worker threads at once. The
 //! engine serializes its own changes (its write lock) and reads without locks; the
@@ -381,6 +384,39 @@ impl Shared {
                 .spawn(move || {
                     let _ = n.inval_inode(to_fuse(ino), 0, 0);
                 });
+        }
+    }
+
+    /// `ino` was read (file data, a directory listing, a symlink's target): apply the
+    /// mount's atime policy. The kernel never updates the atime of a FUSE inode
+    /// (S_NOATIME), so the server does, on the requests it sees; an OPEN for reading
+    /// counts as the read, since the kernel may then serve all of it from its page
+    /// cache (see `open`). Called before the
+    /// reply, so a stat after it cannot fetch the old atime. After READ, READDIR and
+    /// READLINK the kernel marks its cached atime stale by itself
+    /// (fuse_invalidate_atime); after OPEN it does not, so `notify` sends an
+    /// attribute invalidation then. Never on a read-only mount (the engine checks)
+    /// or once errors=remount-ro has latched.
+    fn accessed(&self, ino: Ino, notify: bool) {
+        if self.writable().is_err() {
+            return;
+        }
+        match self.fs.touch_atime_ino(ino) {
+            Ok(true) if notify => self.invalidate_attrs_only(ino),
+            Ok(_) => {}
+            Err(e) => {
+                self.fail("atime update", &e);
+            }
+        }
+    }
+
+    /// Make the kernel fetch the attributes of `ino` again, keeping its cached pages.
+    /// Sent from the request handler itself: with offset -1 the kernel's handler
+    /// (fuse_reverse_inval_inode) only marks the attributes stale and touches no page
+    /// and no inode lock, so nothing in it waits for a reply from this server.
+    fn invalidate_attrs_only(&self, ino: Ino) {
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_inode(to_fuse(ino), -1, 0);
         }
     }
 
@@ -1006,11 +1042,12 @@ impl Filesystem for Adapter {
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let s = &self.s;
+        let ino = to_ext4(ino);
         let t = tri!(
             reply,
-            s.fs.read_link_ino(to_ext4(ino))
-                .map_err(|e| s.fail("readlink", &e))
+            s.fs.read_link_ino(ino).map_err(|e| s.fail("readlink", &e))
         );
+        s.accessed(ino, false);
         reply.data(&t);
     }
 
@@ -1192,6 +1229,18 @@ impl Filesystem for Adapter {
                 }
             }
         }
+        // An open for reading counts as the read for atime: with the cache kept across
+        // opens (KEEP_CACHE) the kernel may serve every read of it from its page
+        // cache, and then no READ arrives. Under relatime this moves the atime at
+        // most once per change of the file (or per day); opens for writing only, and
+        // truncating ones, do not count, as writes do not on ext4.
+        let read_open = matches!(
+            flags.acc_mode(),
+            OpenAccMode::O_RDONLY | OpenAccMode::O_RDWR
+        );
+        if read_open && flags.0 & libc::O_TRUNC == 0 {
+            s.accessed(ino, true);
+        }
         reply.opened(FileHandle(fh), fl);
     }
 
@@ -1202,7 +1251,7 @@ impl Filesystem for Adapter {
         fh: FileHandle,
         offset: u64,
         size: u32,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
@@ -1223,6 +1272,11 @@ impl Filesystem for Adapter {
             s.fs.read_ino_at(ino, &i, &mut buf, offset)
         };
         let got = tri!(reply, r.map_err(|e| s.fail("read", &e)));
+        // `flags` are the reading file's: on one opened write-only this READ is the
+        // kernel filling a page before a partial write (writeback cache), no read.
+        if flags.acc_mode() != OpenAccMode::O_WRONLY {
+            s.accessed(ino, false);
+        }
         reply.data(&buf[..got.min(n)]);
     }
 
@@ -1373,6 +1427,8 @@ impl Filesystem for Adapter {
                 break;
             }
         }
+        drop(snap);
+        s.accessed(to_ext4(ino), false);
         reply.ok();
     }
 
@@ -1415,6 +1471,7 @@ impl Filesystem for Adapter {
             }
         }
         drop(snap);
+        s.accessed(to_ext4(ino), false);
         reply.ok();
     }
 
