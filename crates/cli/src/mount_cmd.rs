@@ -14,7 +14,8 @@ pub struct MountArgs {
     /// cache_mb=MIB (the engine's page cache bound; default 1/16 of RAM, 64 MiB to 2 GiB),
     /// threads=N, bdi_max_ratio=PCT (dirty-page share, default 40; 0 keeps
     /// the kernel's 1% strict FUSE limit), allow_other, default_permissions,
-    /// nodefault_permissions, nowriteback_cache, debug, dev, suid, noexec...).
+    /// nodefault_permissions, nowriteback_cache, debug, dev, suid, noexec,
+    /// relatime (default), strictatime, noatime, nodiratime...).
     #[arg(short = 'o', value_name = "OPTIONS", action = ArgAction::Append)]
     pub options: Vec<String>,
     /// Stay in the foreground (do not fork a daemon).

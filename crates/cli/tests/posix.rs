@@ -22,6 +22,11 @@
 //! A watchdog kills the FUSE server if the suite hangs, so a stuck request fails the
 //! test instead of blocking it. Skips (printing why) without root, /dev/fuse or loop
 //! devices.
+//!
+//! Two more tests compare with the kernel's ext4 under other mount options:
+//! `atime_mount_options` (noatime, strictatime, nodiratime, relatime on both) and
+//! `overlayfs_upper_on_mount` (an overlayfs whose upper and work directories are on
+//! the mount; the overlay is unmounted by a drop guard, also on panic).
 
 mod fuse_mount;
 
@@ -162,6 +167,10 @@ const CHECKS: &[(&str, Check)] = &[
     ("mknod_nodes", check_mknod_nodes),
     ("o_tmpfile", check_o_tmpfile),
     ("statx_btime", check_statx_btime),
+    ("mmap_shared_o_direct", check_mmap_o_direct),
+    ("chattr_ia_cleared_together", check_chattr_ia_together),
+    ("atime_relatime", check_atime_relatime),
+    ("rename_whiteout", check_rename_whiteout),
 ];
 
 const NOBODY: u32 = 65534;
@@ -2683,6 +2692,285 @@ fn check_mknod_nodes(d: &Path) -> Res {
 }
 
 // ---------------------------------------------------------------------------------
+// Linux semantics on the mount: mmap of O_DIRECT files, inode flags, atime, whiteouts.
+
+const PAGE: usize = 4096;
+
+/// A page-aligned buffer of `len` bytes (O_DIRECT wants aligned memory on ext4).
+struct Aligned {
+    buf: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl Aligned {
+    fn new(data: &[u8]) -> Aligned {
+        let len = data.len();
+        let mut buf = vec![0u8; len + PAGE];
+        let start = buf.as_ptr().align_offset(PAGE);
+        buf[start..start + len].copy_from_slice(data);
+        Aligned { buf, start, len }
+    }
+    fn bytes(&self) -> &[u8] {
+        &self.buf[self.start..self.start + self.len]
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[self.start..self.start + self.len]
+    }
+}
+
+/// A MAP_SHARED mapping of a whole file; unmapped on drop.
+struct SharedMap {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl SharedMap {
+    fn new(f: &File, len: usize) -> io::Result<SharedMap> {
+        // SAFETY: a fresh mapping of an open descriptor; the kernel picks the address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(SharedMap { ptr: p.cast(), len })
+    }
+    fn read(&self, off: usize, n: usize) -> Vec<u8> {
+        assert!(off + n <= self.len);
+        // SAFETY: inside the mapping, which lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(off), n) }.to_vec()
+    }
+    fn write(&self, off: usize, data: &[u8]) {
+        assert!(off + data.len() <= self.len);
+        // SAFETY: inside a writable mapping, which lives as long as `self`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(off), data.len()) }
+    }
+    fn msync(&self) -> io::Result<()> {
+        // SAFETY: the whole mapping, which is live.
+        cvt(unsafe { libc::msync(self.ptr.cast(), self.len, libc::MS_SYNC) }).map(drop)
+    }
+}
+
+impl Drop for SharedMap {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the mapping made in `new`, used by nobody after this.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// A file opened with O_DIRECT can be mapped MAP_SHARED, as on ext4, and the two
+/// views stay coherent: a write through the map, msync'ed, reads back with O_DIRECT
+/// and buffered; an O_DIRECT write shows in the map.
+fn check_mmap_o_direct(d: &Path) -> Res {
+    let p = d.join("f");
+    let len = 4 * PAGE;
+    let mut want = pattern(len, 7);
+    write(&p, &want)?;
+    let f = open(&p, libc::O_RDWR | libc::O_DIRECT, 0).ctx("open O_DIRECT")?;
+    let map = SharedMap::new(&f, len).ctx("mmap MAP_SHARED of an O_DIRECT descriptor")?;
+    eq("map shows the file", map.read(0, len) == want, true)?;
+    map.write(100, b"through the map");
+    want[100..115].copy_from_slice(b"through the map");
+    map.msync().ctx("msync")?;
+    let mut buf = Aligned::new(&[0u8; PAGE]);
+    let n = f.read_at(buf.bytes_mut(), 0).ctx("pread O_DIRECT")?;
+    eq(
+        "O_DIRECT pread after msync",
+        (n, buf.bytes() == &want[..PAGE]),
+        (PAGE, true),
+    )?;
+    eq("buffered read after msync", read(&p)? == want, true)?;
+    let other = pattern(PAGE, 99);
+    let n = f
+        .write_at(Aligned::new(&other).bytes(), 2 * PAGE as u64)
+        .ctx("pwrite O_DIRECT")?;
+    eq("O_DIRECT pwrite", n, PAGE)?;
+    want[2 * PAGE..3 * PAGE].copy_from_slice(&other);
+    eq(
+        "map after the O_DIRECT pwrite",
+        map.read(2 * PAGE, PAGE) == other,
+        true,
+    )?;
+    drop(map);
+    drop(f);
+    eq("content after close", read(&p)? == want, true)
+}
+
+/// `chattr -ia` on a file that is immutable and append-only clears both in one call
+/// (ext4 refuses other flag changes only while immutable stays set); the file is then
+/// writable and removable. The other orders: clearing immutable while setting another
+/// flag works, keeping it while changing another is EPERM.
+fn check_chattr_ia_together(d: &Path) -> Res {
+    let p = d.join("f");
+    write(&p, b"x")?;
+    let f = File::open(&p).ctx("open")?;
+    let base = get_flags(&f).ctx("get")?;
+    run_tool("chattr", &["+ia"], &p)?;
+    eq(
+        "flags after chattr +ia",
+        get_flags(&f).ctx("get")?,
+        base | FL_IMMUTABLE | FL_APPEND,
+    )?;
+    errno(
+        "clearing a while immutable stays",
+        set_flags(&f, base | FL_IMMUTABLE),
+        libc::EPERM,
+    )?;
+    run_tool("chattr", &["-ia"], &p)?;
+    eq("flags after chattr -ia", get_flags(&f).ctx("get")?, base)?;
+    creat(&p, b"rewritten").ctx("rewrite after -ia")?;
+    eq("content", read(&p)?, b"rewritten".to_vec())?;
+    set_flags(&f, base | FL_APPEND).ctx("+a")?;
+    set_flags(&f, base | FL_APPEND | FL_IMMUTABLE).ctx("+i")?;
+    set_flags(&f, base | FL_APPEND | FL_NODUMP).ctx("-i +d in one call")?;
+    eq(
+        "flags after -i +d",
+        get_flags(&f).ctx("get")?,
+        base | FL_APPEND | FL_NODUMP,
+    )?;
+    set_flags(&f, base | FL_IMMUTABLE).ctx("-ad +i in one call")?;
+    set_flags(&f, base).ctx("-i")?;
+    drop(f);
+    unlink(&p).ctx("unlink after the flags are gone")
+}
+
+fn atime_of(p: &Path) -> Result<(i64, i64), String> {
+    let m = stat(p)?;
+    Ok((m.atime(), m.atime_nsec()))
+}
+
+/// Past the clock tick the kernel stamps times with (CLOCK_REALTIME_COARSE), so two
+/// steps apart get different times.
+fn next_tick() {
+    std::thread::sleep(Duration::from_millis(30));
+}
+
+/// The default mount (relatime): a read moves an atime that is not newer than the
+/// mtime, once — a second read at once leaves it; an atime newer than mtime and ctime
+/// stays; writing, also a partial write that makes the kernel read the page first,
+/// is no read. A directory listing moves a directory's atime the same way.
+fn check_atime_relatime(d: &Path) -> Res {
+    let t = now_secs();
+    let p = d.join("f");
+    {
+        // Written around the page cache, so the partial write below must read the
+        // page first (on a FUSE mount a READ on the write-only descriptor).
+        let f = open(&p, libc::O_WRONLY | libc::O_CREAT | libc::O_DIRECT, 0o644).ctx("create")?;
+        let data = Aligned::new(&pattern(2 * PAGE, 3));
+        f.write_at(data.bytes(), 0).ctx("O_DIRECT write")?;
+    }
+    utimensat(&p, [ts(t - 200, 0), ts(t - 100, 0)], 0).ctx("utimensat")?;
+    {
+        let f = open(&p, libc::O_WRONLY, 0).ctx("open O_WRONLY")?;
+        f.write_all_at(b"partial", 5000).ctx("partial write")?;
+    }
+    eq("atime after a write", atime_of(&p)?, (t - 200, 0))?;
+    next_tick();
+    read(&p)?;
+    let a1 = atime_of(&p)?;
+    ensure(a1.0 >= t - 1, || {
+        format!("atime not moved by a read: {a1:?} (now {t})")
+    })?;
+    next_tick();
+    read(&p)?;
+    eq("atime after a second read", atime_of(&p)?, a1)?;
+    let q = d.join("newer");
+    write(&q, b"q")?;
+    utimensat(&q, [ts(t + 1000, 0), ts(t - 100, 0)], 0).ctx("utimensat")?;
+    next_tick();
+    read(&q)?;
+    eq(
+        "an atime newer than mtime and ctime",
+        atime_of(&q)?,
+        (t + 1000, 0),
+    )?;
+    let sub = d.join("sub");
+    mk(&sub, 0o755)?;
+    write(&sub.join("x"), b"x")?;
+    utimensat(&sub, [ts(t - 200, 0), ts(t - 100, 0)], 0).ctx("utimensat dir")?;
+    next_tick();
+    eq("entries", fs::read_dir(&sub).ctx("readdir")?.count(), 1)?;
+    let a = atime_of(&sub)?;
+    ensure(a.0 >= t - 1, || {
+        format!("directory atime not moved by a listing: {a:?} (now {t})")
+    })
+}
+
+/// renameat2(RENAME_WHITEOUT) as root: the file moves and its old name becomes a
+/// whiteout, a character device 0:0 with mode 0 owned by the caller (a directory
+/// source too); with RENAME_NOREPLACE it works onto a free name and is EEXIST onto a
+/// taken one; with RENAME_EXCHANGE it is EINVAL.
+fn check_rename_whiteout(d: &Path) -> Res {
+    let (a, b, c) = (d.join("a"), d.join("b"), d.join("c"));
+    write(&a, b"data")?;
+    renameat2(&a, &b, libc::RENAME_WHITEOUT).ctx("RENAME_WHITEOUT")?;
+    let is_whiteout = |p: &Path| -> Res {
+        let m = lstat(p)?;
+        eq(
+            &format!("{} (type, mode, rdev, nlink, uid, size)", name(p)),
+            (
+                m.file_type().is_char_device(),
+                m.mode(),
+                m.rdev(),
+                m.nlink(),
+                m.uid(),
+                m.len(),
+            ),
+            (true, libc::S_IFCHR, 0, 1, 0, 0),
+        )
+    };
+    is_whiteout(&a)?;
+    eq("moved file", read(&b)?, b"data".to_vec())?;
+    errno(
+        "RENAME_WHITEOUT | RENAME_EXCHANGE",
+        renameat2(&b, &a, libc::RENAME_WHITEOUT | libc::RENAME_EXCHANGE),
+        libc::EINVAL,
+    )?;
+    errno(
+        "RENAME_WHITEOUT | RENAME_NOREPLACE onto a taken name",
+        renameat2(&b, &a, libc::RENAME_WHITEOUT | libc::RENAME_NOREPLACE),
+        libc::EEXIST,
+    )?;
+    renameat2(&b, &c, libc::RENAME_WHITEOUT | libc::RENAME_NOREPLACE)
+        .ctx("RENAME_WHITEOUT | RENAME_NOREPLACE")?;
+    is_whiteout(&b)?;
+    // Onto a whiteout (which goes), leaving one behind.
+    renameat2(&c, &a, libc::RENAME_WHITEOUT).ctx("RENAME_WHITEOUT onto a whiteout")?;
+    is_whiteout(&c)?;
+    eq("file over the old whiteout", read(&a)?, b"data".to_vec())?;
+    let (s1, s2) = (d.join("s1"), d.join("s2"));
+    mk(&s1, 0o755)?;
+    write(&s1.join("x"), b"x")?;
+    renameat2(&s1, &s2, libc::RENAME_WHITEOUT).ctx("RENAME_WHITEOUT of a directory")?;
+    is_whiteout(&s1)?;
+    eq("moved directory", read(&s2.join("x"))?, b"x".to_vec())?;
+    eq("parent's links", stat(d)?.nlink(), 3)?;
+    let mut names: Vec<String> = fs::read_dir(d)
+        .ctx("readdir")?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<io::Result<_>>()
+        .ctx("readdir entry")?;
+    names.sort();
+    eq(
+        "entries",
+        names,
+        ["a", "b", "c", "s1", "s2"].map(String::from).to_vec(),
+    )?;
+    for w in [&b, &c, &s1] {
+        unlink(w).ctx(&format!("unlink whiteout {}", name(w)))?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
 // Harness.
 
 /// Why the suite cannot run here, if it cannot.
@@ -3038,4 +3326,321 @@ fn check_statx_btime(d: &Path) -> Res {
     ensure((dx.stx_btime.tv_sec, dx.stx_btime.tv_nsec) >= born, || {
         "a later directory was born earlier".into()
     })
+}
+
+// ---------------------------------------------------------------------------------
+// atime mount options, compared with the kernel's ext4 mounted the same way.
+
+/// What reads did to atimes, each starting from an atime older than the mtime:
+/// [a read moved the file's, a second read at once moved it again, a listing moved
+/// the directory's].
+fn atime_effects(d: &Path) -> Result<[bool; 3], String> {
+    let t = now_secs();
+    let old = (t - 200, 0);
+    let p = d.join("f");
+    write(&p, b"x")?;
+    utimensat(&p, [ts(old.0, 0), ts(t - 100, 0)], 0).ctx("utimensat")?;
+    next_tick();
+    read(&p)?;
+    let a1 = atime_of(&p)?;
+    next_tick();
+    read(&p)?;
+    let a2 = atime_of(&p)?;
+    let sub = d.join("sub");
+    mk(&sub, 0o755)?;
+    write(&sub.join("x"), b"x")?;
+    utimensat(&sub, [ts(old.0, 0), ts(t - 100, 0)], 0).ctx("utimensat dir")?;
+    next_tick();
+    fs::read_dir(&sub).ctx("readdir")?.count();
+    let da = atime_of(&sub)?;
+    Ok([a1 != old, a2 != a1, da != old])
+}
+
+/// `-o noatime`, `strictatime`, `nodiratime` and `relatime` on a rext4 mount do to
+/// atimes what they do on the kernel's ext4 (FUSE inodes get no atime updates from the
+/// kernel: the server applies the policy).
+#[test]
+fn atime_mount_options() {
+    if let Some(why) = cannot_run() {
+        skip(&why);
+        return;
+    }
+    let cases: [(&str, [bool; 3]); 4] = [
+        ("noatime", [false, false, false]),
+        ("strictatime", [true, true, true]),
+        ("nodiratime", [true, false, false]),
+        ("relatime", [true, false, true]),
+    ];
+    let kimg = mkfs(&MkfsOptions::new(4096, 32 << 20)).expect("mkfs.ext4");
+    let rimg = mkfs(&MkfsOptions::new(4096, 32 << 20)).expect("mkfs.ext4");
+    let mut problems = Vec::new();
+    for (opt, want) in cases {
+        let kernel = {
+            let lm = match LoopMount::new(kimg.path(), false, opt) {
+                Ok(m) => m,
+                Err(e) => {
+                    skip(&e);
+                    return;
+                }
+            };
+            let d = lm.path().join(opt);
+            let r = mkdir(&d, 0o755)
+                .ctx("mkdir")
+                .and_then(|()| atime_effects(&d));
+            if let Err(e) = lm.unmount() {
+                eprintln!("kernel mount: {e}");
+            }
+            r
+        };
+        let rext4 = {
+            let mut m = Mounted::new(rimg.path(), &[opt]);
+            let r = {
+                let _dog = Watchdog::new("atime", m.pid(), Duration::from_secs(60));
+                let d = m.join(opt);
+                mkdir(&d, 0o755)
+                    .ctx("mkdir")
+                    .and_then(|()| atime_effects(&d))
+            };
+            let st = m.unmount();
+            assert!(st.success(), "-o {opt}: server exit {st}: {}", m.stderr());
+            r
+        };
+        eprintln!("-o {opt}: want {want:?}, kernel {kernel:?}, rext4 {rext4:?}");
+        if kernel != Ok(want) {
+            problems.push(format!("-o {opt}: kernel {kernel:?}, expected {want:?}"));
+        }
+        if rext4 != Ok(want) {
+            problems.push(format!("-o {opt}: rext4 {rext4:?}, expected {want:?}"));
+        }
+    }
+    let r = e2fsck_fn(rimg.path());
+    assert!(r.clean, "e2fsck -fn:\n{}", r.output);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+// ---------------------------------------------------------------------------------
+// overlayfs with its upper directory on the mount.
+
+/// An overlay mount; unmounted on drop (lazily when busy), also when the test panics.
+struct Overlay {
+    dir: rext4_testkit::TempDir,
+    mounted: bool,
+}
+
+impl Overlay {
+    /// `Ok(None)` when this kernel has no overlayfs.
+    fn mount(lower: &Path, upper: &Path, work: &Path) -> Result<Option<Overlay>, String> {
+        let dir = rext4_testkit::TempDir::new("overlay").map_err(|e| e.to_string())?;
+        let opts = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.display(),
+            upper.display(),
+            work.display()
+        );
+        let out = Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o", &opts])
+            .arg(dir.path())
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            if err.contains("unknown filesystem type") {
+                return Ok(None);
+            }
+            return Err(format!("mount -t overlay -o {opts}: {}", err.trim()));
+        }
+        Ok(Some(Overlay { dir, mounted: true }))
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn unmount(&mut self) -> Res {
+        if !self.mounted {
+            return Ok(());
+        }
+        let ok = Command::new("umount")
+            .arg(self.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = Command::new("umount").arg("-l").arg(self.path()).status();
+        }
+        self.mounted = fuse_mount::is_mounted(self.path());
+        if self.mounted {
+            // Never remove a live mount's contents.
+            self.dir.leak();
+        }
+        ensure(ok, || format!("umount {} failed", self.path().display()))
+    }
+}
+
+impl Drop for Overlay {
+    fn drop(&mut self) {
+        let _ = self.unmount();
+    }
+}
+
+/// A tree as (relative path, what it is: kind with content or device numbers), sorted.
+type Tree = Vec<(String, String)>;
+
+fn tree_of(root: &Path) -> Result<Tree, String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in fs::read_dir(&dir).ctx(&format!("readdir {}", name(&dir)))? {
+            let p = e.ctx("readdir entry")?.path();
+            let rel = p
+                .strip_prefix(root)
+                .map_err(|e| e.to_string())?
+                .display()
+                .to_string();
+            let m = lstat(&p)?;
+            let what = if m.is_dir() {
+                stack.push(p.clone());
+                "dir".to_string()
+            } else if m.file_type().is_char_device() {
+                format!(
+                    "char {}:{} mode {:o}",
+                    libc::major(m.rdev()),
+                    libc::minor(m.rdev()),
+                    m.mode() & 0o7777
+                )
+            } else {
+                format!("file {}", String::from_utf8_lossy(&read(&p)?))
+            };
+            out.push((rel, what));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The overlay scenario with upper and work directories under `base`: delete, rename
+/// and change lower files through the overlay (whiteouts, copy-up, a removed merged
+/// directory), then the view again after a remount of the overlay. Returns the merged
+/// view and the upper directory as left.
+fn overlay_scenario(lower: &Path, base: &Path) -> Result<Option<(Tree, Tree)>, String> {
+    let (upper, work) = (base.join("upper"), base.join("work"));
+    mk(&upper, 0o755)?;
+    mk(&work, 0o755)?;
+    let Some(mut ov) = Overlay::mount(lower, &upper, &work)? else {
+        return Ok(None);
+    };
+    let o = ov.path().to_path_buf();
+    unlink(&o.join("f1")).ctx("rm f1")?;
+    fs::rename(o.join("f2"), o.join("f2new")).ctx("mv f2 f2new")?;
+    fs::remove_dir_all(o.join("dir")).ctx("rm -r dir")?;
+    {
+        let mut f = File::options()
+            .append(true)
+            .open(o.join("keep"))
+            .ctx("open keep")?;
+        f.write_all(b"+more").ctx("append to keep")?;
+    }
+    write(&o.join("new"), b"new")?;
+    mk(&o.join("nd"), 0o755)?;
+    fs::rename(o.join("nd"), o.join("nd2")).ctx("mv nd nd2")?;
+    let view = tree_of(&o)?;
+    ov.unmount()?;
+    drop(ov);
+    let Some(ov) = Overlay::mount(lower, &upper, &work)? else {
+        return Err("overlayfs went away".into());
+    };
+    eq(
+        "view after remounting the overlay",
+        tree_of(ov.path())?,
+        view.clone(),
+    )?;
+    drop(ov);
+    Ok(Some((view, tree_of(&upper)?)))
+}
+
+/// overlayfs with upperdir and workdir on a rext4 mount (whiteouts by RENAME_WHITEOUT
+/// and mknod, trusted.overlay.* xattrs, copy-up): the merged view and the upper
+/// directory it leaves are the ones it leaves on the kernel's ext4, and the image is
+/// clean after.
+#[test]
+fn overlayfs_upper_on_mount() {
+    if let Some(why) = cannot_run() {
+        skip(&why);
+        return;
+    }
+    let lower = rext4_testkit::TempDir::new("ovl-lower").expect("tempdir");
+    let l = lower.path();
+    creat(&l.join("f1"), b"one").expect("f1");
+    creat(&l.join("f2"), b"two").expect("f2");
+    creat(&l.join("keep"), b"kept").expect("keep");
+    mkdir(&l.join("dir"), 0o755).expect("dir");
+    creat(&l.join("dir/f3"), b"three").expect("f3");
+
+    let kimg = mkfs(&MkfsOptions::new(4096, 32 << 20)).expect("mkfs.ext4");
+    let kernel = {
+        let lm = match LoopMount::new(kimg.path(), false, "") {
+            Ok(m) => m,
+            Err(e) => {
+                skip(&e);
+                return;
+            }
+        };
+        let r = overlay_scenario(l, lm.path());
+        if let Err(e) = lm.unmount() {
+            eprintln!("kernel mount: {e}");
+        }
+        r.expect("overlay on the kernel's ext4")
+    };
+    let Some(kernel) = kernel else {
+        skip("no overlayfs in this kernel");
+        return;
+    };
+    let owned = |v: &[(&str, &str)]| -> Tree {
+        v.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    };
+    let view = [
+        ("f2new", "file two"),
+        ("keep", "file kept+more"),
+        ("nd2", "dir"),
+        ("new", "file new"),
+    ];
+    assert_eq!(kernel.0, owned(&view), "overlay view on the kernel's ext4");
+    let whiteout = "char 0:0 mode 0";
+    let upper = [
+        ("dir", whiteout),
+        ("f1", whiteout),
+        ("f2", whiteout),
+        ("f2new", "file two"),
+        ("keep", "file kept+more"),
+        ("nd2", "dir"),
+        ("new", "file new"),
+    ];
+    assert_eq!(
+        kernel.1,
+        owned(&upper),
+        "upper directory on the kernel's ext4"
+    );
+
+    let rimg = mkfs(&MkfsOptions::new(4096, 32 << 20)).expect("mkfs.ext4");
+    for opts in ["allow_other", "allow_other,nowriteback_cache"] {
+        let mut m = Mounted::new(rimg.path(), &[opts]);
+        let r = {
+            let _dog = Watchdog::new("overlay", m.pid(), Duration::from_secs(60));
+            let base = m.join(&opts.replace(',', "-"));
+            mkdir(&base, 0o755)
+                .ctx("mkdir")
+                .and_then(|()| overlay_scenario(l, &base))
+        };
+        let st = m.unmount();
+        assert!(st.success(), "{opts}: server exit {st}: {}", m.stderr());
+        let got = r.unwrap_or_else(|e| panic!("{opts}: {e}"));
+        assert_eq!(
+            got.as_ref(),
+            Some(&kernel),
+            "{opts}: (view, upper) vs the kernel's"
+        );
+        let fsck = e2fsck_fn(rimg.path());
+        assert!(fsck.clean, "{opts}: e2fsck -fn:\n{}", fsck.output);
+    }
 }

@@ -362,10 +362,13 @@ impl File {
         if inode.is_dir() {
             return Err(Error::IsADirectory);
         }
-        if self.direct {
-            return self.fs.read_direct_ino(self.ino, buf, offset);
-        }
-        self.fs.read_ino_at(self.ino, &inode, buf, offset)
+        let n = if self.direct {
+            self.fs.read_direct_ino(self.ino, buf, offset)?
+        } else {
+            self.fs.read_ino_at(self.ino, &inode, buf, offset)?
+        };
+        self.fs.accessed(self.ino);
+        Ok(n)
     }
     /// Read exactly `buf.len()` bytes or fail with `InvalidInput` at EOF.
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {

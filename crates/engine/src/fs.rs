@@ -53,6 +53,9 @@ pub struct FsOptions {
     /// FUSE mount, where the kernel's writeback cache sets mtime and ctime from its
     /// coarse clock — passes that clock, so a file is never born after its mtime.
     pub clock: Option<fn() -> rext4_format::inode::Timestamp>,
+    /// When reads move atimes ([`crate::Fs::touch_atime_ino`]); the default,
+    /// [`crate::AtimeMode::Never`], leaves an image as it was when only read.
+    pub atime: crate::AtimePolicy,
 }
 
 impl Default for FsOptions {
@@ -65,6 +68,7 @@ impl Default for FsOptions {
             cache_bytes: None,
             cache_clean: true,
             clock: None,
+            atime: crate::AtimePolicy::default(),
         }
     }
 }
@@ -167,6 +171,8 @@ pub(crate) struct Inner {
     pub(crate) linkable: Mutex<std::collections::HashSet<Ino>>,
     /// Source of the times of changes (`FsOptions::clock`).
     pub(crate) clock: fn() -> rext4_format::inode::Timestamp,
+    /// When reads move atimes (`FsOptions::atime`).
+    pub(crate) atime: crate::AtimePolicy,
     /// Per-inode I/O locks, striped by inode number: shared for reads and in-place
     /// overwrites of written blocks (which then need no other lock), exclusive for
     /// anything that changes which blocks an inode maps (allocating writes, truncate,
@@ -336,6 +342,7 @@ impl Fs {
                 pins: Mutex::new(std::collections::HashMap::new()),
                 linkable: Mutex::new(std::collections::HashSet::new()),
                 clock: opts.clock.unwrap_or(crate::inode_write::now_ts),
+                atime: opts.atime,
                 io_locks: (0..IO_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
                 tree_locks: (0..IO_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
                 pagecache: crate::pagecache::PageCache::new(

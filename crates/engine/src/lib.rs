@@ -25,6 +25,7 @@
 
 mod acl;
 pub mod alloc;
+pub mod atime;
 pub mod cache;
 pub mod check;
 pub mod device;
@@ -50,6 +51,7 @@ mod space;
 pub mod store;
 pub mod xattr;
 
+pub use atime::{AtimeMode, AtimePolicy};
 pub use check::{Audit, MetaKind};
 pub use dir::DirEntry;
 pub use error::{Error, Result};

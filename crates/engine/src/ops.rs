@@ -30,6 +30,10 @@ pub const LINK_MAX: u16 = 65000;
 pub struct RenameFlags {
     pub noreplace: bool,
     pub exchange: bool,
+    /// RENAME_WHITEOUT: leave a whiteout at the source name — a character device 0:0
+    /// with no permission bits, owned by this (uid, gid), as overlayfs asks of its
+    /// upper directory. Not with `exchange`.
+    pub whiteout: Option<(u32, u32)>,
 }
 
 /// Attribute changes for [`Fs::setattr_ino`]; `None` leaves a field alone.
@@ -628,9 +632,9 @@ impl Fs {
     ) -> Result<()> {
         check_name(name)?;
         check_name(new_name)?;
-        if fl.exchange && fl.noreplace {
+        if fl.exchange && (fl.noreplace || fl.whiteout.is_some()) {
             return Err(Error::InvalidInput(
-                "RENAME_EXCHANGE with RENAME_NOREPLACE".into(),
+                "RENAME_EXCHANGE with RENAME_NOREPLACE or RENAME_WHITEOUT".into(),
             ));
         }
         let _w = self.write_lock();
@@ -692,10 +696,15 @@ impl Fs {
                 (false, false) => {}
             }
         }
-        // Preconditions hold: change things.
+        // Preconditions hold: change things. The whiteout first, as ext4 makes it: when
+        // it cannot be made (no free inode) nothing has changed yet.
+        let whiteout = match fl.whiteout {
+            Some((uid, gid)) => Some(self.new_whiteout(parent, uid, gid)?),
+            None => None,
+        };
         let t = self.now();
         let mut victim = None;
-        {
+        let added = (|| {
             let mut nd = self.dir_handle(new_parent)?;
             let now = Some((src.ino.0, dirent_type(src_inode.mode) as u8));
             match &dst {
@@ -728,12 +737,24 @@ impl Fs {
             nd.inode.mtime = t;
             nd.inode.ctime = t;
             nd.dirty = true;
-            self.finish_dir(nd)?;
+            self.finish_dir(nd)
+        })();
+        match whiteout {
+            // The new name could not be added (no room to grow the directory): the
+            // whiteout goes again.
+            Some(w) => self.keep_or_abandon(w, false, added)?,
+            None => added?,
         }
         {
             let mut od = self.dir_handle(parent)?;
-            let r = dir_write::remove_entry(&mut od, name);
-            self.dent_changed(parent, name, &r, None);
+            let r = match whiteout {
+                Some(w) => {
+                    dir_write::replace_entry(&mut od, name, w.0, DirFt::CharDevice).map(drop)
+                }
+                None => dir_write::remove_entry(&mut od, name).map(drop),
+            };
+            let now = whiteout.map(|w| (w.0, DirFt::CharDevice as u8));
+            self.dent_changed(parent, name, &r, now);
             r?;
             if src_dir && (parent != new_parent || victim.is_some()) {
                 Self::dec_dir_links(&mut od.inode);
@@ -764,6 +785,18 @@ impl Fs {
             }
         }
         Ok(())
+    }
+
+    /// A new whiteout inode for a rename out of directory `parent` (caller holds the
+    /// write lock): a character device 0:0 with mode 0, one link (the source name,
+    /// which the rename points at it).
+    fn new_whiteout(&self, parent: Ino, uid: u32, gid: u32) -> Result<Ino> {
+        let ino = self.alloc_inode(parent, false)?;
+        let mut inode = self.new_inode(m::S_IFCHR, uid, gid);
+        inode.set_device(0, 0);
+        let made = self.write_new_inode(ino, &inode);
+        self.keep_or_abandon(ino, false, made)?;
+        Ok(ino)
     }
 
     fn exchange(&self, p1: Ino, n1: &[u8], i1: Ino, p2: Ino, n2: &[u8], i2: Ino) -> Result<()> {
@@ -925,11 +958,12 @@ impl Fs {
     }
 
     /// FS_IOC_SETFLAGS (chattr) with ext4's rules: bits outside the modifiable set are
-    /// kept as they are, whatever `new` says, and while a file is immutable only that
-    /// flag may change. rext4 changes the flags that ask nothing of the filesystem but
-    /// being kept (s u c d A t T in chattr's letters; A holds because rext4 never
-    /// updates atime on reads) and the two it enforces, immutable and append-only (i,
-    /// a: see `may_change`); changing another (sync, dirsync, data journaling, project
+    /// kept as they are, whatever `new` says, and a file that is immutable and stays
+    /// so takes no other change (clearing immutable may come with other changes).
+    /// rext4 changes the flags that ask nothing of the filesystem but being kept
+    /// (s u c d t T in chattr's letters), A (no atime updates, which the atime policy
+    /// honours: `atime.rs`) and the two it enforces, immutable and append-only (i, a:
+    /// see `may_change`); changing another (sync, dirsync, data journaling, project
     /// inheritance, casefold, extents) is refused as unsupported rather than stored
     /// and ignored. The caller checks ownership and CAP_LINUX_IMMUTABLE (the kernel
     /// does before the ioctl reaches a FUSE server). Setting immutable writes the
@@ -952,9 +986,12 @@ impl Fs {
                 changed & !(FL_KEPT_ONLY | FL_ENFORCED)
             )));
         }
-        if inode.flags & flags::IMMUTABLE != 0 && changed & !flags::IMMUTABLE != 0 {
+        // ext4's rule (ext4_ioctl_check_immutable): an immutable inode that stays
+        // immutable takes no other flag change; one call may clear immutable and
+        // change the rest (`chattr -ia`).
+        if inode.flags & want & flags::IMMUTABLE != 0 && changed & !flags::IMMUTABLE != 0 {
             return Err(Error::NotPermitted(
-                "the inode is immutable: clear that flag first".into(),
+                "the inode is immutable: clear that flag first (or in the same call)".into(),
             ));
         }
         inode.flags = want;

@@ -140,14 +140,22 @@ impl Fs {
 
     /// Entries of directory `path`, without "." and ".." (`std::fs::read_dir`).
     pub fn read_dir(&self, path: impl AsRef<Path>) -> Result<Vec<DirEntry>> {
+        // The guard stays over the atime update: the number cannot be reused meanwhile
+        // (writers never wait for readers, so taking the write lock under it is safe).
         let _g = self.read_guard();
-        self.read_dir_ino(self.resolve(path_bytes(path.as_ref()), true)?)
+        let ino = self.resolve(path_bytes(path.as_ref()), true)?;
+        let list = self.read_dir_ino(ino)?;
+        self.accessed(ino);
+        Ok(list)
     }
 
     /// Target of symlink `path` (`std::fs::read_link`).
     pub fn read_link(&self, path: impl AsRef<Path>) -> Result<Vec<u8>> {
         let _g = self.read_guard();
-        self.read_link_ino(self.resolve(path_bytes(path.as_ref()), false)?)
+        let ino = self.resolve(path_bytes(path.as_ref()), false)?;
+        let target = self.read_link_ino(ino)?;
+        self.accessed(ino);
+        Ok(target)
     }
 
     /// Open a file for reading (`std::fs::File::open`).

@@ -702,11 +702,11 @@ impl Runner<'_> {
         let fl = match self.rng.below(6) {
             0 => RenameFlags {
                 noreplace: true,
-                exchange: false,
+                ..RenameFlags::default()
             },
             1 => RenameFlags {
-                noreplace: false,
                 exchange: true,
+                ..RenameFlags::default()
             },
             _ => RenameFlags::default(),
         };

@@ -545,3 +545,152 @@ fn freeing_a_pointer_into_metadata_is_refused() {
         fsck.output
     );
 }
+
+/// `chattr -ia` through the API: one call clears immutable and append-only together
+/// (ext4 refuses other flag changes only while immutable stays set), after which the
+/// file takes writes and goes away.
+#[test]
+fn immutable_cleared_with_other_flags_in_one_call() {
+    let img = mkfs(&MkfsOptions::new(4096, 16 << 20)).expect("mkfs");
+    let fs = rw(img.path());
+    fs.write("/f", b"x").expect("write");
+    let f = fs.resolve(b"/f", true).expect("f");
+    let base = fs.flags_ino(f).expect("flags");
+    let (imm, app, nodump) = (0x10, 0x20, 0x40);
+    fs.set_flags_ino(f, base | imm | app).expect("+ia");
+    match fs.set_flags_ino(f, base | imm) {
+        Err(e) => assert_eq!(e.errno(), 1, "-a while +i stays: {e}"),
+        Ok(()) => panic!("-a while +i stays: accepted"),
+    }
+    fs.set_flags_ino(f, base).expect("-ia in one call");
+    assert_eq!(fs.flags_ino(f).expect("flags"), base);
+    fs.write("/f", b"y").expect("write after -ia");
+    fs.set_flags_ino(f, base | imm).expect("+i");
+    fs.set_flags_ino(f, base | nodump)
+        .expect("-i +d in one call");
+    assert_eq!(fs.flags_ino(f).expect("flags"), base | nodump);
+    fs.remove_file("/f").expect("unlink after -i");
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "e2fsck: {}", r.output);
+}
+
+/// renameat2(RENAME_WHITEOUT) through the API: the source name becomes a character
+/// device 0:0 with mode 0 owned by the given ids, in the same change as the rename;
+/// with RENAME_EXCHANGE it is refused; when no inode is free for the whiteout the
+/// rename fails with ENOSPC and changes nothing. The kernel reads the whiteout back.
+#[test]
+fn rename_whiteout_through_the_api() {
+    use rext4::{FileType, RenameFlags};
+    let mut opts = MkfsOptions::new(4096, 16 << 20);
+    opts.inodes = Some(64);
+    let img = mkfs(&opts).expect("mkfs");
+    let fs = rw(img.path());
+    fs.write("/a", b"data").expect("write");
+    let wo = RenameFlags {
+        whiteout: Some((7, 8)),
+        ..RenameFlags::default()
+    };
+    fs.rename_with("/a", "/b", wo)
+        .expect("rename with a whiteout");
+    let m = fs.symlink_metadata("/a").expect("whiteout");
+    assert_eq!(
+        (m.file_type, m.mode, m.rdev, m.nlink, m.uid, m.gid, m.size),
+        (FileType::CharDevice, 0o20000, Some((0, 0)), 1, 7, 8, 0)
+    );
+    assert_eq!(fs.read("/b").expect("moved"), b"data");
+    let both = RenameFlags {
+        exchange: true,
+        ..wo
+    };
+    match fs.rename_with("/b", "/a", both) {
+        Err(e) => assert_eq!(e.errno(), 22, "{e}"),
+        Ok(()) => panic!("RENAME_WHITEOUT | RENAME_EXCHANGE accepted"),
+    }
+    // Use up the inodes, then a whiteout cannot be made.
+    let mut n = 0;
+    while fs.write(format!("/fill{n}"), b"").is_ok() {
+        n += 1;
+    }
+    assert!(n > 0, "no inode was free to begin with");
+    match fs.rename_with("/b", "/c", wo) {
+        Err(e) => assert_eq!(e.errno(), 28, "{e}"),
+        Ok(()) => panic!("a whiteout without a free inode"),
+    }
+    assert_eq!(fs.read("/b").expect("b kept"), b"data");
+    assert!(fs.symlink_metadata("/c").is_err(), "c made");
+    fs.remove_file("/fill0").expect("free one inode");
+    fs.rename_with("/b", "/c", wo)
+        .expect("rename with a whiteout");
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "e2fsck: {}", r.output);
+    let m = match LoopMount::new(img.path(), true, "") {
+        Ok(m) => m,
+        Err(why) => return skip(&why),
+    };
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    for name in ["a", "b"] {
+        let k = std::fs::symlink_metadata(m.path().join(name)).expect("lstat");
+        assert!(k.file_type().is_char_device(), "{name}: {k:?}");
+        assert_eq!((k.rdev(), k.mode(), k.uid()), (0, 0o20000, 7), "{name}");
+    }
+    assert_eq!(std::fs::read(m.path().join("c")).expect("c"), b"data");
+}
+
+/// Atime through the API: the default policy never changes an image that is only
+/// read; relatime moves a file's atime on a read when it is not newer than the mtime,
+/// once, and a directory's on a listing; a read-only open moves nothing.
+#[test]
+fn atime_policy_through_the_api() {
+    use rext4::{AtimePolicy, FsOptions};
+    let img = mkfs(&MkfsOptions::new(4096, 16 << 20)).expect("mkfs");
+    let old = Timestamp { sec: 1000, nsec: 0 };
+    let older = |fs: &Fs| {
+        for p in ["/f", "/d"] {
+            fs.set_times(p, Some(old), Some(Timestamp { sec: 2000, nsec: 0 }))
+                .expect("set_times");
+        }
+    };
+    let atimes = |fs: &Fs| ["/f", "/d"].map(|p| fs.metadata(p).expect("stat").atime);
+    let fs = rw(img.path());
+    fs.create_dir("/d").expect("mkdir");
+    fs.write("/f", b"data").expect("write");
+    older(&fs);
+    fs.read("/f").expect("read");
+    fs.read_dir("/d").expect("readdir");
+    assert_eq!(atimes(&fs), [old, old], "the default policy");
+    fs.close().expect("close");
+
+    let open = |read_only: bool| {
+        let o = FsOptions {
+            read_only,
+            commit_secs: 0,
+            atime: AtimePolicy::RELATIME,
+            ..FsOptions::default()
+        };
+        Fs::open_with(img.path(), o).expect("open")
+    };
+    let fs = open(true);
+    fs.read("/f").expect("read");
+    fs.read_dir("/d").expect("readdir");
+    assert_eq!(atimes(&fs), [old, old], "a read-only open");
+    drop(fs);
+
+    let fs = open(false);
+    let t0 = rext4::inode_write::now_ts().sec;
+    fs.read("/f").expect("read");
+    fs.read_dir("/d").expect("readdir");
+    let moved = atimes(&fs);
+    assert!(moved.iter().all(|a| a.sec >= t0), "relatime: {moved:?}");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    fs.read("/f").expect("read again");
+    fs.read_dir("/d").expect("readdir again");
+    assert_eq!(atimes(&fs), moved, "a second access under relatime");
+    fs.close().expect("close");
+    let fs = rw(img.path());
+    assert_eq!(atimes(&fs), moved, "after a reopen");
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "e2fsck: {}", r.output);
+}

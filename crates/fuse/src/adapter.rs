@@ -17,6 +17,9 @@
 //!   refreshed when a reader starts again at offset 0), "." and ".." first: stable for
 //!   the life of a handle.
 //! - Every request gets exactly one reply.
+//! - Atime is ours (the kernel never updates it on a FUSE inode): READ, READDIR(PLUS),
+//!   READLINK and an OPEN for reading apply the mount's policy before their reply
+//!   (`Shared::accessed`, which says why OPEN counts as the read).
 //!
 //! Concurrency: fuser calls these methods from several worker threads at once. The
 //! engine serializes its own changes (its write lock) and reads without locks; the
@@ -379,8 +382,41 @@ impl Shared {
             let _ = std::thread::Builder::new()
                 .name("rext4-inval".into())
                 .spawn(move || {
-                    let _ = n.inval_inode(INodeNo(u64::from(ino.0)), 0, 0);
+                    let _ = n.inval_inode(to_fuse(ino), 0, 0);
                 });
+        }
+    }
+
+    /// `ino` was read (file data, a directory listing, a symlink's target): apply the
+    /// mount's atime policy. The kernel never updates the atime of a FUSE inode
+    /// (S_NOATIME), so the server does, on the requests it sees; an OPEN for reading
+    /// counts as the read, since the kernel may then serve all of it from its page
+    /// cache (see `open`). Called before the
+    /// reply, so a stat after it cannot fetch the old atime. After READ, READDIR and
+    /// READLINK the kernel marks its cached atime stale by itself
+    /// (fuse_invalidate_atime); after OPEN it does not, so `notify` sends an
+    /// attribute invalidation then. Never on a read-only mount (the engine checks)
+    /// or once errors=remount-ro has latched.
+    fn accessed(&self, ino: Ino, notify: bool) {
+        if self.writable().is_err() {
+            return;
+        }
+        match self.fs.touch_atime_ino(ino) {
+            Ok(true) if notify => self.invalidate_attrs_only(ino),
+            Ok(_) => {}
+            Err(e) => {
+                self.fail("atime update", &e);
+            }
+        }
+    }
+
+    /// Make the kernel fetch the attributes of `ino` again, keeping its cached pages.
+    /// Sent from the request handler itself: with offset -1 the kernel's handler
+    /// (fuse_reverse_inval_inode) only marks the attributes stale and touches no page
+    /// and no inode lock, so nothing in it waits for a reply from this server.
+    fn invalidate_attrs_only(&self, ino: Ino) {
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_inode(to_fuse(ino), -1, 0);
         }
     }
 
@@ -805,7 +841,12 @@ impl Filesystem for Adapter {
             | InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_ASYNC_DIO
-            | InitFlags::FUSE_CACHE_SYMLINKS;
+            | InitFlags::FUSE_CACHE_SYMLINKS
+            // A file opened with O_DIRECT (FOPEN_DIRECT_IO) may be mapped MAP_SHARED,
+            // as on ext4: the kernel then writes back and invalidates the mapped
+            // pages around each direct read and write, so the two stay coherent
+            // (Linux 6.6+; without it such an mmap fails with ENODEV).
+            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
         if self.s.cfg.writeback_cache && !self.s.fs.is_read_only() {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
@@ -1001,11 +1042,12 @@ impl Filesystem for Adapter {
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let s = &self.s;
+        let ino = to_ext4(ino);
         let t = tri!(
             reply,
-            s.fs.read_link_ino(to_ext4(ino))
-                .map_err(|e| s.fail("readlink", &e))
+            s.fs.read_link_ino(ino).map_err(|e| s.fail("readlink", &e))
         );
+        s.accessed(ino, false);
         reply.data(&t);
     }
 
@@ -1102,9 +1144,13 @@ impl Filesystem for Adapter {
         reply.entry(&TTL, &attr, generation);
     }
 
+    /// rename and renameat2: RENAME_NOREPLACE, RENAME_EXCHANGE and RENAME_WHITEOUT
+    /// (overlayfs asks for it in an upper directory; the whiteout belongs to the
+    /// caller, as a node it made with mknod would). The kernel has checked the caller
+    /// may change both directories and refused WHITEOUT or NOREPLACE with EXCHANGE.
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -1113,15 +1159,24 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let s = &self.s;
-        let known = FuseRenameFlags::RENAME_NOREPLACE | FuseRenameFlags::RENAME_EXCHANGE;
+        let known = FuseRenameFlags::RENAME_NOREPLACE
+            | FuseRenameFlags::RENAME_EXCHANGE
+            | FuseRenameFlags::RENAME_WHITEOUT;
         if !(flags - known).is_empty() {
             reply.error(Errno::EINVAL);
             return;
         }
         tri!(reply, s.writable());
+        let whiteout = if flags.contains(FuseRenameFlags::RENAME_WHITEOUT) {
+            let (uid, gid, _) = tri!(reply, s.new_owner(req, to_ext4(parent)));
+            Some((uid, gid))
+        } else {
+            None
+        };
         let fl = RenameFlags {
             noreplace: flags.contains(FuseRenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(FuseRenameFlags::RENAME_EXCHANGE),
+            whiteout,
         };
         tri!(
             reply,
@@ -1174,6 +1229,18 @@ impl Filesystem for Adapter {
                 }
             }
         }
+        // An open for reading counts as the read for atime: with the cache kept across
+        // opens (KEEP_CACHE) the kernel may serve every read of it from its page
+        // cache, and then no READ arrives. Under relatime this moves the atime at
+        // most once per change of the file (or per day); opens for writing only, and
+        // truncating ones, do not count, as writes do not on ext4.
+        let read_open = matches!(
+            flags.acc_mode(),
+            OpenAccMode::O_RDONLY | OpenAccMode::O_RDWR
+        );
+        if read_open && flags.0 & libc::O_TRUNC == 0 {
+            s.accessed(ino, true);
+        }
         reply.opened(FileHandle(fh), fl);
     }
 
@@ -1184,7 +1251,7 @@ impl Filesystem for Adapter {
         fh: FileHandle,
         offset: u64,
         size: u32,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
@@ -1205,6 +1272,11 @@ impl Filesystem for Adapter {
             s.fs.read_ino_at(ino, &i, &mut buf, offset)
         };
         let got = tri!(reply, r.map_err(|e| s.fail("read", &e)));
+        // `flags` are the reading file's: on one opened write-only this READ is the
+        // kernel filling a page before a partial write (writeback cache), no read.
+        if flags.acc_mode() != OpenAccMode::O_WRONLY {
+            s.accessed(ino, false);
+        }
         reply.data(&buf[..got.min(n)]);
     }
 
@@ -1355,6 +1427,8 @@ impl Filesystem for Adapter {
                 break;
             }
         }
+        drop(snap);
+        s.accessed(to_ext4(ino), false);
         reply.ok();
     }
 
@@ -1397,6 +1471,7 @@ impl Filesystem for Adapter {
             }
         }
         drop(snap);
+        s.accessed(to_ext4(ino), false);
         reply.ok();
     }
 

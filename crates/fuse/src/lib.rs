@@ -55,7 +55,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use fuser::{Config, MountOption, Session, SessionACL};
-use rext4::{Fs, FsOptions};
+use rext4::{AtimeMode, Fs, FsOptions};
 
 use adapter::{Adapter, AdapterConfig, Shared};
 
@@ -110,6 +110,10 @@ pub struct MountOptions {
     /// mount gets this ratio and no strict limit, like a local filesystem.
     /// 0 leaves the kernel's setting.
     pub bdi_max_ratio: u32,
+    /// When reads move atimes: `relatime` (default), `strictatime`, `noatime`,
+    /// `nodiratime`. FUSE inodes never get atime updates from the kernel, so the
+    /// server applies this (see `adapter`).
+    pub atime: rext4::AtimePolicy,
 }
 
 impl Default for MountOptions {
@@ -131,6 +135,7 @@ impl Default for MountOptions {
             suid: false,
             exec: true,
             bdi_max_ratio: 40,
+            atime: rext4::AtimePolicy::RELATIME,
         }
     }
 }
@@ -190,8 +195,9 @@ fn parse_num(opt: &str, v: &str) -> Result<u64, String> {
 /// Parse a mount(8)-style comma-separated option list (later options override
 /// earlier ones). Known: ro, rw, errors=continue|remount-ro, commit=N, cache_mb=N,
 /// threads=N, bdi_max_ratio=N, allow_other, default_permissions, nodefault_permissions, debug,
-/// writeback_cache, nowriteback_cache, uring, nouring, dev, nodev, suid, nosuid, exec, noexec, and the
-/// no-ops defaults, async, atime, noatime, relatime, auto, noauto.
+/// writeback_cache, nowriteback_cache, uring, nouring, dev, nodev, suid, nosuid, exec, noexec,
+/// atime, relatime, nostrictatime, strictatime, norelatime, noatime, nodiratime, diratime,
+/// and the no-ops lazytime, nolazytime, defaults, async, auto, noauto.
 pub fn parse_options(s: &str) -> Result<MountOptions, String> {
     let mut o = MountOptions::default();
     apply_options(&mut o, s)?;
@@ -264,9 +270,16 @@ pub fn apply_options(o: &mut MountOptions, s: &str) -> Result<(), String> {
             ("nosuid", _) => flag(o, |o| o.suid = false)?,
             ("exec", _) => flag(o, |o| o.exec = true)?,
             ("noexec", _) => flag(o, |o| o.exec = false)?,
-            ("defaults" | "async" | "atime" | "noatime" | "relatime" | "auto" | "noauto", _) => {
-                flag(o, |_| {})?
+            ("atime" | "relatime" | "nostrictatime", _) => {
+                flag(o, |o| o.atime.mode = AtimeMode::Relative)?
             }
+            ("strictatime" | "norelatime", _) => flag(o, |o| o.atime.mode = AtimeMode::Always)?,
+            ("noatime", _) => flag(o, |o| o.atime.mode = AtimeMode::Never)?,
+            ("nodiratime", _) => flag(o, |o| o.atime.nodiratime = true)?,
+            ("diratime", _) => flag(o, |o| o.atime.nodiratime = false)?,
+            // Inode times are written with the next journal commit already.
+            ("lazytime" | "nolazytime", _) => flag(o, |_| {})?,
+            ("defaults" | "async" | "auto" | "noauto", _) => flag(o, |_| {})?,
             _ => return Err(format!("unknown mount option: {opt}")),
         }
     }
@@ -601,6 +614,7 @@ fn serve_inner(
         // coarse clock: the engine's times come from the same clock, so they stay in
         // order with the kernel's (a file is never born after its first write).
         clock: Some(coarse_now),
+        atime: opts.atime,
         ..FsOptions::default()
     };
     if let Some(mb) = opts.cache_mb {
@@ -647,6 +661,9 @@ fn serve_inner(
     }
     if !opts.exec {
         mo.push(MountOption::NoExec);
+    }
+    if opts.atime.mode == AtimeMode::Never {
+        mo.push(MountOption::NoAtime);
     }
     let mut config = Config::default();
     config.mount_options = mo;
@@ -796,6 +813,29 @@ mod tests {
         // Later options win.
         let o = parse_options("ro,rw").expect("valid");
         assert!(o.rw && !o.ro);
+    }
+
+    #[test]
+    fn atime_options_parse() {
+        use rext4::{AtimeMode, AtimePolicy};
+        assert_eq!(MountOptions::default().atime, AtimePolicy::RELATIME);
+        for (list, mode, nodiratime) in [
+            ("noatime", AtimeMode::Never, false),
+            ("strictatime", AtimeMode::Always, false),
+            ("norelatime", AtimeMode::Always, false),
+            ("strictatime,relatime", AtimeMode::Relative, false),
+            ("noatime,atime", AtimeMode::Relative, false),
+            ("nodiratime,lazytime", AtimeMode::Relative, true),
+            (
+                "nodiratime,diratime,nostrictatime",
+                AtimeMode::Relative,
+                false,
+            ),
+        ] {
+            let o = parse_options(list).expect(list);
+            assert_eq!(o.atime, AtimePolicy { mode, nodiratime }, "{list}");
+        }
+        assert!(parse_options("noatime=1").is_err());
     }
 
     #[test]
