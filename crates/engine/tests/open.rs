@@ -76,7 +76,10 @@ fn non_ext4_devices_are_told_from_damaged_ext4() {
         let flipped = raw[at] ^ 0x04;
         match common::open_patched(&Arc::new(raw.clone()), vec![(at as u64, flipped)]) {
             Err(Error::Corrupted { what, .. }) => {
-                assert!(what.contains("magic") || what.contains("checksum"), "{what}")
+                assert!(
+                    what.contains("magic") || what.contains("checksum"),
+                    "{what}"
+                )
             }
             Err(e) => panic!("byte {at}: wrong error {e}"),
             Ok(_) => panic!("byte {at}: opened"),
