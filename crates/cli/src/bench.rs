@@ -20,10 +20,28 @@ use std::time::{Duration, Instant};
 
 use rext4::{Fs, FsOptions, Ino};
 
+/// The workloads (see the module note).
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum Workload {
+    /// Create, stat and unlink -n files in one directory.
+    Mdtest,
+    /// Write one file of -s bytes in 1 MiB requests, then sync.
+    Seqwrite,
+    /// Read the seqwrite file back.
+    Seqread,
+    /// -n small files, each written and synced.
+    Smallfsync,
+    /// -n iterations of pwrite 4 KiB + ftruncate 2 KiB, then with fallocate.
+    Pwtrunc,
+    /// create+unlink of one name against --threads lookups, --secs per phase.
+    Churn,
+}
+
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// mdtest | seqwrite | seqread | smallfsync | pwtrunc | churn
-    pub workload: String,
+    /// The workload to run.
+    #[arg(value_enum)]
+    pub workload: Workload,
     /// The image to run on (opened read-write).
     pub image: std::path::PathBuf,
     /// Files for mdtest / smallfsync (default 100000 / 10000).
@@ -43,6 +61,15 @@ pub struct BenchArgs {
     pub label: String,
 }
 
+/// Err once SIGINT/SIGTERM/SIGHUP asked to stop: the workload ends, the image is
+/// closed as usual.
+fn stop() -> Result<(), String> {
+    match crate::interrupt::requested() {
+        Some(_) => Err("stopped".into()),
+        None => Ok(()),
+    }
+}
+
 fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim().to_ascii_lowercase();
     let (num, mult) = match s.chars().last() {
@@ -58,14 +85,14 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn phase(label: &str, workload: &str, name: &str, ops: u64, secs: f64) {
-    println!(
-        "phase={name} ops={ops} secs={secs:.3} ops_per_s={:.1}",
+    crate::term::out(&format!(
+        "phase={name} ops={ops} secs={secs:.3} ops_per_s={:.1}\n",
         ops as f64 / secs
-    );
-    println!(
-        "RESULT|{label}|{workload}|{name}_ops_per_s|{:.1}|ops/s",
+    ));
+    crate::term::out(&format!(
+        "RESULT|{label}|{workload}|{name}_ops_per_s|{:.1}|ops/s\n",
         ops as f64 / secs
-    );
+    ));
 }
 
 pub fn run(a: BenchArgs) -> Result<(), String> {
@@ -76,16 +103,18 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             ..FsOptions::default()
         },
     )
-    .map_err(|e| format!("{}: {e}", a.image.display()))?;
+    .map_err(|e| format!("{}: {}", a.image.display(), crate::term::reason(&e)))?;
     let r = workload(&fs, &a);
-    let c = fs.close().map_err(|e| format!("close: {e}"));
+    let c = fs
+        .close()
+        .map_err(|e| format!("closing the image: {}", crate::term::reason(&e)));
     r.and(c)
 }
 
 fn workload(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
-    let e = |x: rext4::Error| x.to_string();
-    match a.workload.as_str() {
-        "mdtest" => {
+    let e = |x: rext4::Error| crate::term::reason(&x);
+    match a.workload {
+        Workload::Mdtest => {
             let n = a.count.unwrap_or(100_000);
             fs.create_dir_all("/mdtest").map_err(e)?;
             let dir = fs.resolve(b"/mdtest", true).map_err(e)?;
@@ -93,6 +122,7 @@ fn workload(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
             let t = Instant::now();
             let mut inos: Vec<Ino> = Vec::with_capacity(n as usize);
             for nm in &names {
+                stop()?;
                 inos.push(
                     fs.mknod_ino(dir, nm.as_bytes(), 0o100644, 0, 0, (0, 0))
                         .map_err(e)?,
@@ -101,6 +131,7 @@ fn workload(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
             phase(&a.label, "mdtest", "create", n, t.elapsed().as_secs_f64());
             let t = Instant::now();
             for nm in &names {
+                stop()?;
                 let found = fs
                     .lookup(dir, nm.as_bytes())
                     .map_err(e)?
@@ -110,18 +141,20 @@ fn workload(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
             phase(&a.label, "mdtest", "stat", n, t.elapsed().as_secs_f64());
             let t = Instant::now();
             for nm in &names {
+                stop()?;
                 fs.unlink_ino(dir, nm.as_bytes()).map_err(e)?;
             }
             phase(&a.label, "mdtest", "unlink", n, t.elapsed().as_secs_f64());
             fs.remove_dir("/mdtest").map_err(e)?;
         }
-        "seqwrite" => {
+        Workload::Seqwrite => {
             let size = parse_size(a.size.as_deref().unwrap_or("1g"))?;
             let f = fs.create("/seqfile").map_err(e)?;
             let buf: Vec<u8> = (0..1 << 20).map(|i| (i * 31 % 251) as u8).collect();
             let t = Instant::now();
             let mut off = 0;
             while off < size {
+                stop()?;
                 let n = (size - off).min(buf.len() as u64) as usize;
                 f.write_all_at(&buf[..n], off).map_err(e)?;
                 off += n as u64;
@@ -129,23 +162,24 @@ fn workload(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
             f.sync_all().map_err(e)?;
             let s = t.elapsed().as_secs_f64();
             let mib = size as f64 / (1 << 20) as f64;
-            println!(
-                "phase=seqwrite bytes={size} secs={s:.3} MiB_per_s={:.1}",
+            crate::term::out(&format!(
+                "phase=seqwrite bytes={size} secs={s:.3} MiB_per_s={:.1}\n",
                 mib / s
-            );
-            println!(
-                "RESULT|{}|seqwrite|write_MiB_per_s|{:.1}|MiB/s",
+            ));
+            crate::term::out(&format!(
+                "RESULT|{}|seqwrite|write_MiB_per_s|{:.1}|MiB/s\n",
                 a.label,
                 mib / s
-            );
+            ));
         }
-        "seqread" => {
+        Workload::Seqread => {
             let f = fs.open_file("/seqfile").map_err(e)?;
             let size = f.len().map_err(e)?;
             let mut buf = vec![0u8; 1 << 20];
             let t = Instant::now();
             let mut off = 0;
             while off < size {
+                stop()?;
                 let n = f.read_at(&mut buf, off).map_err(e)?;
                 if n == 0 {
                     break;
@@ -154,22 +188,23 @@ fn workload(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
             }
             let s = t.elapsed().as_secs_f64();
             let mib = size as f64 / (1 << 20) as f64;
-            println!(
-                "phase=seqread bytes={size} secs={s:.3} MiB_per_s={:.1}",
+            crate::term::out(&format!(
+                "phase=seqread bytes={size} secs={s:.3} MiB_per_s={:.1}\n",
                 mib / s
-            );
-            println!(
-                "RESULT|{}|seqread|read_MiB_per_s|{:.1}|MiB/s",
+            ));
+            crate::term::out(&format!(
+                "RESULT|{}|seqread|read_MiB_per_s|{:.1}|MiB/s\n",
                 a.label,
                 mib / s
-            );
+            ));
         }
-        "smallfsync" => {
+        Workload::Smallfsync => {
             let n = a.count.unwrap_or(10_000);
             fs.create_dir_all("/smallfsync").map_err(e)?;
             let data = vec![0x5Au8; 4096];
             let t = Instant::now();
             for i in 0..n {
+                stop()?;
                 let f = fs.create(format!("/smallfsync/f{i:06}")).map_err(e)?;
                 f.write_all_at(&data, 0).map_err(e)?;
                 f.sync_all().map_err(e)?;
@@ -182,8 +217,8 @@ fn workload(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
                 t.elapsed().as_secs_f64(),
             );
         }
-        "churn" => churn(fs, a)?,
-        "pwtrunc" => {
+        Workload::Churn => churn(fs, a)?,
+        Workload::Pwtrunc => {
             let n = a.count.unwrap_or(50_000);
             let f = fs.create("/pwtrunc").map_err(e)?;
             let ino = f.ino();
@@ -191,6 +226,7 @@ fn workload(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
             for falloc in [false, true] {
                 let t = Instant::now();
                 for _ in 0..n {
+                    stop()?;
                     if falloc {
                         fs.fallocate_ino(ino, rext4::FallocMode::Allocate, 0, 32 << 10)
                             .map_err(e)?;
@@ -207,12 +243,6 @@ fn workload(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
             }
             drop(f);
             fs.remove_file("/pwtrunc").map_err(e)?;
-        }
-        other => {
-            return Err(format!(
-                "unknown workload {other:?} (mdtest, seqwrite, seqread, smallfsync, pwtrunc, \
-                 churn)"
-            ))
         }
     }
     Ok(())
@@ -273,7 +303,10 @@ fn churn(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
                 std::thread::spawn(move || lookups(fs, stop, leaf))
             })
             .collect();
-        std::thread::sleep(secs);
+        let end = Instant::now() + secs;
+        while Instant::now() < end && crate::interrupt::requested().is_none() {
+            std::thread::sleep(Duration::from_millis(50).min(end - Instant::now()));
+        }
         stop.store(true, Ordering::Relaxed);
         let mut sums = (0, 0);
         for t in c {
@@ -298,12 +331,12 @@ fn churn(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
         look_with,
         s,
     );
-    println!(
+    crate::term::out(&format!(
         "churn: create+unlink with lookups running = {:.2} of alone; lookups with churn = \
-         {:.2} of alone",
+         {:.2} of alone\n",
         with as f64 / alone.max(1) as f64,
         look_with as f64 / look_alone.max(1) as f64
-    );
+    ));
     fs.remove_dir_all("/seedC").map_err(e)?;
     Ok(())
 }

@@ -14,6 +14,13 @@
 //!   AT_SYMLINK_NOFOLLOW calls; metadata of files and directories through descriptors
 //!   opened with O_NOFOLLOW.
 //! - Directory cycles in a corrupt image are cut by a visited set.
+//! - The one exception, as cp(1): the destination named on the command line (DEST, or
+//!   DEST/NAME when DEST is a directory) may be an existing regular file, which a
+//!   regular file overwrites in place (O_TRUNC|O_NOFOLLOW). Anything else there (a
+//!   symlink, which is never written through, a fifo, a device; or a regular file under
+//!   a non-regular source) is refused ("File exists"), or with `-f` removed and created
+//!   anew, as cp -f does with a destination it cannot open. A directory there is never
+//!   replaced.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, OsStr};
@@ -26,9 +33,15 @@ use std::path::{Path, PathBuf};
 use indicatif::{ProgressBar, ProgressStyle};
 use rext4::{FileType, Fs, Ino, Metadata, Timestamp};
 
+use crate::term::{self, errln};
+
 pub struct Options {
     pub preserve_owner: bool,
     pub progress: bool,
+    /// Print "'SRC' -> 'DEST'" for every file once it is copied.
+    pub verbose: bool,
+    /// Replace a top-level destination that cannot be overwritten in place.
+    pub force: bool,
 }
 
 #[derive(Default)]
@@ -45,6 +58,19 @@ struct Copier<'a> {
     visited: HashSet<Ino>,
     report: Report,
     bar: ProgressBar,
+    /// The destination named on the command line: the only path that may exist.
+    top: PathBuf,
+}
+
+/// An error of one entry, in the words the CLI uses.
+fn why(e: &(dyn std::error::Error + 'static)) -> String {
+    if let Some(io) = e.downcast_ref::<std::io::Error>() {
+        term::io_reason(io)
+    } else if let Some(fe) = e.downcast_ref::<rext4::Error>() {
+        term::reason(fe)
+    } else {
+        e.to_string()
+    }
 }
 
 fn cpath(p: &Path) -> std::io::Result<CString> {
@@ -115,7 +141,7 @@ fn set_xattrs(p: &Path, attrs: &[(Vec<u8>, Vec<u8>)]) -> Vec<String> {
                 "{}: xattr {}: {}",
                 p.display(),
                 String::from_utf8_lossy(name),
-                last_err()
+                term::io_reason(&last_err())
             ));
         }
     }
@@ -124,26 +150,56 @@ fn set_xattrs(p: &Path, attrs: &[(Vec<u8>, Vec<u8>)]) -> Vec<String> {
 
 impl Copier<'_> {
     fn err(&mut self, msg: String) {
-        self.bar.suspend(|| eprintln!("rext4 cp: {msg}"));
+        self.bar.suspend(|| errln!("{msg}"));
         self.report.errors.push(msg);
     }
 
-    fn copy(&mut self, ino: Ino, dst: &Path) {
-        if let Err(e) = self.copy_one(ino, dst) {
-            self.err(format!("{}: {e}", dst.display()));
+    fn copy(&mut self, ino: Ino, src: &str, dst: &Path) {
+        if let Err(e) = self.copy_one(ino, src, dst) {
+            self.err(format!("{}: {}", dst.display(), why(e.as_ref())));
         }
     }
 
-    fn copy_one(&mut self, ino: Ino, dst: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    /// `cp -v`'s line for a finished file.
+    fn done(&self, src: &str, dst: &Path) {
+        if self.opts.verbose {
+            let line = format!("'{src}' -> '{}'\n", dst.display());
+            self.bar.suspend(|| term::out(&line));
+        }
+    }
+
+    /// Before creating a non-regular file at the command line's destination: with -f,
+    /// remove an existing non-directory there, as cp -f does.
+    fn clear_top(&self, dst: &Path) -> std::io::Result<()> {
+        if dst == self.top && self.opts.force {
+            if let Ok(md) = fs::symlink_metadata(dst) {
+                if !md.is_dir() {
+                    fs::remove_file(dst)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn copy_one(
+        &mut self,
+        ino: Ino,
+        src: &str,
+        dst: &Path,
+    ) -> Result<(), Box<dyn std::error::Error>> {
         let m = self.fs.stat_ino(ino)?;
         if !m.is_dir() && m.nlink > 1 {
             if let Some(first) = self.links.get(&ino) {
                 fs::hard_link(first, dst)?;
+                self.done(src, dst);
                 return Ok(());
             }
         }
+        if !m.is_dir() && !m.is_file() {
+            self.clear_top(dst)?;
+        }
         match m.file_type {
-            FileType::Dir => return self.copy_dir(ino, &m, dst),
+            FileType::Dir => return self.copy_dir(ino, &m, src, dst),
             FileType::File => self.copy_file(ino, dst)?,
             FileType::Symlink => {
                 let target = self.fs.read_link_ino(ino)?;
@@ -180,6 +236,7 @@ impl Copier<'_> {
             self.links.insert(ino, dst.to_path_buf());
         }
         self.report.files += 1;
+        self.done(src, dst);
         Ok(())
     }
 
@@ -190,21 +247,59 @@ impl Copier<'_> {
                     self.err(e);
                 }
             }
-            Err(e) => self.err(format!("{}: reading xattrs: {e}", dst.display())),
+            Err(e) => self.err(format!(
+                "{}: reading xattrs: {}",
+                dst.display(),
+                term::reason(&e)
+            )),
         }
         if let Err(e) = apply_meta(dst, m, self.opts.preserve_owner) {
-            self.err(format!("{}: setting attributes: {e}", dst.display()));
+            self.err(format!(
+                "{}: setting attributes: {}",
+                dst.display(),
+                term::io_reason(&e)
+            ));
         }
     }
 
     fn copy_file(&mut self, ino: Ino, dst: &Path) -> Result<(), Box<dyn std::error::Error>> {
         let f = self.fs.open_ino(ino)?;
-        let mut out = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .mode(0o600)
-            .open(dst)?;
+        let create = || {
+            OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .mode(0o600)
+                .open(dst)
+        };
+        let mut out = match create() {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dst == self.top => {
+                let md = fs::symlink_metadata(dst)?;
+                if md.is_dir() {
+                    return Err("cannot overwrite a directory with a non-directory".into());
+                }
+                // cp(1): a regular file is overwritten in place. O_NOFOLLOW: should it
+                // have become a symlink since, the open fails and nothing is followed.
+                let in_place = || {
+                    OpenOptions::new()
+                        .write(true)
+                        .truncate(true)
+                        .custom_flags(libc::O_NOFOLLOW)
+                        .open(dst)
+                };
+                match md.is_file().then(in_place) {
+                    Some(Ok(f)) => f,
+                    // cp -f: what cannot be opened is removed and created anew.
+                    _ if self.opts.force => {
+                        fs::remove_file(dst)?;
+                        create()?
+                    }
+                    Some(Err(e)) => return Err(e.into()),
+                    None => return Err(e.into()),
+                }
+            }
+            r => r?,
+        };
         let size = f.len()?;
         let mut buf = vec![0u8; 1 << 20];
         let mut off = 0u64;
@@ -231,6 +326,7 @@ impl Copier<'_> {
         &mut self,
         ino: Ino,
         m: &Metadata,
+        src: &str,
         dst: &Path,
     ) -> Result<(), Box<dyn std::error::Error>> {
         if !self.visited.insert(ino) {
@@ -266,10 +362,16 @@ impl Copier<'_> {
                 continue;
             }
             let child = dst.join(OsStr::from_bytes(&e.name));
-            self.copy(e.ino, &child);
+            let child_src = format!(
+                "{}/{}",
+                src.trim_end_matches('/'),
+                String::from_utf8_lossy(&e.name)
+            );
+            self.copy(e.ino, &child_src, &child);
         }
         self.finish(ino, m, dst);
         self.report.files += 1;
+        self.done(src, dst);
         Ok(())
     }
 }
@@ -289,9 +391,16 @@ fn total_bytes(fs: &Fs, ino: Ino, seen: &mut HashSet<Ino>) -> u64 {
     entries.iter().map(|e| total_bytes(fs, e.ino, seen)).sum()
 }
 
-/// Copy `src` (a path in the image) to `dest` on the host, cp -r style: when `dest` is
-/// an existing directory the copy goes inside it under the source's name.
-pub fn copy_out(fs: &Fs, src: &[u8], dest: &Path, opts: Options) -> rext4::Result<Report> {
+/// Copy `src` (a path in the image, named `src_arg` on the command line) to `dest` on
+/// the host, cp -r style: when `dest` is an existing directory the copy goes inside it
+/// under the source's name.
+pub fn copy_out(
+    fs: &Fs,
+    src: &[u8],
+    src_arg: &str,
+    dest: &Path,
+    opts: Options,
+) -> rext4::Result<Report> {
     let ino = fs.resolve(src, false)?;
     let base = src.split(|&c| c == b'/').rfind(|c| !c.is_empty());
     // A last component "." or ".." names no new entry (dest/.. is outside dest): copy
@@ -320,8 +429,9 @@ pub fn copy_out(fs: &Fs, src: &[u8], dest: &Path, opts: Options) -> rext4::Resul
         visited: HashSet::new(),
         report: Report::default(),
         bar,
+        top: target.clone(),
     };
-    c.copy(ino, &target);
+    c.copy(ino, src_arg, &target);
     c.bar.finish_and_clear();
     Ok(c.report)
 }

@@ -23,6 +23,10 @@
 //! count or a failed fzero; here those count as failures too. With -r the write
 //! commands fail as they do on a read-only descriptor (EBADF; truncate EINVAL).
 //! Times print in UTC, like the rest of this tool.
+//!
+//! On SIGINT/SIGTERM/SIGHUP (`interrupt`) the shell stops between requests of a
+//! pwrite or pread (reporting what was done) and runs no further command; the image
+//! is then closed as on success. A closed standard output or error stops nothing.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -51,14 +55,14 @@ pub struct IoArgs {
     spec: String,
 }
 
-/// strerror(errno) without Rust's " (os error N)" suffix.
-pub fn strerror(errno: i32) -> String {
-    let s = std::io::Error::from_raw_os_error(errno).to_string();
-    match s.rfind(" (os error ") {
-        Some(i) => s[..i].to_string(),
-        None => s,
+impl IoArgs {
+    /// Whether the command opens the image for writing.
+    pub fn writes(&self) -> bool {
+        !self.read_only || self.create
     }
 }
+
+use crate::term::strerror;
 
 /// The POSIX reason for an engine error, as xfs_io would print it; for corruption,
 /// device and unsupported-feature errors the engine's detail follows in parentheses
@@ -66,7 +70,10 @@ pub fn strerror(errno: i32) -> String {
 fn reason(e: &Error) -> String {
     let base = strerror(e.errno());
     match e {
-        Error::Corrupted { .. } | Error::Io(_) | Error::Unsupported(_) => format!("{base} ({e})"),
+        Error::Io(io) => crate::term::io_reason(io),
+        Error::Corrupted { .. } | Error::Unsupported(_) | Error::NotExt4(_) => {
+            format!("{base} ({e})")
+        }
         _ => base,
     }
 }
@@ -621,7 +628,8 @@ impl Shell<'_> {
 
     fn fail(&mut self, msg: &str) {
         let _ = self.out.flush();
-        eprintln!("{msg}");
+        // xfs_io's own words, without the "rext4 io: " prefix of the tool's messages.
+        let _ = writeln!(std::io::stderr(), "{msg}");
         self.failed = true;
     }
 
@@ -657,7 +665,7 @@ impl Shell<'_> {
         let start = Instant::now();
         let mut done = 0u64;
         let mut n_ops = 0u64;
-        while done < len {
+        while done < len && crate::interrupt::requested().is_none() {
             let n = (len - done).min(bs) as usize;
             let pos = off
                 .checked_add(done)
@@ -703,7 +711,7 @@ impl Shell<'_> {
         let start = Instant::now();
         let mut done = 0u64;
         let mut n_ops = 0u64;
-        while done < len {
+        while done < len && crate::interrupt::requested().is_none() {
             let want = (len - done).min(bs) as usize;
             let pos = off.saturating_add(done);
             let n = f
@@ -1132,10 +1140,14 @@ pub fn run(args: IoArgs) -> Result<(), Failure> {
     let fs = if need_rw {
         write_cmds::open_rw(&s.image).map_err(|e| (1, e))?
     } else {
-        let fs = Fs::open_with(&s.image, FsOptions::default())
-            .map_err(|e| (1, format!("{}: {e}", s.image.display())))?;
+        let fs = Fs::open_with(&s.image, FsOptions::default()).map_err(|e| {
+            (
+                1,
+                format!("{}: {}", s.image.display(), crate::term::reason(&e)),
+            )
+        })?;
         for w in fs.warnings() {
-            eprintln!("rext4: warning: {}: {w}", s.image.display());
+            crate::term::errln!("warning: {}: {w}", s.image.display());
         }
         fs
     };
@@ -1174,7 +1186,7 @@ fn run_open(fs: &Fs, path: &[u8], args: &IoArgs) -> Result<(), Failure> {
         cur_map: 0,
     };
     for c in &args.cmds {
-        if !sh.run_line(c) {
+        if crate::interrupt::requested().is_some() || !sh.run_line(c) {
             break;
         }
     }

@@ -3,16 +3,24 @@
 //! without mounting and without root.
 //!
 //! Exit codes: 0 success, 1 an operational error (missing file, corrupt or unsupported
-//! image), 2 bad usage (clap's default).
+//! image), 2 bad usage (clap's own errors, and operands or option values the command
+//! cannot take: a malformed size, mode, owner, UUID, feature or mount option). Every
+//! message is "rext4 SUBCOMMAND: ..." on standard error (see `term`). A writing
+//! command caught by SIGINT/SIGTERM/SIGHUP stops, closes its image clean and ends by
+//! that signal (see `interrupt`).
 
 mod bench;
 mod extract;
 mod info;
+mod interrupt;
 mod io_cmd;
 mod mkfs_cmd;
+mod mode;
 mod mount_cmd;
+mod owner;
 mod show;
 mod spec;
+mod term;
 mod timefmt;
 mod write_cmds;
 
@@ -21,8 +29,10 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use rext4::Fs;
+
+use term::errln;
 
 #[derive(Parser)]
 #[command(
@@ -38,26 +48,55 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Print the superblock, like `dumpe2fs -h`.
-    Info { image: PathBuf },
-    /// List a directory: `rext4 ls [-l] IMAGE:/path`.
+    Info {
+        /// Image file or block device.
+        image: PathBuf,
+    },
+    /// List directories: `rext4 ls [-l] IMAGE:/path...` (several: a "PATH:" header per
+    /// directory, as ls does).
     Ls {
+        /// Long listing: mode, links, owner, group, size, modification time.
         #[arg(short = 'l')]
         long: bool,
-        spec: String,
+        /// IMAGE:/path operands (directories are listed, other files named).
+        #[arg(required = true)]
+        specs: Vec<String>,
     },
-    /// Write a file's contents to stdout.
-    Cat { spec: String },
-    /// Show an inode's metadata.
-    Stat { spec: String },
+    /// Write files' contents to stdout, one after the other: `rext4 cat IMAGE:/path...`.
+    Cat {
+        /// IMAGE:/path operands.
+        #[arg(required = true)]
+        specs: Vec<String>,
+    },
+    /// Show inodes' metadata, extents and xattrs: `rext4 stat IMAGE:/path...`.
+    Stat {
+        /// IMAGE:/path operands.
+        #[arg(required = true)]
+        specs: Vec<String>,
+    },
     /// Copy out of an image (`rext4 cp -r IMAGE:/dir DEST`) or into one
     /// (`rext4 cp -r SRC... IMAGE:/dir`), keeping modes, owners (as root), times,
     /// links, special files, xattrs and holes.
+    ///
+    /// Into an image, SIGINT/SIGTERM/SIGHUP stop it after the file in progress (an
+    /// unfinished file is removed), and the image is closed clean; a second signal ends
+    /// it at once (the journal keeps the image consistent). So do the other commands
+    /// that write an image (mkfs -d, rm -r, io...).
     Cp {
+        /// Copy directories and their contents.
         #[arg(short = 'r', short_alias = 'R', long = "recursive")]
         recursive: bool,
         /// Do not show a progress bar.
         #[arg(short = 'q', long)]
         quiet: bool,
+        /// Print each file once it is copied ('SRC' -> 'DEST').
+        #[arg(short = 'v', long)]
+        verbose: bool,
+        /// Out of an image: replace a destination that cannot be overwritten in place
+        /// (a symlink, never written through); a regular file is overwritten anyway,
+        /// as by cp. Into an image, existing files are always replaced.
+        #[arg(short = 'f', long)]
+        force: bool,
         /// SRC... DEST; exactly one side names IMAGE:/path.
         #[arg(num_args = 2.., required = true)]
         paths: Vec<PathBuf>,
@@ -67,9 +106,11 @@ enum Cmd {
         /// Make parents as needed; no error if the directory exists.
         #[arg(short = 'p', long)]
         parents: bool,
-        /// Permission bits (octal), default 755.
+        /// Permission bits, octal or symbolic as for chmod (applied to a=rwx);
+        /// default 755.
         #[arg(short = 'm', long)]
         mode: Option<String>,
+        /// IMAGE:/path operands.
         #[arg(required = true)]
         specs: Vec<String>,
     },
@@ -84,11 +125,13 @@ enum Cmd {
         /// Remove empty directories.
         #[arg(short = 'd', long = "dir")]
         dirs: bool,
+        /// IMAGE:/path operands.
         #[arg(required = true)]
         specs: Vec<String>,
     },
     /// Rename or move within one image: `rext4 mv IMAGE:/src... IMAGE:/dest`.
     Mv {
+        /// IMAGE:/src... IMAGE:/dest, all in one image.
         #[arg(num_args = 2.., required = true)]
         specs: Vec<String>,
     },
@@ -97,17 +140,23 @@ enum Cmd {
         /// Make a symbolic link holding TARGET's text.
         #[arg(short = 's', long)]
         symbolic: bool,
+        /// IMAGE:/target (hard link), or the text a symbolic link holds.
         #[arg(allow_hyphen_values = true)]
         target: OsString,
+        /// IMAGE:/link: the new name (inside it, when it is a directory).
         link: String,
     },
-    /// Change permission bits: `rext4 chmod MODE IMAGE:/path...` (octal).
+    /// Change permission bits: `rext4 chmod MODE IMAGE:/path...`.
     Chmod {
+        /// Octal (755, 04755) or symbolic as chmod takes it (u+x, go-w, a=r,
+        /// u=rwx,g=rx,o=, +t, g+s, a+X).
+        #[arg(allow_hyphen_values = true)]
         mode: String,
+        /// IMAGE:/path operands (symbolic links are followed).
         #[arg(required = true)]
         specs: Vec<String>,
     },
-    /// Change owner: `rext4 chown [-h] UID[:GID] IMAGE:/path...` (numeric).
+    /// Change owner: `rext4 chown [-h] OWNER[:GROUP] IMAGE:/path...`.
     #[command(disable_help_flag = true)]
     Chown {
         /// Change a symlink itself, not its target.
@@ -116,7 +165,10 @@ enum Cmd {
         /// Print help.
         #[arg(long, action = clap::ArgAction::Help)]
         help: Option<bool>,
+        /// USER, USER:GROUP, USER: (USER's login group), :GROUP: names from the
+        /// host's user and group databases, or numbers.
         owner: String,
+        /// IMAGE:/path operands.
         #[arg(required = true)]
         specs: Vec<String>,
     },
@@ -128,10 +180,14 @@ enum Cmd {
         /// Do not create missing files.
         #[arg(short = 'c', long = "no-create")]
         no_create: bool,
+        /// IMAGE:/path operands.
         #[arg(required = true)]
         specs: Vec<String>,
     },
     /// An xfs_io-like shell over one file: `rext4 io [-f] [-r] -c CMD... IMAGE:/path`.
+    ///
+    /// SIGINT/SIGTERM/SIGHUP stop it between commands or between the requests of a
+    /// pwrite/pread, and the image is closed clean; a second signal ends it at once.
     Io(io_cmd::IoArgs),
     /// Make an ext4 filesystem, like mkfs.ext4: `rext4 mkfs [OPTIONS] IMAGE [SIZE]`.
     Mkfs(mkfs_cmd::MkfsArgs),
@@ -140,14 +196,16 @@ enum Cmd {
     /// Unmount a `rext4 mount` and wait until the image is closed and clean:
     /// `rext4 umount MOUNTPOINT`.
     Umount(mount_cmd::UmountArgs),
-    /// Run a benchmark workload through the API: `rext4 bench mdtest|seqwrite|seqread|smallfsync IMAGE`.
+    /// Run a benchmark workload through the API: `rext4 bench WORKLOAD IMAGE`
+    /// (mdtest, seqwrite, seqread, smallfsync, pwtrunc, churn).
     Bench(bench::BenchArgs),
 }
 
+/// Open `image` read-only, printing the engine's warnings.
 fn open(image: &std::path::Path) -> Result<Fs, String> {
-    let fs = Fs::open(image).map_err(|e| format!("{}: {e}", image.display()))?;
+    let fs = Fs::open(image).map_err(|e| format!("{}: {}", image.display(), term::reason(&e)))?;
     for w in fs.warnings() {
-        eprintln!("rext4: warning: {}: {w}", image.display());
+        errln!("warning: {}: {w}", image.display());
     }
     Ok(fs)
 }
@@ -156,36 +214,44 @@ fn split(spec: &str) -> Result<spec::ImagePath, String> {
     spec::parse(spec).ok_or_else(|| format!("{spec}: expected IMAGE:/path"))
 }
 
+/// Whether the command changes an image: those catch SIGINT/SIGTERM/SIGHUP to stop
+/// cleanly (`interrupt`). `cp` out of an image only writes host files.
+fn writes_an_image(cmd: &Cmd) -> bool {
+    match cmd {
+        Cmd::Info { .. } | Cmd::Ls { .. } | Cmd::Cat { .. } | Cmd::Stat { .. } => false,
+        // The mount handles its own signals.
+        Cmd::Mount(_) | Cmd::Umount(_) => false,
+        Cmd::Cp { paths, .. } => paths.last().and_then(|d| image_spec(d)).is_some(),
+        Cmd::Io(a) => a.writes(),
+        _ => true,
+    }
+}
+
 fn run(cli: Cli) -> Result<(), (u8, String)> {
     let e1 = |s: String| (1u8, s);
-    // One write(2) per buffer, not per line: `ls` of a big directory prints many lines.
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     match cli.cmd {
         Cmd::Info { image } => {
             let fs = open(&image).map_err(e1)?;
-            out.write_all(info::render(&fs).as_bytes())
-                .map_err(|e| e1(e.to_string()))?;
+            show::write_out(info::render(&fs).as_bytes())?;
         }
-        Cmd::Ls { long, spec } => {
-            let s = split(&spec).map_err(|e| (2, e))?;
-            let fs = open(&s.image).map_err(e1)?;
-            show::ls(&fs, &s.path, long, &mut out).map_err(|e| e1(format!("{spec}: {e}")))?;
-        }
-        Cmd::Cat { spec } => {
-            let s = split(&spec).map_err(|e| (2, e))?;
-            let fs = open(&s.image).map_err(e1)?;
-            show::cat(&fs, &s.path, &mut out).map_err(|e| e1(format!("{spec}: {e}")))?;
-        }
-        Cmd::Stat { spec } => {
-            let s = split(&spec).map_err(|e| (2, e))?;
-            let fs = open(&s.image).map_err(e1)?;
-            show::stat(&fs, &s.path, &mut out).map_err(|e| e1(format!("{spec}: {e}")))?;
-        }
+        Cmd::Ls { long, specs } => show::ls_all(&specs, long)?,
+        Cmd::Cat { specs } => show::cat_all(&specs)?,
+        Cmd::Stat { specs } => show::stat_all(&specs)?,
         Cmd::Cp {
             recursive,
             quiet,
+            verbose,
+            force,
             paths,
-        } => cp(recursive, quiet, &paths)?,
+        } => cp(
+            CpFlags {
+                recursive,
+                quiet,
+                verbose,
+                force,
+            },
+            &paths,
+        )?,
         Cmd::Mkdir {
             parents,
             mode,
@@ -216,12 +282,19 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
             specs,
         } => write_cmds::truncate(&size, no_create, &specs)?,
         Cmd::Io(args) => io_cmd::run(args)?,
-        Cmd::Mkfs(args) => mkfs_cmd::run(args).map_err(e1)?,
-        Cmd::Mount(a) => mount_cmd::run(a).map_err(e1)?,
+        Cmd::Mkfs(args) => mkfs_cmd::run(args)?,
+        Cmd::Mount(a) => {
+            // A malformed -o list is a usage error (exit 2), found before mounting.
+            for list in &a.options {
+                rext4_fuse::apply_options(&mut rext4_fuse::MountOptions::default(), list)
+                    .map_err(|e| (2, e))?;
+            }
+            mount_cmd::run(a).map_err(e1)?
+        }
         Cmd::Umount(a) => mount_cmd::umount(a).map_err(e1)?,
         Cmd::Bench(args) => bench::run(args).map_err(e1)?,
     }
-    out.flush().map_err(|e| e1(format!("stdout: {e}")))
+    Ok(())
 }
 
 /// An IMAGE:/path operand naming an existing image file (or device).
@@ -232,10 +305,18 @@ fn image_spec(p: &std::path::Path) -> Option<spec::ImagePath> {
         .then_some(s)
 }
 
+/// The flags of `rext4 cp`.
+struct CpFlags {
+    recursive: bool,
+    quiet: bool,
+    verbose: bool,
+    force: bool,
+}
+
 /// `rext4 cp`: into an image when the last operand is IMAGE:/path, else out of one.
-fn cp(recursive: bool, quiet: bool, paths: &[PathBuf]) -> Result<(), (u8, String)> {
+fn cp(flags: CpFlags, paths: &[PathBuf]) -> Result<(), (u8, String)> {
     let e1 = |s: String| (1u8, s);
-    let progress = !quiet && std::io::stderr().is_terminal();
+    let progress = !flags.quiet && std::io::stderr().is_terminal();
     let Some((dest, srcs)) = paths.split_last() else {
         return Err((2, "missing operand".into()));
     };
@@ -247,8 +328,9 @@ fn cp(recursive: bool, quiet: bool, paths: &[PathBuf]) -> Result<(), (u8, String
             ));
         }
         let opts = write_cmds::CpInOptions {
-            recursive,
+            recursive: flags.recursive,
             progress,
+            verbose: flags.verbose,
         };
         return write_cmds::cp_in(srcs, &d, &dest.to_string_lossy(), opts);
     }
@@ -258,7 +340,10 @@ fn cp(recursive: bool, quiet: bool, paths: &[PathBuf]) -> Result<(), (u8, String
     };
     let Some(src) = out_src else {
         if let Some(d) = dest.to_str().and_then(spec::parse) {
-            return Err((1, format!("{}: no such image file", d.image.display())));
+            return Err((
+                1,
+                format!("{}: No such file or directory", d.image.display()),
+            ));
         }
         return Err((
             2,
@@ -270,8 +355,8 @@ fn cp(recursive: bool, quiet: bool, paths: &[PathBuf]) -> Result<(), (u8, String
     let fs = open(&s.image).map_err(e1)?;
     let meta = fs.resolve(&s.path, false).and_then(|ino| fs.stat_ino(ino));
     if let Ok(m) = &meta {
-        if m.is_dir() && !recursive {
-            return Err((1, format!("{src}: is a directory (use -r)")));
+        if m.is_dir() && !flags.recursive {
+            return Err((1, format!("{src}: Is a directory (use -r)")));
         }
     }
     // SAFETY: geteuid has no preconditions.
@@ -279,25 +364,84 @@ fn cp(recursive: bool, quiet: bool, paths: &[PathBuf]) -> Result<(), (u8, String
     let opts = extract::Options {
         preserve_owner: root,
         progress,
+        verbose: flags.verbose,
+        force: flags.force,
     };
-    let report =
-        extract::copy_out(&fs, &s.path, dest, opts).map_err(|e| e1(format!("{src}: {e}")))?;
+    let report = extract::copy_out(&fs, &s.path, &src, dest, opts)
+        .map_err(|e| e1(format!("{src}: {}", term::reason(&e))))?;
     if !report.errors.is_empty() {
         return Err((1, format!("{} error(s) while copying", report.errors.len())));
     }
     Ok(())
 }
 
+/// clap's usage error as the other messages read ("rext4 ls: unexpected argument
+/// '-Z' found"), with coreutils' hint; exit 2. Help and version go through clap.
+fn usage_error(e: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit();
+    }
+    // The subcommand, when the first argument names one.
+    let cmd = Cli::command();
+    let sub = std::env::args()
+        .nth(1)
+        .filter(|a| cmd.get_subcommands().any(|c| c.get_name() == a));
+    if let Some(name) = &sub {
+        term::set_subcommand(name);
+    }
+    let text = e.render().to_string();
+    let text = text.strip_prefix("error: ").unwrap_or(&text);
+    let text = text.split("\n\nUsage:").next().unwrap_or(text);
+    let text: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with("For more information"))
+        .collect();
+    let text = text.join("\n");
+    let text = text.trim_end();
+    errln!("{text}");
+    let help = match &sub {
+        Some(n) => format!("rext4 {n} --help"),
+        None => "rext4 --help".to_string(),
+    };
+    let _ = writeln!(std::io::stderr(), "Try '{help}' for more information.");
+    std::process::exit(2)
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err((code, msg)) => {
-            if !msg.is_empty() {
-                eprintln!("rext4: {msg}");
-            }
-            ExitCode::from(code)
+    let matches = match Cli::command().try_get_matches() {
+        Ok(m) => m,
+        Err(e) => usage_error(e),
+    };
+    if let Some(name) = matches.subcommand_name() {
+        term::set_subcommand(name);
+    }
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => usage_error(e),
+    };
+    if writes_an_image(&cli.cmd) {
+        interrupt::install();
+    }
+    let r = run(cli);
+    if let Err((_, msg)) = &r {
+        if !msg.is_empty() {
+            errln!("{msg}");
         }
+    }
+    if let Some(sig) = interrupt::requested() {
+        errln!("interrupted by {}", interrupt::name(sig));
+        interrupt::finish();
+    }
+    match r {
+        Ok(()) if term::output_failed() => ExitCode::from(1),
+        Ok(()) => ExitCode::SUCCESS,
+        Err((code, _)) => ExitCode::from(code),
     }
 }
 

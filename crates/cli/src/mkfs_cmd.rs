@@ -1,18 +1,33 @@
 //! `rext4 mkfs [-b BLOCKSIZE] [-N INODES] [-L LABEL] [-U UUID] [-O FEATURES]
-//! [-E hash_seed=UUID] [-q] [-F] [-d SRCDIR] IMAGE [SIZE]`: make an ext4 filesystem
-//! the way `mkfs.ext4` 1.47.0 does (see `rext4::mkfs`).
+//! [-E EXTENDED] [-t ext4] [--upstream] [-q] [-F] [-d SRCDIR] IMAGE [SIZE]`: make an
+//! ext4 filesystem the way `mkfs.ext4` 1.47.0 does (see `rext4::mkfs`), and with `-d`
+//! fill it from a directory (through the same copy-in as `rext4 cp -r`, with its
+//! progress bar on a terminal unless `-q`, and its handling of SIGINT/SIGTERM/SIGHUP).
 //!
 //! IMAGE is a regular file (created or truncated to a sparse image of SIZE, which
 //! defaults to the file's current size) or a block device (SIZE defaults to the whole
 //! device). SIZE takes mke2fs's suffixes k/m/g/t (KiB..TiB) and s (512-byte sectors);
 //! without a suffix it counts blocks of `-b` bytes, or KiB when `-b` is not given.
 //! `E2FSPROGS_FAKE_TIME` fixes every timestamp, as it does for mke2fs.
+//!
+//! As mke2fs: an IMAGE that already holds a filesystem is named and the user asked
+//! "Proceed anyway? (y,N)" when standard input and output are terminals (`-F` skips
+//! the question; elsewhere it is not asked). Extended options (`-E`, comma-separated):
+//! `hash_seed=UUID`, `root_owner[=UID:GID]` (without a value: the caller's uid and
+//! gid). Unlike mke2fs, whose root directory is 0:0 unless told, a mkfs run without
+//! root makes the root directory the caller's, so that a user's own image mounts
+//! writable for them. Malformed options and sizes are usage errors (exit 2).
 
-use std::path::PathBuf;
+use std::io::{IsTerminal, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
 
 use clap::ArgAction;
 use rext4::device::{BlockDevice, FileDevice};
 use rext4::mkfs::{self, FeatureSet, MkfsOptions, MkfsReport};
+
+use crate::term::{self, errln, reason};
+use crate::write_cmds::Failure;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct MkfsArgs {
@@ -31,7 +46,9 @@ pub struct MkfsArgs {
     /// Feature edits: comma-separated names, ^name to clear, "none" to clear all.
     #[arg(short = 'O', value_name = "FEATURES", action = ArgAction::Append)]
     pub features: Vec<String>,
-    /// Extended options (comma-separated): hash_seed=UUID.
+    /// Extended options, comma-separated: hash_seed=UUID (directory hash seed),
+    /// root_owner[=UID:GID] (owner of the root directory; without a value the caller's;
+    /// default 0:0 as root, the caller's otherwise).
     #[arg(short = 'E', value_name = "OPTIONS", action = ArgAction::Append)]
     pub extended: Vec<String>,
     /// Filesystem type; only ext4 is made.
@@ -41,13 +58,15 @@ pub struct MkfsArgs {
     /// metadata_csum_seed) instead of Debian's.
     #[arg(long)]
     pub upstream: bool,
-    /// Quiet: print nothing but errors.
+    /// Quiet: print nothing but errors and the question -F skips; no progress bar.
     #[arg(short = 'q')]
     pub quiet: bool,
-    /// Force (accepted for compatibility; rext4 never asks).
+    /// Force: do not ask before overwriting an image that holds a filesystem.
     #[arg(short = 'F', action = ArgAction::Count)]
     pub force: u8,
-    /// Copy the contents of a directory into the new filesystem (not yet supported).
+    /// Copy the contents of a directory into the new filesystem, as `rext4 cp -r
+    /// SRCDIR/. IMAGE:/` would (modes, owners as root, times, links, xattrs, holes;
+    /// SIGINT/SIGTERM/SIGHUP stop it cleanly, as they stop cp).
     #[arg(short = 'd', value_name = "SRCDIR")]
     pub populate: Option<PathBuf>,
     /// Image file or block device.
@@ -56,6 +75,13 @@ pub struct MkfsArgs {
     pub size: Option<String>,
 }
 
+/// Parse `-E root_owner`'s value: "UID:GID" (numbers, as mke2fs takes).
+fn parse_root_owner(v: &str) -> Option<(u32, u32)> {
+    let (u, g) = v.split_once(':')?;
+    Some((u.parse().ok()?, g.parse().ok()?))
+}
+
+/// The mkfs options the arguments ask for; an error here is a usage error.
 fn options(args: &MkfsArgs) -> Result<MkfsOptions, String> {
     if let Some(t) = &args.fs_type {
         if t != "ext4" {
@@ -67,6 +93,9 @@ fn options(args: &MkfsArgs) -> Result<MkfsOptions, String> {
         features.edit(spec)?;
     }
     let mut hash_seed = None;
+    let (uid, gid) = crate::write_cmds::caller();
+    // mke2fs 1.43+ leaves the root directory 0:0; a user's own image is theirs.
+    let mut root_owner = (uid != 0).then_some((uid, gid));
     for list in &args.extended {
         for opt in list.split(',').filter(|o| !o.is_empty()) {
             match opt.split_once('=') {
@@ -74,7 +103,19 @@ fn options(args: &MkfsArgs) -> Result<MkfsOptions, String> {
                     hash_seed =
                         Some(mkfs::parse_uuid(v).ok_or_else(|| format!("invalid hash seed: {v}"))?);
                 }
-                _ => return Err(format!("bad extended option: {opt}")),
+                None if opt == "root_owner" => root_owner = Some((uid, gid)),
+                Some(("root_owner", v)) => {
+                    root_owner = Some(
+                        parse_root_owner(v)
+                            .ok_or_else(|| format!("invalid root_owner: '{v}' (UID:GID)"))?,
+                    );
+                }
+                _ => {
+                    return Err(format!(
+                        "bad extended option: {opt} (valid: hash_seed=UUID, \
+                         root_owner[=UID:GID])"
+                    ))
+                }
             }
         }
     }
@@ -99,9 +140,96 @@ fn options(args: &MkfsArgs) -> Result<MkfsOptions, String> {
         features,
         upstream_defaults: args.upstream,
         creation_time,
-        populate_from: args.populate.clone(),
+        root_owner,
         ..MkfsOptions::default()
     })
+}
+
+/// mke2fs's description of a filesystem already on `image` ("a ext4 file system
+/// labelled 'x'\n\tcreated on DATE"), or `None` when it finds none.
+fn existing_fs(image: &Path) -> Option<String> {
+    let f = std::fs::File::open(image).ok()?;
+    let mut head = vec![0u8; 0x10048];
+    let n = f.read_at(&mut head, 0).ok()?;
+    head.truncate(n);
+    let le16 = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+    let le32 = |b: &[u8], o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+    if head.len() >= 2048 && le16(&head, 1024 + 0x38) == 0xEF53 {
+        let sb = &head[1024..2048];
+        let (compat, incompat, ro) = (le32(sb, 0x5C), le32(sb, 0x60), le32(sb, 0x64));
+        // blkid's rule: ext4 features (extents, 64bit, flex_bg, huge_file, gdt_csum,
+        // dir_nlink, extra_isize, metadata_csum...), else a journal makes ext3.
+        let kind = if incompat & 0x2C0 != 0 || ro & 0x478 != 0 {
+            "ext4"
+        } else if compat & 0x4 != 0 {
+            "ext3"
+        } else {
+            "ext2"
+        };
+        let cstr = |b: &[u8]| {
+            let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+            String::from_utf8_lossy(&b[..end]).into_owned()
+        };
+        let mut s = format!("a {kind} file system");
+        let label = cstr(&sb[0x78..0x88]);
+        if !label.is_empty() {
+            s.push_str(&format!(" labelled '{label}'"));
+        }
+        let time = |lo: usize, hi: usize| i64::from(le32(sb, lo)) | i64::from(sb[hi]) << 32;
+        let (mounted, made, written) = (time(0x2C, 0x275), time(0x108, 0x277), time(0x30, 0x274));
+        let last_dir = cstr(&sb[0x88..0xC8]);
+        if mounted != 0 && !last_dir.is_empty() {
+            s.push_str(&format!(
+                "\n\tlast mounted on {last_dir} on {}",
+                crate::timefmt::ctime(mounted)
+            ));
+        } else if mounted != 0 {
+            s.push_str(&format!(
+                "\n\tlast mounted on {}",
+                crate::timefmt::ctime(mounted)
+            ));
+        } else if made != 0 {
+            s.push_str(&format!("\n\tcreated on {}", crate::timefmt::ctime(made)));
+        } else if written != 0 {
+            s.push_str(&format!(
+                "\n\tlast modified on {}",
+                crate::timefmt::ctime(written)
+            ));
+        }
+        return Some(s);
+    }
+    if head.starts_with(b"XFSB") {
+        return Some("a xfs file system".into());
+    }
+    if head.get(0x10040..0x10048) == Some(b"_BHRfS_M") {
+        return Some("a btrfs file system".into());
+    }
+    None
+}
+
+/// mke2fs's question before overwriting a filesystem: on a terminal only, unless -F.
+/// Ok(false): the user said no.
+fn confirm_overwrite(args: &MkfsArgs) -> bool {
+    if args.force > 0 || !std::io::stdin().is_terminal() || !std::io::stdout().is_terminal() {
+        return true;
+    }
+    let Some(what) = existing_fs(&args.image) else {
+        return true;
+    };
+    term::out(&format!(
+        "{} contains {what}\nProceed anyway? (y,N) ",
+        args.image.display()
+    ));
+    let mut answer = Vec::new();
+    let mut byte = [0u8; 1];
+    let mut stdin = std::io::stdin().lock();
+    while let Ok(1) = stdin.read(&mut byte) {
+        if byte[0] == b'\n' {
+            break;
+        }
+        answer.push(byte[0]);
+    }
+    matches!(answer.first(), Some(b'y' | b'Y'))
 }
 
 /// The lines mke2fs prints, without its progress counters.
@@ -147,63 +275,73 @@ fn summary(r: &MkfsReport) -> String {
     s
 }
 
-pub fn run(args: MkfsArgs) -> Result<(), String> {
-    let mut opts = options(&args)?;
-    // -d is done here, after the format, through the same copy-in as `rext4 cp -r`.
-    let populate = opts.populate_from.take();
+pub fn run(args: MkfsArgs) -> Result<(), Failure> {
+    let opts = options(&args).map_err(|e| (2, e))?;
     let image = &args.image;
+    let size = match &args.size {
+        Some(s) => Some(
+            mkfs::parse_size(s, args.block_size)
+                .ok_or_else(|| (2, format!("invalid filesystem size: '{s}'")))?,
+        ),
+        None => None,
+    };
+    if let Some(src) = &args.populate {
+        match std::fs::metadata(src) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Err((1, format!("{}: Not a directory", src.display()))),
+            Err(e) => return Err((1, format!("{}: {}", src.display(), term::io_reason(&e)))),
+        }
+    }
     let meta = std::fs::metadata(image).ok();
     let is_device = meta.as_ref().is_some_and(|m| {
         use std::os::unix::fs::FileTypeExt;
         m.file_type().is_block_device()
     });
-    let size = match &args.size {
-        Some(s) => Some(
-            mkfs::parse_size(s, args.block_size)
-                .ok_or_else(|| format!("invalid filesystem size: {s}"))?,
-        ),
-        None => None,
-    };
     // An existing image must not be formatted under a mount or another writer (the
     // same flock `rext4 mount` and the write commands take); held for the format only,
     // since the -d copy-in below takes it again itself.
     let lock = match meta {
-        Some(_) => Some(rext4_fuse::lock_image(image, true)?),
+        Some(_) => Some(rext4_fuse::lock_image(image, true).map_err(|e| (1, e))?),
         None => None,
     };
+    if !confirm_overwrite(&args) {
+        return Err((1, String::new()));
+    }
+    let failed = |e: rext4::Error| (1, format!("{}: {}", image.display(), reason(&e)));
     let report = if is_device {
-        let dev = FileDevice::open(image, false, false)
-            .map_err(|e| format!("{}: {e}", image.display()))?;
-        opts.size_bytes = size;
-        let r = mkfs::mkfs(&dev, &opts).map_err(|e| format!("{}: {e}", image.display()))?;
-        dev.flush()
-            .map_err(|e| format!("{}: {e}", image.display()))?;
+        let dev = FileDevice::open(image, false, false).map_err(|e| failed(e.into()))?;
+        let opts = MkfsOptions {
+            size_bytes: size,
+            ..opts
+        };
+        let r = mkfs::mkfs(&dev, &opts).map_err(failed)?;
+        dev.flush().map_err(|e| failed(e.into()))?;
         r
     } else {
         let size = match (size, meta) {
             (Some(s), _) => s,
             (None, Some(m)) if m.len() > 0 => mkfs::device_fs_size(m.len(), args.block_size),
             _ => {
-                return Err(format!(
-                    "{}: give a size for a new or empty image file",
-                    image.display()
+                return Err((
+                    2,
+                    format!(
+                        "{}: give a size for a new or empty image file",
+                        image.display()
+                    ),
                 ))
             }
         };
-        mkfs::mkfs_file(image, size, &opts).map_err(|e| format!("{}: {e}", image.display()))?
+        mkfs::mkfs_file(image, size, &opts).map_err(failed)?
     };
     drop(lock);
     for w in &report.warnings {
-        eprintln!("rext4 mkfs: warning: {w}");
+        errln!("warning: {w}");
     }
     if !args.quiet {
-        print!("{}", summary(&report));
+        term::out(&summary(&report));
     }
-    if let Some(src) = populate {
-        if !src.is_dir() {
-            return Err(format!("{}: not a directory", src.display()));
-        }
-        let mut contents = src.into_os_string();
+    if let Some(src) = &args.populate {
+        let mut contents = src.clone().into_os_string();
         contents.push("/.");
         let dest = crate::spec::ImagePath {
             image: image.clone(),
@@ -211,17 +349,17 @@ pub fn run(args: MkfsArgs) -> Result<(), String> {
         };
         let opts = crate::write_cmds::CpInOptions {
             recursive: true,
-            progress: !args.quiet && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            progress: !args.quiet && std::io::stderr().is_terminal(),
+            verbose: false,
         };
         crate::write_cmds::cp_in(
             &[PathBuf::from(contents)],
             &dest,
             &format!("{}:/", image.display()),
             opts,
-        )
-        .map_err(|(_, m)| m)?;
-        if !args.quiet {
-            println!("Copying files into the device: done");
+        )?;
+        if !args.quiet && crate::interrupt::requested().is_none() {
+            term::out("Copying files into the device: done\n");
         }
     }
     Ok(())
@@ -273,6 +411,11 @@ mod tests {
         assert_eq!(o.features.remove.compat, 0x4);
         assert_eq!(o.features.add.compat, 0x1000);
         assert!(options(&parse(&["-E", "stride=4", "img"])).is_err());
+        assert!(options(&parse(&["-E", "root_owner=1", "img"])).is_err());
+        let o = options(&parse(&["-E", "root_owner=12:34,hash_seed=random", "img"]));
+        assert!(o.is_err(), "hash_seed=random is not a UUID");
+        let o = options(&parse(&["-E", "root_owner=12:34", "img"])).expect("options");
+        assert_eq!(o.root_owner, Some((12, 34)));
         assert!(options(&parse(&["-U", "nope", "img"])).is_err());
         assert!(options(&parse(&["-t", "ext3", "img"])).is_err());
     }

@@ -1,12 +1,199 @@
-//! `rext4 ls`, `rext4 stat`, `rext4 cat`.
+//! `rext4 ls`, `rext4 stat`, `rext4 cat`, `rext4 info`'s output: the reading commands.
+//!
+//! Like coreutils, each takes several IMAGE:/path operands (in one image or several):
+//! `cat` concatenates, `stat` prints each, `ls` lists the files named first, then each
+//! directory under a "OPERAND:" header when there are several operands. An operand
+//! that fails is reported on standard error and the others are still printed; the exit
+//! code is then 1. A closed standard output ends the command as it ends cat (see
+//! `term`).
 
 use std::ffi::OsStr;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
 
-use rext4::{FileType, Fs, Metadata};
+use rext4::{FileType, Fs, Ino, Metadata};
 
+use crate::term::{self, errln};
 use crate::timefmt::{iso, ls_time};
+
+/// Why printing one operand stopped.
+pub enum ShowError {
+    /// Writing to standard output failed.
+    Out(std::io::Error),
+    /// The engine failed (missing path, corrupt image...).
+    Fs(rext4::Error),
+}
+
+impl From<std::io::Error> for ShowError {
+    fn from(e: std::io::Error) -> Self {
+        ShowError::Out(e)
+    }
+}
+
+impl From<rext4::Error> for ShowError {
+    fn from(e: rext4::Error) -> Self {
+        ShowError::Fs(e)
+    }
+}
+
+type ShowResult = Result<(), ShowError>;
+type Failure = (u8, String);
+
+/// One write(2) per buffer, not per line: `ls` of a big directory prints many lines.
+fn stdout() -> std::io::BufWriter<std::io::StdoutLock<'static>> {
+    std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock())
+}
+
+/// Write all of `bytes` to standard output (`rext4 info`).
+pub fn write_out(bytes: &[u8]) -> Result<(), Failure> {
+    let mut out = stdout();
+    out.write_all(bytes)
+        .and_then(|()| out.flush())
+        .map_err(|e| term::reader_output_error(&e))
+}
+
+/// The images the operands name, each opened once (read-only).
+#[derive(Default)]
+struct Images {
+    open: Vec<(PathBuf, Fs)>,
+}
+
+impl Images {
+    /// The operand's image and path, or the reason it has none (printed by the caller).
+    fn get(&mut self, arg: &str) -> Result<(Fs, Vec<u8>), Failure> {
+        let s = crate::split(arg).map_err(|e| (2, e))?;
+        if let Some((_, fs)) = self.open.iter().find(|(p, _)| *p == s.image) {
+            return Ok((fs.clone(), s.path));
+        }
+        let fs = crate::open(&s.image).map_err(|e| (1, e))?;
+        self.open.push((s.image, fs.clone()));
+        Ok((fs, s.path))
+    }
+}
+
+/// Every operand must be IMAGE:/path; a malformed one is a usage error before any
+/// output.
+fn check_operands(args: &[String]) -> Result<(), Failure> {
+    for a in args {
+        crate::split(a).map_err(|e| (2, e))?;
+    }
+    Ok(())
+}
+
+/// Run `each` on every operand in order; errors of one are printed and the others run.
+fn for_each_operand(
+    args: &[String],
+    mut each: impl FnMut(&Fs, &[u8], &mut dyn Write) -> ShowResult,
+) -> Result<(), Failure> {
+    check_operands(args)?;
+    let mut images = Images::default();
+    let mut out = stdout();
+    let mut failed = false;
+    for a in args {
+        let r = match images.get(a) {
+            Ok((fs, path)) => each(&fs, &path, &mut out),
+            Err((_, m)) => {
+                out.flush().map_err(|e| term::reader_output_error(&e))?;
+                errln!("{m}");
+                failed = true;
+                continue;
+            }
+        };
+        failed |= settle(r, a, &mut out)?;
+    }
+    out.flush().map_err(|e| term::reader_output_error(&e))?;
+    if failed {
+        Err((1, String::new()))
+    } else {
+        Ok(())
+    }
+}
+
+/// The outcome of printing operand `arg`: a failed output ends the command; an engine
+/// error is reported after what was printed before it, as cat does, and the command
+/// goes on (`Ok(true)`: this operand failed).
+fn settle(r: ShowResult, arg: &str, out: &mut impl Write) -> Result<bool, Failure> {
+    match r {
+        Ok(()) => Ok(false),
+        Err(ShowError::Out(e)) => Err(term::reader_output_error(&e)),
+        Err(ShowError::Fs(e)) => {
+            out.flush().map_err(|e| term::reader_output_error(&e))?;
+            errln!("{arg}: {}", term::reason(&e));
+            Ok(true)
+        }
+    }
+}
+
+/// `rext4 cat IMAGE:/path...`
+pub fn cat_all(args: &[String]) -> Result<(), Failure> {
+    for_each_operand(args, |fs, path, out| cat(fs, path, out))
+}
+
+/// `rext4 stat IMAGE:/path...`
+pub fn stat_all(args: &[String]) -> Result<(), Failure> {
+    for_each_operand(args, |fs, path, out| stat(fs, path, out))
+}
+
+/// `rext4 ls [-l] IMAGE:/path...`: files named on the command line first (sorted),
+/// then each directory, under an "OPERAND:" header when there are several operands.
+pub fn ls_all(args: &[String], long: bool) -> Result<(), Failure> {
+    check_operands(args)?;
+    let mut images = Images::default();
+    let mut failed = false;
+    let mut files = Vec::new();
+    let mut dirs = Vec::new();
+    for a in args {
+        let r = images.get(a).and_then(|(fs, path)| {
+            let p = std::path::Path::new(OsStr::from_bytes(&path));
+            match fs.symlink_metadata(p) {
+                Ok(m) => Ok((fs, m)),
+                Err(e) => Err((1, format!("{a}: {}", term::reason(&e)))),
+            }
+        });
+        match r {
+            Ok((fs, m)) if m.is_dir() => dirs.push((a, fs, m.ino)),
+            Ok((fs, m)) => files.push((a, fs, m.ino)),
+            Err((_, m)) => {
+                errln!("{m}");
+                failed = true;
+            }
+        }
+    }
+    files.sort_by(|x, y| x.0.cmp(y.0));
+    dirs.sort_by(|x, y| x.0.cmp(y.0));
+    let mut out = stdout();
+    for (a, fs, ino) in &files {
+        let r = list(fs, vec![(a.as_bytes().to_vec(), *ino)], long, &mut out);
+        failed |= settle(r, a, &mut out)?;
+    }
+    let headers = args.len() > 1;
+    let mut printed = !files.is_empty();
+    for (a, fs, ino) in &dirs {
+        let r = (|| -> ShowResult {
+            if headers {
+                if printed {
+                    writeln!(out)?;
+                }
+                writeln!(out, "{a}:")?;
+            }
+            printed = true;
+            let entries = fs
+                .read_dir_ino(*ino)?
+                .into_iter()
+                .map(|e| (e.name, e.ino))
+                .collect();
+            list(fs, entries, long, &mut out)
+        })();
+        failed |= settle(r, a, &mut out)?;
+    }
+    out.flush().map_err(|e| term::reader_output_error(&e))?;
+    if failed {
+        Err((1, String::new()))
+    } else {
+        Ok(())
+    }
+}
 
 pub fn mode_string(m: &Metadata) -> String {
     let t = match m.file_type {
@@ -62,17 +249,8 @@ fn name_str(b: &[u8]) -> String {
         .collect()
 }
 
-pub fn ls(fs: &Fs, path: &[u8], long: bool, out: &mut dyn Write) -> rext4::Result<()> {
-    let p = std::path::Path::new(OsStr::from_bytes(path));
-    let meta = fs.symlink_metadata(p)?;
-    let mut entries: Vec<(Vec<u8>, rext4::Ino)> = if meta.is_dir() {
-        fs.read_dir(p)?
-            .into_iter()
-            .map(|e| (e.name, e.ino))
-            .collect()
-    } else {
-        vec![(path.to_vec(), meta.ino)]
-    };
+/// Print `entries` (name, inode), sorted, one per line or in `ls -l`'s long format.
+fn list(fs: &Fs, mut entries: Vec<(Vec<u8>, Ino)>, long: bool, out: &mut dyn Write) -> ShowResult {
     entries.sort();
     let t = now();
     for (name, ino) in entries {
@@ -105,7 +283,7 @@ pub fn ls(fs: &Fs, path: &[u8], long: bool, out: &mut dyn Write) -> rext4::Resul
     Ok(())
 }
 
-pub fn stat(fs: &Fs, path: &[u8], out: &mut dyn Write) -> rext4::Result<()> {
+fn stat(fs: &Fs, path: &[u8], out: &mut dyn Write) -> ShowResult {
     let p = std::path::Path::new(OsStr::from_bytes(path));
     let m = fs.symlink_metadata(p)?;
     let kind = match m.file_type {
@@ -185,7 +363,7 @@ pub fn stat(fs: &Fs, path: &[u8], out: &mut dyn Write) -> rext4::Result<()> {
     Ok(())
 }
 
-pub fn cat(fs: &Fs, path: &[u8], out: &mut dyn Write) -> rext4::Result<()> {
+fn cat(fs: &Fs, path: &[u8], out: &mut dyn Write) -> ShowResult {
     let p = std::path::Path::new(OsStr::from_bytes(path));
     let f = fs.open_file(p)?;
     let mut buf = vec![0u8; 1 << 20];
@@ -198,6 +376,5 @@ pub fn cat(fs: &Fs, path: &[u8], out: &mut dyn Write) -> rext4::Result<()> {
         out.write_all(&buf[..n])?;
         off += n as u64;
     }
-    out.flush()?;
     Ok(())
 }

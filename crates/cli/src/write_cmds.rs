@@ -4,11 +4,16 @@
 //! marks the image clean; its error is reported), also after a failed operation.
 //!
 //! Conventions (coreutils-like): several operands are processed one after the other, an
-//! error on one is printed ("rext4 rm: IMAGE:/x: no such file or directory", the engine
-//! error's Display as the reason) and the others still run; the exit code is 1 if any
-//! failed. Bad operands (not IMAGE:/path, different images for `mv`/`ln`) are usage
-//! errors (exit 2). New inodes belong to the caller (euid/egid); `cp` keeps the source
-//! owner when run as root, as `cp -a` does.
+//! error on one is printed ("rext4 rm: IMAGE:/x: No such file or directory", worded by
+//! `term::reason`) and the others still run; the exit code is 1 if any failed. Bad
+//! operands (not IMAGE:/path, different images for `mv`/`ln`, a malformed mode, owner
+//! or size) are usage errors (exit 2). New inodes belong to the caller (euid/egid);
+//! `cp` keeps the source owner when run as root, as `cp -a` does.
+//!
+//! SIGINT/SIGTERM/SIGHUP (`interrupt`): the commands stop between operands, `rm -r`
+//! between entries, `cp` between files and between 1 MiB chunks of a file (the file
+//! in progress is then removed, so every file left is whole), and the image is closed
+//! as on success.
 //!
 //! `cp` into an image (`cp_in`) copies like `cp -a`: modes, owners (root), atime and
 //! mtime with nanoseconds, symlinks, hard links (grouped by host (dev, ino)), device
@@ -17,7 +22,9 @@
 //! host filesystem lacks them). Directory times are set after their contents. An
 //! existing non-directory target is replaced (like `cp --remove-destination`), an
 //! existing directory is merged into. The image file itself is never copied into
-//! itself.
+//! itself. `-v` prints "'SRC' -> 'IMAGE:/path'" once a file is complete in the engine
+//! (it reaches the image with the commit at close). A destination ending in "/" must
+//! be a directory, or be made from a source directory, as with cp(1).
 
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr, OsString};
@@ -29,7 +36,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rext4::format::inode::mode as imode;
 use rext4::{Error, Fs, FsOptions, Ino, SetAttr, Timestamp, XattrFlags};
 
+use crate::interrupt;
+use crate::mode::{self, ModeSpec};
 use crate::spec::{self, ImagePath};
+use crate::term::{self, errln, reason};
 
 /// A failed command: exit code and message ("" when the details were printed already).
 pub type Failure = (u8, String);
@@ -50,7 +60,8 @@ pub fn open_rw(image: &Path) -> Result<Fs, String> {
     // until the process exits (these commands are short-lived).
     static LOCKS: std::sync::Mutex<Vec<(PathBuf, std::fs::File)>> =
         std::sync::Mutex::new(Vec::new());
-    let key = std::fs::canonicalize(image).unwrap_or_else(|_| image.to_path_buf());
+    let key = std::fs::canonicalize(image)
+        .map_err(|e| format!("{}: {}", image.display(), term::io_reason(&e)))?;
     let mut locks = LOCKS.lock().unwrap_or_else(|p| p.into_inner());
     if !locks.iter().any(|(k, _)| *k == key) {
         let lock = rext4_fuse::lock_image(image, true)?;
@@ -68,9 +79,9 @@ pub fn open_rw(image: &Path) -> Result<Fs, String> {
             ..FsOptions::default()
         },
     )
-    .map_err(|e| format!("{}: {e}", image.display()))?;
+    .map_err(|e| format!("{}: {}", image.display(), reason(&e)))?;
     for w in fs.warnings() {
-        eprintln!("rext4: warning: {}: {w}", image.display());
+        errln!("warning: {}: {w}", image.display());
     }
     Ok(fs)
 }
@@ -79,9 +90,12 @@ pub fn open_rw(image: &Path) -> Result<Fs, String> {
 pub fn close(fs: &Fs, image: &Path, result: Result<(), Failure>) -> Result<(), Failure> {
     match (fs.close(), result) {
         (Ok(()), r) => r,
-        (Err(e), Ok(())) => Err((1, format!("{}: closing the image: {e}", image.display()))),
+        (Err(e), Ok(())) => Err((
+            1,
+            format!("{}: closing the image: {}", image.display(), reason(&e)),
+        )),
         (Err(e), Err(f)) => {
-            eprintln!("rext4: {}: closing the image: {e}", image.display());
+            errln!("{}: closing the image: {}", image.display(), reason(&e));
             Err(f)
         }
     }
@@ -95,9 +109,9 @@ pub fn parse_specs(args: &[String]) -> Result<Vec<ImagePath>, Failure> {
 }
 
 /// Run `op` on every operand, opening each image once for a run of operands naming it.
-/// Errors are printed as "rext4 CMD: OPERAND: reason"; exit 1 if any failed.
+/// Errors are printed as "rext4 CMD: OPERAND: reason"; exit 1 if any failed. A signal
+/// stops it between operands.
 fn for_each(
-    cmd: &str,
     args: &[String],
     mut op: impl FnMut(&Fs, &[u8]) -> rext4::Result<()>,
 ) -> Result<(), Failure> {
@@ -106,10 +120,13 @@ fn for_each(
     let mut i = 0;
     while i < specs.len() {
         let image = specs[i].image.clone();
+        if interrupt::requested().is_some() {
+            break;
+        }
         let fs = match open_rw(&image) {
             Ok(fs) => fs,
             Err(e) => {
-                eprintln!("rext4 {cmd}: {e}");
+                errln!("{e}");
                 failed = true;
                 i += 1;
                 while i < specs.len() && specs[i].image == image {
@@ -119,15 +136,19 @@ fn for_each(
             }
         };
         while i < specs.len() && specs[i].image == image {
+            if interrupt::requested().is_some() {
+                i = specs.len();
+                break;
+            }
             if let Err(e) = op(&fs, &specs[i].path) {
-                eprintln!("rext4 {cmd}: {}: {e}", args[i]);
+                errln!("{}: {}", args[i], reason(&e));
                 fs.note_error(&e);
                 failed = true;
             }
             i += 1;
         }
         if let Err(e) = fs.close() {
-            eprintln!("rext4 {cmd}: {}: closing the image: {e}", image.display());
+            errln!("{}: closing the image: {}", image.display(), reason(&e));
             failed = true;
         }
     }
@@ -150,12 +171,14 @@ fn base_name(path: &[u8]) -> Option<&[u8]> {
         .filter(|c| !matches!(*c, b"." | b".."))
 }
 
-/// Parse an octal permission mode ("755", "0644", "4755").
-pub fn parse_octal_mode(s: &str) -> Result<u32, Failure> {
-    u32::from_str_radix(s, 8)
-        .ok()
-        .filter(|m| *m <= 0o7777 && !s.is_empty())
-        .ok_or_else(|| (2, format!("invalid mode: {s:?} (expected octal, e.g. 755)")))
+/// Parse a permission mode, octal or symbolic (see `mode`).
+pub fn parse_mode(s: &str) -> Result<ModeSpec, Failure> {
+    ModeSpec::parse(s).ok_or_else(|| {
+        (
+            2,
+            format!("invalid mode: '{s}' (octal, e.g. 755, or symbolic, e.g. u+x,go-w)"),
+        )
+    })
 }
 
 // ---------------------------------------------------------------------------------
@@ -163,12 +186,13 @@ pub fn parse_octal_mode(s: &str) -> Result<u32, Failure> {
 
 /// `rext4 mkdir [-p] [-m MODE] IMAGE:/path...`
 pub fn mkdir(parents: bool, mode: Option<&str>, args: &[String]) -> Result<(), Failure> {
+    // As mkdir(1): a symbolic mode applies to a=rwx (with the umask for no class).
     let perm = match mode {
-        Some(m) => parse_octal_mode(m)?,
+        Some(m) => parse_mode(m)?.apply(0o777, true, mode::umask()),
         None => 0o755,
     };
     let (uid, gid) = caller();
-    for_each("mkdir", args, |fs, path| {
+    for_each(args, |fs, path| {
         if parents {
             // Each prefix is resolved from the root, so symlinked components are
             // followed as mkdir -p does.
@@ -201,7 +225,7 @@ pub fn mkdir(parents: bool, mode: Option<&str>, args: &[String]) -> Result<(), F
 
 /// `rext4 rm [-r] [-f] [-d] IMAGE:/path...`
 pub fn rm(recursive: bool, force: bool, dirs: bool, args: &[String]) -> Result<(), Failure> {
-    for_each("rm", args, |fs, path| {
+    for_each(args, |fs, path| {
         let ino = match fs.resolve(path, false) {
             Err(Error::NotFound) if force => return Ok(()),
             r => r?,
@@ -213,7 +237,12 @@ pub fn rm(recursive: bool, force: bool, dirs: bool, args: &[String]) -> Result<(
         }
         if fs.stat_ino(ino)?.is_dir() {
             if recursive {
-                fs.remove_dir_all(OsStr::from_bytes(path))
+                let (parent, name) = fs.parent_and_name(path)?;
+                remove_tree(fs, ino)?;
+                if interrupt::requested().is_some() {
+                    return Ok(());
+                }
+                fs.rmdir_ino(parent, name)
             } else if dirs {
                 fs.remove_dir(OsStr::from_bytes(path))
             } else {
@@ -223,6 +252,26 @@ pub fn rm(recursive: bool, force: bool, dirs: bool, args: &[String]) -> Result<(
             fs.remove_file(OsStr::from_bytes(path))
         }
     })
+}
+
+/// Remove everything below directory `dir`, one entry at a time so that a signal stops
+/// it between entries (what is removed is removed; the rest stays whole).
+fn remove_tree(fs: &Fs, dir: Ino) -> rext4::Result<()> {
+    for e in fs.read_dir_ino(dir)? {
+        if interrupt::requested().is_some() {
+            return Ok(());
+        }
+        if fs.stat_ino(e.ino)?.is_dir() {
+            remove_tree(fs, e.ino)?;
+            if interrupt::requested().is_some() {
+                return Ok(());
+            }
+            fs.rmdir_ino(dir, &e.name)?;
+        } else {
+            fs.unlink_ino(dir, &e.name)?;
+        }
+    }
+    Ok(())
 }
 
 /// Operands that must all name the same image: (image, paths).
@@ -265,7 +314,7 @@ pub fn mv(args: &[String]) -> Result<(), Failure> {
         .and_then(|i| fs.stat_ino(i))
         .is_ok_and(|m| m.is_dir());
     if srcs.len() > 1 && !dest_is_dir {
-        let r = Err((1, format!("{}: not a directory", args[args.len() - 1])));
+        let r = Err((1, format!("{}: Not a directory", args[args.len() - 1])));
         return close(&fs, &image, r);
     }
     for (i, src) in srcs.iter().enumerate() {
@@ -278,7 +327,7 @@ pub fn mv(args: &[String]) -> Result<(), Failure> {
             fs.rename_ino(p1, n1, p2, &n2, rext4::RenameFlags::default())
         })();
         if let Err(e) = r {
-            eprintln!("rext4 mv: {} -> {}: {e}", args[i], args[args.len() - 1]);
+            errln!("{} -> {}: {}", args[i], args[args.len() - 1], reason(&e));
             failed = true;
         }
     }
@@ -323,55 +372,37 @@ pub fn ln(symbolic: bool, target: &OsStr, link: &str) -> Result<(), Failure> {
     .map_err(|e| {
         (
             1,
-            format!("ln: {link} -> {}: {e}", String::from_utf8_lossy(&tpath)),
+            format!(
+                "{link} -> {}: {}",
+                String::from_utf8_lossy(&tpath),
+                reason(&e)
+            ),
         )
     });
     close(&fs, &image, r)
 }
 
-/// `rext4 chmod MODE IMAGE:/path...` (octal; follows symlinks, like chmod).
+/// `rext4 chmod MODE IMAGE:/path...` (octal or symbolic; follows symlinks, like chmod).
 pub fn chmod(mode: &str, args: &[String]) -> Result<(), Failure> {
-    let m = parse_octal_mode(mode)?;
-    for_each("chmod", args, |fs, path| {
+    let spec = parse_mode(mode)?;
+    let umask = mode::umask();
+    for_each(args, |fs, path| {
         let ino = fs.resolve(path, true)?;
+        let m = fs.stat_ino(ino)?;
         let sa = SetAttr {
-            mode: Some(m),
+            mode: Some(spec.apply(m.permissions(), m.is_dir(), umask)),
             ..SetAttr::default()
         };
         fs.setattr_ino(ino, &sa).map(|_| ())
     })
 }
 
-/// "UID", "UID:GID", "UID:", ":GID" (numeric) → (uid, gid).
-pub fn parse_owner(s: &str) -> Result<(Option<u32>, Option<u32>), Failure> {
-    let bad = || {
-        (
-            2,
-            format!("invalid owner: {s:?} (expected UID[:GID], numeric)"),
-        )
-    };
-    let num = |x: &str| -> Result<Option<u32>, Failure> {
-        if x.is_empty() {
-            Ok(None)
-        } else {
-            x.parse::<u32>().map(Some).map_err(|_| bad())
-        }
-    };
-    let (u, g) = match s.split_once(':') {
-        Some((u, g)) => (num(u)?, num(g)?),
-        None => (num(s)?, None),
-    };
-    if u.is_none() && g.is_none() {
-        return Err(bad());
-    }
-    Ok((u, g))
-}
-
-/// `rext4 chown [-h] UID[:GID] IMAGE:/path...`. As chown(2) does on Linux, a changed
-/// owner clears set-user-ID, and set-group-ID when group-executable, on non-directories.
+/// `rext4 chown [-h] OWNER[:GROUP] IMAGE:/path...` (names from the host's databases,
+/// or numbers; see `owner`). As chown(2) does on Linux, a changed owner clears
+/// set-user-ID, and set-group-ID when group-executable, on non-directories.
 pub fn chown(owner: &str, no_deref: bool, args: &[String]) -> Result<(), Failure> {
-    let (uid, gid) = parse_owner(owner)?;
-    for_each("chown", args, |fs, path| {
+    let (uid, gid) = crate::owner::parse_owner(owner).map_err(|e| (2, e))?;
+    for_each(args, |fs, path| {
         let ino = fs.resolve(path, !no_deref)?;
         let m = fs.stat_ino(ino)?;
         let mut mode = None;
@@ -397,7 +428,7 @@ pub fn chown(owner: &str, no_deref: bool, args: &[String]) -> Result<(), Failure
 /// coreutils-style SIZE: N, N with K/M/G/T/P/E (powers of 1024) or KB/MB/... (powers
 /// of 1000), optionally prefixed by '+' or '-' (relative to the current size).
 pub fn parse_size(s: &str) -> Result<(i8, u64), Failure> {
-    let bad = || (2, format!("invalid size: {s:?}"));
+    let bad = || (2, format!("invalid size: '{s}'"));
     let (rel, body) = match s.as_bytes().first() {
         Some(b'+') => (1, &s[1..]),
         Some(b'-') => (-1, &s[1..]),
@@ -427,7 +458,7 @@ pub fn parse_size(s: &str) -> Result<(i8, u64), Failure> {
 pub fn truncate(size: &str, no_create: bool, args: &[String]) -> Result<(), Failure> {
     let (rel, n) = parse_size(size)?;
     let (uid, gid) = caller();
-    for_each("truncate", args, |fs, path| {
+    for_each(args, |fs, path| {
         let ino = match fs.resolve(path, true) {
             Err(Error::NotFound) if no_create => return Ok(()),
             Err(Error::NotFound) => {
@@ -457,6 +488,8 @@ pub fn truncate(size: &str, no_create: bool, args: &[String]) -> Result<(), Fail
 pub struct CpInOptions {
     pub recursive: bool,
     pub progress: bool,
+    /// Print "'SRC' -> 'IMAGE:/path'" for every file once it is complete.
+    pub verbose: bool,
 }
 
 /// Host (dev, ino) of a file.
@@ -477,6 +510,9 @@ struct InCopier<'a> {
     /// Directory metadata taken by the progress pre-walk before it listed them (listing
     /// moves a directory's atime under relatime; the copy must keep the original).
     dir_meta: HashMap<PathBuf, std::fs::Metadata>,
+    verbose: bool,
+    /// "IMAGE:", before image paths in `-v` lines.
+    image_arg: String,
 }
 
 fn cpath(p: &Path) -> std::io::Result<CString> {
@@ -559,6 +595,9 @@ fn total_bytes(p: &Path, follow: bool, dirs: &mut HashMap<PathBuf, std::fs::Meta
     if md.is_file() {
         return md.len();
     }
+    if interrupt::requested().is_some() {
+        return 0;
+    }
     if !md.is_dir() {
         return 0;
     }
@@ -571,17 +610,58 @@ fn total_bytes(p: &Path, follow: bool, dirs: &mut HashMap<PathBuf, std::fs::Meta
         .sum()
 }
 
-/// The result of one host→image step: engine errors and host I/O errors, with context.
-type StepResult<T> = Result<T, String>;
+/// Why one host→image step did not complete.
+enum StepError {
+    /// An engine or host error, with context.
+    Failed(String),
+    /// A signal asked the command to stop (`interrupt`).
+    Interrupted,
+}
 
-fn eng(what: &str) -> impl Fn(Error) -> String + '_ {
-    move |e| format!("{what}: {e}")
+impl From<String> for StepError {
+    fn from(s: String) -> Self {
+        StepError::Failed(s)
+    }
+}
+
+type StepResult<T> = Result<T, StepError>;
+
+fn eng(what: &str) -> impl Fn(Error) -> StepError + '_ {
+    move |e| StepError::Failed(format!("{what}: {}", reason(&e)))
+}
+
+fn host(what: &str) -> impl Fn(std::io::Error) -> StepError + '_ {
+    move |e| StepError::Failed(format!("{what}: {}", term::io_reason(&e)))
+}
+
+/// `dir` + "/" + `name`, for image paths.
+fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = dir.to_vec();
+    while p.last() == Some(&b'/') {
+        p.pop();
+    }
+    p.push(b'/');
+    p.extend_from_slice(name);
+    p
 }
 
 impl InCopier<'_> {
     fn err(&mut self, msg: String) {
-        self.bar.suspend(|| eprintln!("rext4 cp: {msg}"));
+        self.bar.suspend(|| errln!("{msg}"));
         self.errors += 1;
+    }
+
+    /// `cp -v`'s line, once `dpath` is complete in the engine.
+    fn done(&self, src: &Path, dpath: &[u8]) {
+        if self.verbose {
+            let line = format!(
+                "'{}' -> '{}{}'\n",
+                src.display(),
+                self.image_arg,
+                String::from_utf8_lossy(dpath)
+            );
+            self.bar.suspend(|| term::out(&line));
+        }
     }
 
     fn owner(&self, md: &std::fs::Metadata) -> (u32, u32) {
@@ -592,10 +672,15 @@ impl InCopier<'_> {
         }
     }
 
-    /// Copy host `src` (whose metadata is `md`) to `name` in image directory `parent`.
-    fn copy(&mut self, src: &Path, md: &std::fs::Metadata, parent: Ino, name: &[u8]) {
-        if let Err(e) = self.copy_one(src, md, parent, name) {
-            self.err(e);
+    /// Copy host `src` (whose metadata is `md`) to `name` in image directory `parent`
+    /// (image path `dpath`). Nothing new is started once a signal came.
+    fn copy(&mut self, src: &Path, md: &std::fs::Metadata, parent: Ino, name: &[u8], dpath: &[u8]) {
+        if interrupt::requested().is_some() {
+            return;
+        }
+        match self.copy_one(src, md, parent, name, dpath) {
+            Ok(()) | Err(StepError::Interrupted) => {}
+            Err(StepError::Failed(e)) => self.err(e),
         }
     }
 
@@ -605,57 +690,67 @@ impl InCopier<'_> {
         md: &std::fs::Metadata,
         parent: Ino,
         name: &[u8],
+        dpath: &[u8],
     ) -> StepResult<()> {
-        let sd = src.display();
+        let sd = src.display().to_string();
         let id = (md.dev(), md.ino());
         if Some(id) == self.image_id {
             self.bar
-                .suspend(|| eprintln!("rext4 cp: {sd}: skipping the image file itself"));
+                .suspend(|| errln!("{sd}: skipping the image file itself"));
             return Ok(());
         }
-        let existing = self.fs.lookup(parent, name).map_err(eng(&sd.to_string()))?;
+        let existing = self.fs.lookup(parent, name).map_err(eng(&sd))?;
         if md.is_dir() {
             let ino = match existing {
                 Some(e) => {
-                    let m = self.fs.stat_ino(e.ino).map_err(eng(&sd.to_string()))?;
+                    let m = self.fs.stat_ino(e.ino).map_err(eng(&sd))?;
                     if !m.is_dir() {
                         return Err(format!(
-                            "{sd}: cannot overwrite non-directory {} with a directory",
-                            String::from_utf8_lossy(name)
-                        ));
+                            "{sd}: cannot overwrite non-directory '{}{}' with a directory",
+                            self.image_arg,
+                            String::from_utf8_lossy(dpath)
+                        )
+                        .into());
                     }
                     e.ino
                 }
                 None => {
                     let (u, g) = self.owner(md);
-                    self.fs
+                    let ino = self
+                        .fs
                         .mkdir_ino(parent, name, md.mode() & 0o7777, u, g)
-                        .map_err(eng(&sd.to_string()))?
+                        .map_err(eng(&sd))?;
+                    self.done(src, dpath);
+                    ino
                 }
             };
-            return self.copy_dir_contents(src, md, ino);
+            return self.copy_dir_contents(src, md, ino, dpath);
         }
         if let Some(e) = existing {
-            let m = self.fs.stat_ino(e.ino).map_err(eng(&sd.to_string()))?;
+            let m = self.fs.stat_ino(e.ino).map_err(eng(&sd))?;
             if m.is_dir() {
                 return Err(format!(
-                    "{sd}: cannot overwrite directory {} with a non-directory",
-                    String::from_utf8_lossy(name)
-                ));
+                    "{sd}: cannot overwrite directory '{}{}' with a non-directory",
+                    self.image_arg,
+                    String::from_utf8_lossy(dpath)
+                )
+                .into());
             }
             if self.links.get(&id) == Some(&e.ino) {
                 return Ok(()); // already this very file
             }
-            self.fs
-                .unlink_ino(parent, name)
-                .map_err(|e| format!("{sd}: removing the existing target: {e}"))?;
+            self.fs.unlink_ino(parent, name).map_err(|e| {
+                StepError::Failed(format!(
+                    "{sd}: removing the existing target: {}",
+                    reason(&e)
+                ))
+            })?;
         }
         if md.nlink() > 1 {
             if let Some(&ino) = self.links.get(&id) {
-                return self
-                    .fs
-                    .link_ino(ino, parent, name)
-                    .map_err(eng(&sd.to_string()));
+                self.fs.link_ino(ino, parent, name).map_err(eng(&sd))?;
+                self.done(src, dpath);
+                return Ok(());
             }
         }
         let (u, g) = self.owner(md);
@@ -666,14 +761,24 @@ impl InCopier<'_> {
             let ino = self
                 .fs
                 .mknod_ino(parent, name, u32::from(imode::S_IFREG) | perm, u, g, (0, 0))
-                .map_err(eng(&sd.to_string()))?;
-            self.copy_data(src, md.len(), ino)?;
+                .map_err(eng(&sd))?;
+            if let Err(e) = self.copy_data(src, md.len(), ino) {
+                if matches!(e, StepError::Interrupted) {
+                    // Stopped half way: remove the file, so every file left is whole.
+                    if let Err(u) = self.fs.unlink_ino(parent, name) {
+                        return Err(
+                            format!("{sd}: removing the unfinished copy: {}", reason(&u)).into(),
+                        );
+                    }
+                }
+                return Err(e);
+            }
             ino
         } else if ft.is_symlink() {
-            let target = std::fs::read_link(src).map_err(|e| format!("{sd}: {e}"))?;
+            let target = std::fs::read_link(src).map_err(host(&sd))?;
             self.fs
                 .symlink_ino(parent, name, target.as_os_str().as_bytes(), u, g)
-                .map_err(eng(&sd.to_string()))?
+                .map_err(eng(&sd))?
         } else {
             let kind = if ft.is_char_device() {
                 imode::S_IFCHR
@@ -684,18 +789,19 @@ impl InCopier<'_> {
             } else if ft.is_socket() {
                 imode::S_IFSOCK
             } else {
-                return Err(format!("{sd}: unknown file type"));
+                return Err(format!("{sd}: unknown file type").into());
             };
             let rdev = md.rdev();
             let dev = (libc::major(rdev), libc::minor(rdev));
             self.fs
                 .mknod_ino(parent, name, u32::from(kind) | perm, u, g, dev)
-                .map_err(eng(&sd.to_string()))?
+                .map_err(eng(&sd))?
         };
         if md.nlink() > 1 {
             self.links.insert(id, ino);
         }
         self.finish(src, md, ino, false);
+        self.done(src, dpath);
         Ok(())
     }
 
@@ -711,13 +817,14 @@ impl InCopier<'_> {
                         .set_xattr_ino(ino, &name, &value, XattrFlags::default())
                     {
                         self.err(format!(
-                            "{sd}: xattr {}: {e}",
-                            String::from_utf8_lossy(&name)
+                            "{sd}: xattr {}: {}",
+                            String::from_utf8_lossy(&name),
+                            reason(&e)
                         ));
                     }
                 }
             }
-            Err(e) => self.err(format!("{sd}: reading xattrs: {e}")),
+            Err(e) => self.err(format!("{sd}: reading xattrs: {}", term::io_reason(&e))),
         }
         let (u, g) = self.owner(md);
         let mut sa = SetAttr {
@@ -731,7 +838,7 @@ impl InCopier<'_> {
             sa.mode = Some(md.mode() & 0o7777);
         }
         if let Err(e) = self.fs.setattr_ino(ino, &sa) {
-            self.err(format!("{sd}: setting attributes: {e}"));
+            self.err(format!("{sd}: setting attributes: {}", reason(&e)));
         }
     }
 
@@ -740,41 +847,57 @@ impl InCopier<'_> {
         src: &Path,
         md: &std::fs::Metadata,
         ino: Ino,
+        dpath: &[u8],
     ) -> StepResult<()> {
-        let sd = src.display();
+        let sd = src.display().to_string();
         let mut entries: Vec<(OsString, PathBuf)> = std::fs::read_dir(src)
-            .map_err(|e| format!("{sd}: {e}"))?
+            .map_err(host(&sd))?
             .filter_map(|e| match e {
                 Ok(e) => Some((e.file_name(), e.path())),
                 Err(err) => {
-                    self.err(format!("{sd}: {err}"));
+                    self.err(format!("{sd}: {}", term::io_reason(&err)));
                     None
                 }
             })
             .collect();
         entries.sort();
         for (name, path) in entries {
+            if interrupt::requested().is_some() {
+                // An unfinished directory keeps the time of its last change, not the
+                // source's: it does not pass for a finished copy.
+                return Err(StepError::Interrupted);
+            }
             let md = match self.dir_meta.remove(&path) {
                 Some(m) => Ok(m),
                 None => std::fs::symlink_metadata(&path),
             };
             match md {
-                Ok(cmd) => self.copy(&path, &cmd, ino, name.as_bytes()),
-                Err(e) => self.err(format!("{}: {e}", path.display())),
+                Ok(cmd) => self.copy(
+                    &path,
+                    &cmd,
+                    ino,
+                    name.as_bytes(),
+                    &join(dpath, name.as_bytes()),
+                ),
+                Err(e) => self.err(format!("{}: {}", path.display(), term::io_reason(&e))),
             }
+        }
+        if interrupt::requested().is_some() {
+            return Err(StepError::Interrupted);
         }
         self.finish(src, md, ino, true);
         Ok(())
     }
 
-    /// Copy the bytes of host file `src` into inode `ino`, keeping holes.
+    /// Copy the bytes of host file `src` into inode `ino`, keeping holes. A signal
+    /// stops it between chunks (`StepError::Interrupted`).
     fn copy_data(&mut self, src: &Path, size: u64, ino: Ino) -> StepResult<()> {
-        let sd = src.display();
+        let sd = src.display().to_string();
         let f = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW)
             .open(src)
-            .map_err(|e| format!("{sd}: {e}"))?;
+            .map_err(host(&sd))?;
         use std::os::fd::AsRawFd;
         let fd = f.as_raw_fd();
         let mut off = 0u64;
@@ -794,23 +917,24 @@ impl InCopier<'_> {
                             zero_skip = true;
                             continue;
                         }
-                        _ => return Err(format!("{sd}: SEEK_DATA: {e}")),
+                        _ => return Err(host(&format!("{sd}: SEEK_DATA"))(e)),
                     }
                 }
                 // SAFETY: as above.
                 let h = unsafe { libc::lseek(fd, d, libc::SEEK_HOLE) };
                 if h < 0 {
                     let e = std::io::Error::last_os_error();
-                    return Err(format!("{sd}: SEEK_HOLE: {e}"));
+                    return Err(host(&format!("{sd}: SEEK_HOLE"))(e));
                 }
                 (d as u64, (h as u64).min(size))
             };
             let mut pos = data;
             while pos < hole {
+                if interrupt::requested().is_some() {
+                    return Err(StepError::Interrupted);
+                }
                 let want = ((hole - pos) as usize).min(self.buf.len());
-                let n = f
-                    .read_at(&mut self.buf[..want], pos)
-                    .map_err(|e| format!("{sd}: {e}"))?;
+                let n = f.read_at(&mut self.buf[..want], pos).map_err(host(&sd))?;
                 if n == 0 {
                     break; // the file shrank while we copied
                 }
@@ -820,24 +944,24 @@ impl InCopier<'_> {
                 if !skip {
                     self.fs
                         .write_ino_at(ino, chunk, pos)
-                        .map_err(|e| format!("{sd}: writing at {pos}: {e}"))?;
+                        .map_err(eng(&format!("{sd}: writing at {pos}")))?;
                 }
                 pos += n as u64;
                 self.bar.inc(n as u64);
             }
             off = hole.max(off + 1);
         }
-        let cur = self.fs.stat_ino(ino).map_err(eng(&sd.to_string()))?.size;
+        let cur = self.fs.stat_ino(ino).map_err(eng(&sd))?.size;
         if cur != size {
             self.fs
                 .truncate_ino(ino, size)
-                .map_err(|e| format!("{sd}: setting the size: {e}"))?;
+                .map_err(eng(&format!("{sd}: setting the size")))?;
         }
         Ok(())
     }
 }
 
-/// `rext4 cp [-r] SRC... IMAGE:/dest`: copy host files and trees into an image.
+/// `rext4 cp [-r] [-v] SRC... IMAGE:/dest`: copy host files and trees into an image.
 pub fn cp_in(
     srcs: &[PathBuf],
     dest: &ImagePath,
@@ -864,15 +988,17 @@ fn cp_in_open(
         Ok(ino) => {
             let m = fs
                 .stat_ino(ino)
-                .map_err(|e| (1, format!("{dest_arg}: {e}")))?;
+                .map_err(|e| (1, format!("{dest_arg}: {}", reason(&e))))?;
             m.is_dir().then_some(ino)
         }
         Err(Error::NotFound) => None,
-        Err(e) => return Err((1, format!("{dest_arg}: {e}"))),
+        Err(e) => return Err((1, format!("{dest_arg}: {}", reason(&e)))),
     };
     if srcs.len() > 1 && dest_dir.is_none() {
-        return Err((1, format!("target {dest_arg}: not a directory")));
+        return Err((1, format!("target '{dest_arg}': Not a directory")));
     }
+    // "IMAGE:/x/" names a directory: only a source directory may create it.
+    let dest_needs_dir = dest.path.len() > 1 && dest.path.ends_with(b"/");
     let mut dir_meta = HashMap::new();
     let bar = if opts.progress {
         let total: u64 = srcs
@@ -900,8 +1026,13 @@ fn cp_in_open(
         bar,
         buf: vec![0u8; 1 << 20],
         dir_meta,
+        verbose: opts.verbose,
+        image_arg: format!("{}:", dest.image.display()),
     };
     for src in srcs {
+        if interrupt::requested().is_some() {
+            break;
+        }
         let sd = src.display();
         // Like cp: command-line symlinks are followed unless copying recursively.
         let md = if let Some(m) = c.dir_meta.remove(src) {
@@ -914,27 +1045,33 @@ fn cp_in_open(
         let md = match md {
             Ok(m) => m,
             Err(e) => {
-                c.err(format!("{sd}: {e}"));
+                c.err(format!("{sd}: {}", term::io_reason(&e)));
                 continue;
             }
         };
         if md.is_dir() && !c.recursive {
-            c.err(format!("{sd}: is a directory (use -r)"));
+            c.err(format!("{sd}: Is a directory (use -r)"));
             continue;
         }
         let src_base = base_name(src.as_os_str().as_bytes());
         match (dest_dir, src_base) {
             // SRC/. or / copied into an existing directory: merge its contents.
             (Some(d), None) if md.is_dir() => {
-                if let Err(e) = c.copy_dir_contents(src, &md, d) {
+                if let Err(StepError::Failed(e)) = c.copy_dir_contents(src, &md, d, &dest.path) {
                     c.err(e);
                 }
             }
-            (Some(d), Some(name)) => c.copy(src, &md, d, name),
+            (Some(d), Some(name)) => c.copy(src, &md, d, name, &join(&dest.path, name)),
             (Some(_), None) => c.err(format!("{sd}: has no file name")),
+            (None, _) if dest_needs_dir && !md.is_dir() => {
+                let what = if md.is_file() { "regular file" } else { "file" };
+                c.err(format!(
+                    "cannot create {what} '{dest_arg}': Not a directory"
+                ));
+            }
             (None, _) => match fs.parent_and_name(&dest.path) {
-                Ok((p, n)) => c.copy(src, &md, p, n),
-                Err(e) => c.err(format!("{dest_arg}: {e}")),
+                Ok((p, n)) => c.copy(src, &md, p, n, &dest.path),
+                Err(e) => c.err(format!("{dest_arg}: {}", reason(&e))),
             },
         }
     }
@@ -962,21 +1099,6 @@ mod tests {
         assert!(parse_size("1x").is_err());
         assert!(parse_size("k").is_err());
         assert!(parse_size("99999999999E").is_err());
-    }
-
-    #[test]
-    fn owners_and_modes() {
-        assert_eq!(parse_owner("1000").ok(), Some((Some(1000), None)));
-        assert_eq!(parse_owner("1:2").ok(), Some((Some(1), Some(2))));
-        assert_eq!(parse_owner(":2").ok(), Some((None, Some(2))));
-        assert_eq!(parse_owner("3:").ok(), Some((Some(3), None)));
-        assert!(parse_owner(":").is_err());
-        assert!(parse_owner("root").is_err());
-        assert_eq!(parse_octal_mode("755").ok(), Some(0o755));
-        assert_eq!(parse_octal_mode("04755").ok(), Some(0o4755));
-        assert!(parse_octal_mode("9").is_err());
-        assert!(parse_octal_mode("17777").is_err());
-        assert!(parse_octal_mode("").is_err());
     }
 
     #[test]

@@ -343,7 +343,11 @@ fn errors_and_exit_codes() {
     for cmd in ["ls", "cat", "stat"] {
         let r = rext4(&[OsStr::new(cmd), &spec(p, "/nope")]);
         assert_eq!(r.code, 1, "{cmd}: {}", r.stderr);
-        assert!(r.stderr.contains("no such file"), "{cmd}: {}", r.stderr);
+        assert!(
+            r.stderr.contains("No such file or directory"),
+            "{cmd}: {}",
+            r.stderr
+        );
         assert!(r.stdout.is_empty());
     }
     let dest = rext4_testkit::TempDir::new("cli-err").expect("tempdir");
@@ -354,20 +358,24 @@ fn errors_and_exit_codes() {
         dest.join("x").as_os_str(),
     ]);
     assert_eq!(r.code, 1, "{}", r.stderr);
-    assert!(r.stderr.contains("no such file"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("No such file or directory"),
+        "{}",
+        r.stderr
+    );
     assert!(!dest.join("x").exists());
     // A directory without -r.
     let r = rext4(&[OsStr::new("cp"), &spec(p, "/d"), dest.join("x").as_os_str()]);
     assert_eq!(r.code, 1, "{}", r.stderr);
-    assert!(r.stderr.contains("is a directory"), "{}", r.stderr);
+    assert!(r.stderr.contains("Is a directory"), "{}", r.stderr);
     assert!(!dest.join("x").exists());
     // cat of a directory, ls below a file.
     let r = rext4(&[OsStr::new("cat"), &spec(p, "/d")]);
     assert_eq!(r.code, 1, "{}", r.stderr);
-    assert!(r.stderr.contains("is a directory"), "{}", r.stderr);
+    assert!(r.stderr.contains("Is a directory"), "{}", r.stderr);
     let r = rext4(&[OsStr::new("ls"), &spec(p, "/f/x")]);
     assert_eq!(r.code, 1, "{}", r.stderr);
-    assert!(r.stderr.contains("not a directory"), "{}", r.stderr);
+    assert!(r.stderr.contains("Not a directory"), "{}", r.stderr);
     // A missing image file.
     let r = rext4(&[OsStr::new("info"), dest.join("none.img").as_os_str()]);
     assert_eq!(r.code, 1, "{}", r.stderr);
@@ -442,14 +450,26 @@ fn damaged_superblocks_are_refused() {
         assert!(r.stderr.contains("checksum"), "{args:?}: {}", r.stderr);
         assert!(r.stdout.is_empty(), "{args:?} printed something");
     }
-    // A broken magic number.
+    // A magic number one bit off: a damaged ext4 superblock.
     let img = base.duplicate().expect("dup");
-    patch_superblock(img.path(), false, |sb| sb[0x38] ^= 0xFF);
+    patch_superblock(img.path(), false, |sb| sb[0x38] ^= 0x10);
     for args in cmds(img.path()) {
         let r = rext4(&args);
         assert_eq!(r.code, 1, "{args:?}: {}", r.stderr);
         assert!(r.stderr.contains("corrupted"), "{args:?}: {}", r.stderr);
         assert!(r.stderr.contains("magic"), "{args:?}: {}", r.stderr);
+    }
+    // No ext4 magic number at all (8 bits off): not an ext4 filesystem.
+    let img = base.duplicate().expect("dup");
+    patch_superblock(img.path(), false, |sb| sb[0x38] ^= 0xFF);
+    for args in cmds(img.path()) {
+        let r = rext4(&args);
+        assert_eq!(r.code, 1, "{args:?}: {}", r.stderr);
+        assert!(
+            r.stderr.contains("not an ext4 filesystem") && r.stderr.contains("magic"),
+            "{args:?}: {}",
+            r.stderr
+        );
     }
     // An unknown incompat feature (bit 31) with a valid checksum: refused, named.
     let img = base.duplicate().expect("dup");

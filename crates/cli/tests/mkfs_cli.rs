@@ -3,6 +3,7 @@
 //! two fields that must differ: "Lifetime writes" (mke2fs counts what its own write
 //! cache flushed) and the superblock "Checksum" (it covers that field).
 
+use std::path::Path;
 use std::process::Command;
 
 use rext4_testkit::{e2fsck_fn, skip, TempDir};
@@ -25,11 +26,18 @@ fn dumpe2fs(img: &std::path::Path) -> Vec<String> {
 }
 
 fn compare(size: &str, extra: &[&str]) {
+    compare_with(size, extra, "");
+}
+
+/// `compare`, with `ext` added to the -E list of both tools (mke2fs keeps only its
+/// last -E).
+fn compare_with(size: &str, extra: &[&str], ext: &str) -> TempDir {
     let d = TempDir::new("mkfs-cli").expect("tempdir");
     let ours = d.join("ours.img");
     let theirs = d.join("theirs.img");
+    let e = format!("hash_seed={SEED}{ext}");
     let st = Command::new(env!("CARGO_BIN_EXE_rext4"))
-        .args(["mkfs", "-q", "-U", UUID, "-E", &format!("hash_seed={SEED}")])
+        .args(["mkfs", "-q", "-U", UUID, "-E", &e])
         .args(extra)
         .arg(&ours)
         .arg(size)
@@ -49,7 +57,7 @@ fn compare(size: &str, extra: &[&str]) {
         .and_then(|f| f.set_len(bytes))
         .expect("create");
     let st = Command::new("mkfs.ext4")
-        .args(["-q", "-F", "-U", UUID, "-E", &format!("hash_seed={SEED}")])
+        .args(["-q", "-F", "-U", UUID, "-E", &e])
         .args(extra)
         .arg(&theirs)
         .arg(size)
@@ -71,6 +79,107 @@ fn compare(size: &str, extra: &[&str]) {
     );
     let r = e2fsck_fn(&ours);
     assert!(r.clean, "{}", r.output);
+    d
+}
+
+/// `debugfs -R "stat PATH"`, without the lines that carry the inode checksum.
+fn debugfs_stat(img: &Path, path: &str) -> String {
+    let out = Command::new("debugfs")
+        .args(["-R", &format!("stat {path}")])
+        .arg(img)
+        .env("TZ", "UTC")
+        .output()
+        .expect("debugfs");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// "User:  1000   Group:  1001" of `debugfs stat` → (uid, gid).
+fn owner_of(stat: &str) -> (u32, u32) {
+    let w: Vec<&str> = stat
+        .lines()
+        .find(|l| l.starts_with("User:"))
+        .expect("User: line")
+        .split_whitespace()
+        .collect();
+    (w[1].parse().expect("uid"), w[3].parse().expect("gid"))
+}
+
+/// -E root_owner=UID:GID gives what mke2fs gives (dumpe2fs, and debugfs's stat of the
+/// root and lost+found, inode checksums included): the root directory owned by
+/// UID:GID, lost+found still 0:0.
+#[test]
+fn root_owner_like_mke2fs() {
+    if Command::new("mkfs.ext4").arg("-V").output().is_err() {
+        return skip("mkfs.ext4 not installed");
+    }
+    let d = compare_with("64M", &[], ",root_owner=1000:1001");
+    let (ours, theirs) = (d.join("ours.img"), d.join("theirs.img"));
+    for p in ["/", "/lost+found"] {
+        assert_eq!(debugfs_stat(&ours, p), debugfs_stat(&theirs, p), "stat {p}");
+    }
+    assert_eq!(owner_of(&debugfs_stat(&ours, "/")), (1000, 1001));
+    assert_eq!(owner_of(&debugfs_stat(&ours, "/lost+found")), (0, 0));
+}
+
+/// Without root, mkfs makes the root directory the caller's (so their mount of it is
+/// writable for them); as root it stays 0:0; `-E root_owner` (no value) is the caller.
+#[test]
+fn root_directory_belongs_to_a_non_root_caller() {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return skip("needs root to run mkfs as another user");
+    }
+    let d = TempDir::new("mkfs-owner").expect("tempdir");
+    std::fs::set_permissions(
+        d.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .expect("chmod");
+    let mk = |name: &str, as_user: bool, extra: &[&str]| {
+        let img = d.join(name);
+        let mut c = Command::new(env!("CARGO_BIN_EXE_rext4"));
+        c.arg("mkfs").arg("-q").args(extra).arg(&img).arg("16M");
+        if as_user {
+            c.uid(4321).gid(4322);
+        }
+        let out = c.output().expect("rext4 mkfs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r = e2fsck_fn(&img);
+        assert!(r.clean, "{}", r.output);
+        (
+            owner_of(&debugfs_stat(&img, "/")),
+            owner_of(&debugfs_stat(&img, "/lost+found")),
+        )
+    };
+    assert_eq!(mk("user.img", true, &[]), ((4321, 4322), (0, 0)));
+    assert_eq!(mk("root.img", false, &[]), ((0, 0), (0, 0)));
+    assert_eq!(
+        mk("rootown.img", false, &["-E", "root_owner"]),
+        ((0, 0), (0, 0))
+    );
+    assert_eq!(
+        mk("user0.img", true, &["-E", "root_owner=0:0"]),
+        ((0, 0), (0, 0))
+    );
+    // The user can write to it through the API as themselves: mkdir in /.
+    let img = d.join("user.img");
+    let out = Command::new(env!("CARGO_BIN_EXE_rext4"))
+        .arg("mkdir")
+        .arg(format!("{}:/mine", img.display()))
+        .uid(4321)
+        .gid(4322)
+        .output()
+        .expect("mkdir");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

@@ -935,14 +935,14 @@ fn a_second_mount_of_the_same_image_is_refused() {
         String::from_utf8_lossy(&out.stderr).contains("in use"),
         "mkfs while mounted"
     );
-    // Unknown options are named.
+    // Unknown options are named, a usage error (exit 2).
     let out = Command::new(bin())
         .args(["mount", "-f", "-o", "rw,bogus_opt"])
         .arg(img.path())
         .arg(other.path())
         .output()
         .expect("run");
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("bogus_opt"));
     assert!(m.unmount().success());
     fsck_clean(img.path());

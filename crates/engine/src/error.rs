@@ -10,6 +10,11 @@ use rext4_format::FormatError;
 pub enum Error {
     /// The device failed.
     Io(io::Error),
+    /// The device holds no ext4 filesystem (no ext4 magic number in the superblock, or
+    /// too small to hold one): another filesystem, zeros or random bytes. The detail
+    /// says which. Distinct from [`Error::Corrupted`], which is damage to an ext4
+    /// filesystem.
+    NotExt4(String),
     /// Metadata failed a check: `what` names it, `block` is where it was read from.
     Corrupted {
         what: String,
@@ -60,6 +65,7 @@ impl Error {
         match self {
             Error::Io(e) => e.raw_os_error().unwrap_or(5),
             Error::Corrupted { .. } => 74, // EBADMSG, as the kernel reports checksum errors
+            Error::NotExt4(_) => 22,       // EINVAL, as mount(2) of the wrong type
             Error::Unsupported(_) => 95,   // EOPNOTSUPP
             Error::NotFound => 2,
             Error::NotADirectory => 20,
@@ -84,6 +90,7 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Io(e) => write!(f, "I/O error: {e}"),
+            Error::NotExt4(why) => write!(f, "not an ext4 filesystem ({why})"),
             Error::Corrupted {
                 what,
                 block: Some(b),

@@ -224,12 +224,12 @@ impl Fs {
     pub fn open_device(mut dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<Fs> {
         let mut raw = vec![0u8; SB_SIZE];
         if dev.size_bytes() < SB_OFFSET + SB_SIZE as u64 {
-            return Err(Error::corrupted(
-                "device too small to hold an ext4 superblock",
-                None,
+            return Err(Error::NotExt4(
+                "too small to hold an ext4 superblock".into(),
             ));
         }
         dev.read_at(&mut raw, SB_OFFSET)?;
+        crate::journal::check_ext4_magic(&raw)?;
         // bigalloc changes the group geometry that decoding checks: name the feature
         // rather than report its geometry as corruption.
         let ro_compat = u32::from_le_bytes([raw[0x64], raw[0x65], raw[0x66], raw[0x67]]);

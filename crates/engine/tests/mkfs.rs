@@ -496,17 +496,6 @@ fn device_with_old_data_is_initialized() {
 }
 
 #[test]
-fn populate_from_is_not_yet_supported() {
-    let dir = TempDir::new("mkfs-d").expect("temp dir");
-    let opts = MkfsOptions {
-        populate_from: Some(dir.path().to_path_buf()),
-        ..MkfsOptions::default()
-    };
-    let err = mkfs_file(&dir.join("fs.img"), 8 * M, &opts).expect_err("-d refused");
-    assert!(err.to_string().contains("not yet supported"), "{err}");
-}
-
-#[test]
 fn unbuildable_features_are_refused() {
     let dir = TempDir::new("mkfs-f").expect("temp dir");
     for spec in ["inline_data", "^extent", "bigalloc"] {

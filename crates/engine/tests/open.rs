@@ -41,6 +41,52 @@ fn unknown_incompat_is_refused_by_name() {
     }
 }
 
+/// A device without ext4's magic number (zeros, random bytes, another filesystem, a
+/// file too small for a superblock) is "not ext4", not a corrupted ext4 filesystem;
+/// an ext4 superblock with a damaged magic number or checksum stays corrupted.
+#[test]
+fn non_ext4_devices_are_told_from_damaged_ext4() {
+    let img = mkfs(&MkfsOptions::new(4096, 16 << 20)).expect("mkfs");
+    let raw = std::fs::read(img.path()).expect("read");
+    let o = SB_OFFSET as usize;
+    let mut random = vec![0u8; raw.len()];
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for b in random.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    let mut xfs = vec![0u8; raw.len()];
+    xfs[..4].copy_from_slice(b"XFSB");
+    for (label, bytes) in [
+        ("zeros", vec![0u8; raw.len()]),
+        ("random", random),
+        ("xfs", xfs),
+        ("tiny", vec![0u8; 1500]),
+    ] {
+        match common::open_patched(&Arc::new(bytes), vec![]) {
+            Err(Error::NotExt4(why)) => assert!(why.contains("ext4"), "{label}: {why}"),
+            Err(e) => panic!("{label}: wrong error {e}"),
+            Ok(_) => panic!("{label}: opened"),
+        }
+    }
+    // One flipped bit of the magic, or of the free blocks count: damage.
+    for at in [o + 0x38, o + 0x0C] {
+        let flipped = raw[at] ^ 0x04;
+        match common::open_patched(&Arc::new(raw.clone()), vec![(at as u64, flipped)]) {
+            Err(Error::Corrupted { what, .. }) => {
+                assert!(
+                    what.contains("magic") || what.contains("checksum"),
+                    "{what}"
+                )
+            }
+            Err(e) => panic!("byte {at}: wrong error {e}"),
+            Ok(_) => panic!("byte {at}: opened"),
+        }
+    }
+}
+
 #[test]
 fn unknown_ro_compat_opens_read_only_with_a_reason() {
     let img = mkfs(&MkfsOptions::new(4096, 16 << 20)).expect("mkfs");

@@ -45,15 +45,33 @@ const MAX_MAP_READS: usize = 1 << 16;
 /// Read and verify the primary ext4 superblock; returns its raw bytes too.
 pub(crate) fn read_superblock(dev: &dyn BlockDevice) -> Result<(Vec<u8>, Superblock)> {
     if dev.size_bytes() < SB_OFFSET + SB_SIZE as u64 {
-        return Err(Error::corrupted(
-            "device too small to hold an ext4 superblock",
-            None,
+        return Err(Error::NotExt4(
+            "too small to hold an ext4 superblock".into(),
         ));
     }
     let mut raw = vec![0u8; SB_SIZE];
     dev.read_at(&mut raw, SB_OFFSET)?;
+    check_ext4_magic(&raw)?;
     let sb = Superblock::decode(&raw).map_err(|e| Error::from(e.at_block(SB_OFFSET / 1024)))?;
     Ok((raw, sb))
+}
+
+/// Tell a device that holds no ext4 filesystem (another filesystem, zeros, random
+/// bytes: no magic number in the superblock) from a damaged ext4 filesystem, which
+/// `Superblock::decode` reports as corrupted. A magic number one or two bits away
+/// from ext4's is taken for damage (1 in 480 random values would pass as such).
+pub(crate) fn check_ext4_magic(raw_sb: &[u8]) -> Result<()> {
+    let magic = match raw_sb.get(0x38..0x3A) {
+        Some(b) => u16::from_le_bytes([b[0], b[1]]),
+        None => 0,
+    };
+    if (magic ^ 0xEF53).count_ones() <= 2 {
+        Ok(())
+    } else {
+        Err(Error::NotExt4(
+            "no ext4 magic number in the superblock".into(),
+        ))
+    }
 }
 
 /// A run of journal blocks `[logical, logical+len)` stored at `physical..`.

@@ -25,7 +25,7 @@ mod features;
 mod geometry;
 mod write;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use features::{FeatureSet, Features};
@@ -62,9 +62,9 @@ pub struct MkfsOptions {
     /// zeroing and mark inode tables ITABLE_ZEROED, as mke2fs does after a discard
     /// that zeroes data.
     pub device_zeroed: bool,
-    /// `-d SRCDIR`: populate the new filesystem from a directory.
-    // HOOK(mkfs -d): needs the engine's write path; `mkfs` refuses it until then.
-    pub populate_from: Option<PathBuf>,
+    /// `-E root_owner=UID:GID`: owner of the root directory; 0:0 when `None`, as
+    /// mke2fs 1.43+ does. lost+found stays 0:0 either way, as with mke2fs.
+    pub root_owner: Option<(u32, u32)>,
 }
 
 /// What was built.
@@ -99,9 +99,10 @@ pub struct MkfsReport {
     pub warnings: Vec<String>,
 }
 
-/// Create a filesystem on `dev` (its first `opts.size_bytes`, or all of it).
+/// Create a filesystem on `dev` (its first `opts.size_bytes`, or all of it). Populating
+/// it from a directory (mke2fs's `-d`) is the caller's next step, through the write
+/// API (the `rext4 mkfs -d` command copies with its `cp`).
 pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<MkfsReport> {
-    refuse_unsupported(opts)?;
     if dev.is_read_only() {
         return Err(Error::ReadOnly);
     }
@@ -164,6 +165,7 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<MkfsReport> {
             hash_seed,
             label,
             now,
+            root_owner: opts.root_owner.unwrap_or((0, 0)),
         },
         opts.device_zeroed,
     )?;
@@ -174,7 +176,6 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<MkfsReport> {
 /// Create (or truncate) the regular file `path` as a sparse image of `size_bytes` and
 /// make a filesystem in it. `opts.size_bytes` and `opts.device_zeroed` are implied.
 pub fn mkfs_file(path: &Path, size_bytes: u64, opts: &MkfsOptions) -> Result<MkfsReport> {
-    refuse_unsupported(opts)?;
     {
         let f = std::fs::OpenOptions::new()
             .write(true)
@@ -206,16 +207,6 @@ pub fn device_fs_size(device_bytes: u64, block_size: Option<u32>) -> u64 {
     } else {
         device_bytes
     }
-}
-
-/// Options refused before anything is touched.
-fn refuse_unsupported(opts: &MkfsOptions) -> Result<()> {
-    if opts.populate_from.is_some() {
-        return Err(Error::Unsupported(
-            "mkfs -d (populating from a directory) is not yet supported".into(),
-        ));
-    }
-    Ok(())
 }
 
 /// A random (version 4) UUID from the kernel's random source.

@@ -48,6 +48,8 @@ pub(crate) struct Identity {
     pub hash_seed: [u8; 16],
     pub label: [u8; 16],
     pub now: i64,
+    /// uid and gid of the root directory.
+    pub root_owner: (u32, u32),
 }
 
 /// Device writes with a byte counter.
@@ -456,6 +458,7 @@ pub(crate) fn build(
     let mut root = rec.new_file(mode::S_IFDIR | 0o755, 3, bs, 1)?;
     root.flags = flags::EXTENTS;
     root.block = ext_root(files.root_blk, 1);
+    (root.uid, root.gid) = id.root_owner;
     rec.put(ROOT_INO, &root);
 
     // lost+found.
