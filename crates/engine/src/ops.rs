@@ -728,6 +728,10 @@ impl Fs {
                         self.dir_index(),
                     );
                     self.dent_changed(new_parent, new_name, &r, now);
+                    if r.is_err() && nd.dirty {
+                        // As in `link_into`: the completed steps' record.
+                        self.write_inode(new_parent, &nd.inode)?;
+                    }
                     r?;
                     if src_dir && parent != new_parent {
                         Self::inc_dir_links(&mut nd.inode);
@@ -742,7 +746,7 @@ impl Fs {
         match whiteout {
             // The new name could not be added (no room to grow the directory): the
             // whiteout goes again.
-            Some(w) => self.keep_or_abandon(w, false, added)?,
+            Some(w) => self.keep_or_abandon(w, false, true, added)?,
             None => added?,
         }
         {
@@ -795,7 +799,7 @@ impl Fs {
         let mut inode = self.new_inode(m::S_IFCHR, uid, gid);
         inode.set_device(0, 0);
         let made = self.write_new_inode(ino, &inode);
-        self.keep_or_abandon(ino, false, made)?;
+        self.keep_or_abandon(ino, false, made.is_ok(), made)?;
         Ok(ino)
     }
 
