@@ -44,13 +44,15 @@ fi
 
 # The mount serves through FUSE-over-io_uring when the kernel offers it (Linux 6.14+,
 # off by default): turn it on as root so the tests run that transport (the suites
-# still run a /dev/fuse mount too). REXT4_TEST_URING=0 leaves the setting alone.
+# still run a /dev/fuse mount too). REXT4_TEST_URING=0 leaves the setting alone (the
+# io_uring tests then skip, which REXT4_REQUIRE_ALL=1 makes failures).
 uring=/sys/module/fuse/parameters/enable_uring
 if [ "${REXT4_TEST_URING:-1}" = 1 ] && [ -w "$uring" ] && [ "$(cat "$uring")" != Y ]; then
   echo "+ echo Y > $uring  (FUSE over io_uring for the mounts under test)"
   echo Y > "$uring"
 fi
 
+# The vendored fuser (vendor/fuser) is a workspace member: these three cover it too.
 echo "+ cargo fmt --check"
 cargo fmt --all -- --check
 echo "+ cargo clippy"
