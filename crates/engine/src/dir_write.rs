@@ -1530,9 +1530,9 @@ mod tests {
     #[test]
     fn e2fsck_and_kernel_accept_built_directories() {
         use rext4_format::superblock::Superblock;
-        use rext4_testkit::mount::{skip, LoopMount};
         use rext4_testkit::tools::{debugfs_r, debugfs_w_checked, e2fsck_fn, htree_levels};
         use rext4_testkit::tools::{mkfs, MkfsOptions};
+        use rext4_testkit::{mount::LoopMount, skip};
         use std::io::{Seek, SeekFrom, Write};
         use std::os::unix::ffi::OsStrExt;
 

@@ -6,8 +6,10 @@
 //!
 //! Workloads: many small files written and fsynced; atomic replace (write temp, fsync,
 //! rename over, fsync); deep trees with unlinks; large appends and truncates.
-//! `REXT4_CRASH_VARIANTS` (default 3) lost/torn variants per flush point; the long sweep
-//! (`REXT4_CRASH_VARIANTS=40`) builds ≥ 50,000 images.
+//! `REXT4_CRASH_VARIANTS` (default 3, what CI runs) lost/torn variants per flush point;
+//! the long sweep (`REXT4_CRASH_VARIANTS=40`) builds ≥ 50,000 images. Each sweep asserts
+//! the least number of images its workload must give (one per fsync/sync, plus the
+//! variants after each but the last) and that every recoverer recovered some.
 
 mod common;
 
@@ -46,6 +48,8 @@ struct Run {
     base: Vec<u8>,
     events: Vec<Event>,
     files: BTreeMap<String, History>,
+    /// fsync and sync calls that returned: each flushed the device at least once.
+    syncs: usize,
 }
 
 fn rw(dev: Arc<Recorder>) -> Fs {
@@ -72,6 +76,7 @@ fn small_files() -> Run {
     let dev = Arc::new(Recorder::new(base.clone()));
     let fs = rw(dev.clone());
     let mut files = BTreeMap::new();
+    let mut syncs = 0;
     fs.create_dir("/s").expect("mkdir");
     for i in 0..60u64 {
         let p = format!("/s/f{i}");
@@ -80,6 +85,7 @@ fn small_files() -> Run {
         let f = fs.create(&p).expect("create");
         f.write_all_at(&d, 0).expect("write");
         f.sync_all().expect("fsync");
+        syncs += 1;
         files.insert(
             p,
             History {
@@ -92,6 +98,7 @@ fn small_files() -> Run {
     Run {
         base,
         events: dev.take(),
+        syncs,
         files,
     }
 }
@@ -101,6 +108,7 @@ fn atomic_replace() -> Run {
     let dev = Arc::new(Recorder::new(base.clone()));
     let fs = rw(dev.clone());
     let mut h = History::default();
+    let mut syncs = 0;
     for v in 0..40u64 {
         let d = data(1000 + v, 500 + (v as usize * 91) % 2500);
         let f = fs.create("/config.tmp").expect("create tmp");
@@ -109,12 +117,14 @@ fn atomic_replace() -> Run {
         let start = dev.len();
         fs.rename("/config.tmp", "/config").expect("rename");
         fs.sync().expect("fsync dir");
+        syncs += 2;
         h.versions.push((start, dev.len(), d));
     }
     fs.close().expect("close");
     Run {
         base,
         events: dev.take(),
+        syncs,
         files: BTreeMap::from([("/config".to_string(), h)]),
     }
 }
@@ -124,6 +134,7 @@ fn deep_trees() -> Run {
     let dev = Arc::new(Recorder::new(base.clone()));
     let fs = rw(dev.clone());
     let mut files = BTreeMap::new();
+    let mut syncs = 0;
     for t in 0..6u64 {
         let start = dev.len();
         let mut p = format!("/t{t}");
@@ -135,6 +146,7 @@ fn deep_trees() -> Run {
                 .expect("write");
         }
         fs.sync().expect("sync");
+        syncs += 1;
         let durable = dev.len();
         let mut p = format!("/t{t}");
         for depth in 0..8 {
@@ -149,6 +161,7 @@ fn deep_trees() -> Run {
             let from = dev.len();
             fs.remove_dir_all(format!("/t{t}/d0/d1")).expect("rm -r");
             fs.sync().expect("sync");
+            syncs += 1;
             for (k, h) in files.iter_mut() {
                 if k.starts_with(&format!("/t{t}/d0/d1/")) {
                     h.deleted_from = Some(from);
@@ -160,6 +173,7 @@ fn deep_trees() -> Run {
     Run {
         base,
         events: dev.take(),
+        syncs,
         files,
     }
 }
@@ -171,6 +185,7 @@ fn appends_and_truncates() -> Run {
     let f = fs.create("/log").expect("create");
     let mut content: Vec<u8> = Vec::new();
     let mut h = History::default();
+    let mut syncs = 0;
     for i in 0..40u64 {
         let start = dev.len();
         if i % 7 == 6 {
@@ -183,12 +198,14 @@ fn appends_and_truncates() -> Run {
             content.extend_from_slice(&d);
         }
         f.sync_all().expect("fsync");
+        syncs += 1;
         h.versions.push((start, dev.len(), content.clone()));
     }
     fs.close().expect("close");
     Run {
         base,
         events: dev.take(),
+        syncs,
         files: BTreeMap::from([("/log".to_string(), h)]),
     }
 }
@@ -255,6 +272,7 @@ fn sweep(name: &str, run: Run, recoverers: &[&str]) -> usize {
     let path = tmp.join("img");
     let mut rng = Rng(0xC4A5_0000 ^ name.len() as u64);
     let mut images = 0;
+    let mut used = BTreeMap::new();
     let points = crash::flush_points(&run.events);
     for (k, &fp) in points.iter().enumerate() {
         let durable = fp + 1;
@@ -282,12 +300,33 @@ fn sweep(name: &str, run: Run, recoverers: &[&str]) -> usize {
             }
             check(&path, &run, durable, &label);
             images += 1;
+            *used.entry(how).or_insert(0usize) += 1;
         }
     }
     eprintln!(
-        "{name}: {images} crash images from {} flush points passed",
-        points.len()
+        "{name}: {images} crash images from {} flush points passed ({} fsync/sync calls, \
+         {variants} variants per point)",
+        points.len(),
+        run.syncs
     );
+    // Every fsync or sync that returned flushed the device, and every one but the last
+    // was followed by writes of the next step: at least one image at each, plus the
+    // lost/torn variants after all but the last. A sweep that found no flush points or
+    // built fewer images than that has not checked what it claims.
+    let least = run.syncs + variants as usize * run.syncs.saturating_sub(1);
+    assert!(
+        run.syncs > 0 && images >= least,
+        "{name}: {images} crash images from {} flush points; {} fsync/sync calls with \
+         {variants} variants each need at least {least}",
+        points.len(),
+        run.syncs
+    );
+    for how in recoverers {
+        assert!(
+            used.get(how).copied().unwrap_or(0) > 0,
+            "{name}: no image was recovered by {how}"
+        );
+    }
     images
 }
 

@@ -1284,7 +1284,9 @@ mod tests {
     /// A kernel loop mount, unmounted on drop (also when the test panics).
     struct Mount(PathBuf);
     impl Mount {
-        fn new(img: &Path, at: &Path) -> Option<Mount> {
+        /// `Err` (the reason to skip) when the mount cannot be made here.
+        fn new(img: &Path, at: &Path) -> std::result::Result<Mount, String> {
+            rext4_testkit::can_loop_mount()?;
             std::fs::create_dir_all(at).expect("mount point");
             let out = Command::new("mount")
                 .arg("-o")
@@ -1293,18 +1295,12 @@ mod tests {
                 .arg(at)
                 .output();
             match out {
-                Ok(o) if o.status.success() => Some(Mount(at.to_path_buf())),
-                Ok(o) => {
-                    eprintln!(
-                        "skipping kernel part: mount failed: {}",
-                        String::from_utf8_lossy(&o.stderr)
-                    );
-                    None
-                }
-                Err(e) => {
-                    eprintln!("skipping kernel part: cannot run mount: {e}");
-                    None
-                }
+                Ok(o) if o.status.success() => Ok(Mount(at.to_path_buf())),
+                Ok(o) => Err(format!(
+                    "mount failed: {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                )),
+                Err(e) => Err(format!("cannot run mount: {e}")),
             }
         }
     }
@@ -1324,21 +1320,20 @@ mod tests {
         }
     }
 
-    /// Run a tool; `None` (after printing why) if it is not installed.
-    fn run<S: AsRef<OsStr>>(cmd: &str, args: &[S]) -> Option<Output> {
-        match Command::new(cmd).args(args).output() {
-            Ok(o) => Some(o),
-            Err(e) => {
-                eprintln!("skipping: cannot run {cmd}: {e}");
-                None
-            }
-        }
+    /// Run a tool; `Err` if it cannot be run (not installed).
+    fn run<S: AsRef<OsStr>>(cmd: &str, args: &[S]) -> std::result::Result<Output, String> {
+        Command::new(cmd)
+            .args(args)
+            .output()
+            .map_err(|e| format!("cannot run {cmd}: {e}"))
     }
 
-    fn have_e2fsprogs() -> bool {
-        ["mkfs.ext4", "debugfs", "e2fsck", "dumpe2fs"]
-            .iter()
-            .all(|t| run(t, &["-V"]).is_some())
+    /// `Err` (the reason to skip) when a tool of e2fsprogs is missing.
+    fn have_e2fsprogs() -> std::result::Result<(), String> {
+        for t in ["mkfs.ext4", "debugfs", "e2fsck", "dumpe2fs"] {
+            run(t, &["-V"])?;
+        }
+        Ok(())
     }
 
     fn mkfs(img: &Path, block_size: usize, features: Option<&str>) {
@@ -1763,7 +1758,8 @@ mod tests {
 
     #[test]
     fn debugfs_linear_dirs() {
-        if !have_e2fsprogs() {
+        if let Err(why) = have_e2fsprogs() {
+            rext4_testkit::skip(&why);
             return;
         }
         for bs in [1024usize, 4096] {
@@ -1839,7 +1835,8 @@ mod tests {
 
     #[test]
     fn e2fsck_built_htrees() {
-        if !have_e2fsprogs() {
+        if let Err(why) = have_e2fsprogs() {
+            rext4_testkit::skip(&why);
             return;
         }
         for (bs, want_levels, features) in [
@@ -1884,8 +1881,13 @@ mod tests {
         }
     }
 
-    /// Create `names` in a new directory with the kernel; `None` if mounting is impossible.
-    fn kernel_populate(tmp: &TempDir, img: &Path, names: &[Vec<u8>]) -> Option<()> {
+    /// Create `names` in a new directory with the kernel; `Err` (the reason to skip) if
+    /// mounting is impossible.
+    fn kernel_populate(
+        tmp: &TempDir,
+        img: &Path,
+        names: &[Vec<u8>],
+    ) -> std::result::Result<(), String> {
         let mnt = tmp.0.join("mnt");
         let m = Mount::new(img, &mnt)?;
         let d = m.0.join("big");
@@ -1894,12 +1896,13 @@ mod tests {
             std::fs::File::create(d.join(OsStr::from_bytes(n))).expect("create");
         }
         drop(m);
-        Some(())
+        Ok(())
     }
 
     #[test]
     fn kernel_built_htrees() {
-        if !have_e2fsprogs() {
+        if let Err(why) = have_e2fsprogs() {
+            rext4_testkit::skip(&why);
             return;
         }
         // (block size, unsigned hash flag, expected levels)
@@ -1913,7 +1916,8 @@ mod tests {
                 debugfs_script(&img, b"ssv flags 2\n", true);
             }
             let names = make_names(5000, 40);
-            if kernel_populate(&tmp, &img, &names).is_none() {
+            if let Err(why) = kernel_populate(&tmp, &img, &names) {
+                rext4_testkit::skip(&why);
                 return;
             }
             let fs = fs_info(&img);

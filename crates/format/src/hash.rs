@@ -317,7 +317,7 @@ mod tests {
     }
 
     /// Run `dx_hash -h <version> [-s seed] NAME` for every name in one debugfs process.
-    /// Returns `None` if debugfs is not installed.
+    /// Returns `None` (after `skip`) if debugfs is not installed.
     fn debugfs_hashes(
         names: &[Vec<u8>],
         version: u8,
@@ -346,7 +346,7 @@ mod tests {
         let out = match Command::new("debugfs").arg("-f").arg(&cmds).output() {
             Ok(o) => o,
             Err(e) => {
-                eprintln!("skipping: cannot run debugfs: {e}");
+                rext4_testkit::skip(&format!("cannot run debugfs: {e}"));
                 let _ = std::fs::remove_dir_all(&dir);
                 return None;
             }

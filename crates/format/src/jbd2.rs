@@ -2343,7 +2343,7 @@ mod tests {
         use super::*;
         use std::fs::{self, File};
         use std::io::Write;
-        use std::os::unix::fs::{FileExt, MetadataExt};
+        use std::os::unix::fs::FileExt;
         use std::path::{Path, PathBuf};
         use std::process::Command;
 
@@ -2485,7 +2485,7 @@ mod tests {
         #[test]
         fn fresh_mkfs_journal_superblock() {
             if !have("mkfs.ext4") || !have("debugfs") || !have("dumpe2fs") {
-                eprintln!("skipped: mkfs.ext4/debugfs/dumpe2fs not installed");
+                rext4_testkit::skip("mkfs.ext4/debugfs/dumpe2fs not installed");
                 return;
             }
             let tmp = TempDir::new("mkfs");
@@ -2523,12 +2523,6 @@ mod tests {
             // Our fresh superblock is byte-identical to mkfs's.
             let ours = JournalSuperblock::new(sb.blocksize, sb.maxlen, sb.uuid).to_bytes();
             assert_eq!(&ours[..], &j.block(0)[..SB_SIZE]);
-        }
-
-        fn is_root() -> bool {
-            fs::metadata("/proc/self")
-                .map(|m| m.uid() == 0)
-                .unwrap_or(false)
         }
 
         /// Deterministic file contents.
@@ -2672,12 +2666,12 @@ mod tests {
 
         #[test]
         fn kernel_written_log_decodes_and_verifies() {
-            if !is_root() || !Path::new("/dev/loop-control").exists() {
-                eprintln!("skipped: needs root and loop devices to mount an image");
+            if let Err(why) = rext4_testkit::can_loop_mount() {
+                rext4_testkit::skip(&why);
                 return;
             }
             if !have("mkfs.ext4") || !have("debugfs") || !have("mount") {
-                eprintln!("skipped: mkfs.ext4/debugfs/mount not installed");
+                rext4_testkit::skip("mkfs.ext4/debugfs/mount not installed");
                 return;
             }
             let tmp = TempDir::new("mount");

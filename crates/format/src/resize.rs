@@ -320,10 +320,10 @@ pub(crate) mod test_image {
         let mut c = Command::new("mkfs.ext4");
         c.arg("-q").arg("-F").args(args).arg(img);
         if upstream {
-            c.env(
-                "MKE2FS_CONFIG",
-                "/work/shared/fixtures/mke2fs-upstream-1.47.0.conf",
-            );
+            // Found relative to the checkout (or $REXT4_SHARED), not at a fixed path.
+            let conf = rext4_testkit::upstream_conf_path()
+                .expect("shared/fixtures/mke2fs-upstream-1.47.0.conf (set REXT4_SHARED)");
+            c.env("MKE2FS_CONFIG", conf);
         }
         run(&mut c);
     }
@@ -459,20 +459,26 @@ pub(crate) mod test_image {
     pub(crate) struct Mount(PathBuf);
 
     impl Mount {
-        /// `None` when the mount cannot be made here (not root, no loop devices).
-        pub(crate) fn new(img: &Path, dir: &Path) -> Option<Mount> {
-            std::fs::create_dir_all(dir).ok()?;
-            let ok = Command::new("mount")
+        /// `Err` (the reason to skip) when the mount cannot be made here.
+        pub(crate) fn new(img: &Path, dir: &Path) -> Result<Mount, String> {
+            rext4_testkit::can_loop_mount()?;
+            std::fs::create_dir_all(dir).map_err(|e| format!("mount point: {e}"))?;
+            let out = Command::new("mount")
                 .arg("-t")
                 .arg("ext4")
                 .arg("-o")
                 .arg("loop")
                 .arg(img)
                 .arg(dir)
-                .status()
-                .ok()?
-                .success();
-            ok.then(|| Mount(dir.to_path_buf()))
+                .output()
+                .map_err(|e| format!("cannot run mount: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "mount -o loop failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            Ok(Mount(dir.to_path_buf()))
         }
     }
 

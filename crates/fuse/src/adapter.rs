@@ -28,7 +28,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,7 +39,8 @@ use fuser::{
     Filesystem, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner,
     OpenAccMode, OpenFlags, RenameFlags as FuseRenameFlags, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, StatxAttr, StatxAttributes,
+    StatxMask, TimeOrNow, WriteFlags,
 };
 use rext4::format::acl;
 use rext4::format::inode::Inode;
@@ -185,7 +185,7 @@ pub(crate) struct Shared {
     /// Whether the kernel accepted FUSE_HANDLE_KILLPRIV_V2: dropping set-ID bits and
     /// file capabilities on write, truncate and chown is then ours to do.
     killpriv: AtomicBool,
-    /// Sends invalidations to the kernel (set once the session exists).
+    /// Sends invalidations and epoch bumps to the kernel (set once the session exists).
     pub(crate) notifier: std::sync::OnceLock<fuser::Notifier>,
     /// Regular files of which the kernel may still hold what the image does not (an
     /// unclamped mtime, see `setattr`; a size past ext4's limit, see `write`) because
@@ -194,9 +194,6 @@ pub(crate) struct Shared {
     stale_times: Mutex<HashSet<Ino>>,
     /// Whether `stale_times` may be non-empty (spares RELEASE the lock).
     stale_any: AtomicBool,
-    /// A duplicate of the session's /dev/fuse descriptor, for the notification fuser's
-    /// `Notifier` does not offer (FUSE_NOTIFY_INC_EPOCH).
-    pub(crate) dev: std::sync::OnceLock<OwnedFd>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -346,7 +343,6 @@ impl Shared {
             writeback: AtomicBool::new(false),
             killpriv: AtomicBool::new(false),
             notifier: std::sync::OnceLock::new(),
-            dev: std::sync::OnceLock::new(),
             stale_times: Mutex::new(HashSet::new()),
             stale_any: AtomicBool::new(false),
         }
@@ -356,20 +352,10 @@ impl Shared {
     /// (FUSE_NOTIFY_INC_EPOCH, Linux 6.16+): a dentry older than the new epoch fails
     /// revalidation, and an inode no dentry or open file holds is then dropped, so the
     /// next lookup builds it from our attributes. It takes no lock in the kernel, so a
-    /// request handler may send it. False when the kernel refused (older kernels: EINVAL)
-    /// or there is no session.
+    /// request handler may send it. False when the kernel refused (older kernels: EINVAL;
+    /// protocol before 7.44: ENOTSUP) or there is no session.
     fn bump_epoch(&self) -> bool {
-        const FUSE_NOTIFY_INC_EPOCH: i32 = 8;
-        let Some(fd) = self.dev.get() else {
-            return false;
-        };
-        // struct fuse_out_header { u32 len; i32 error (the notification code); u64 unique (0) }
-        let mut hdr = [0u8; 16];
-        hdr[0..4].copy_from_slice(&16u32.to_ne_bytes());
-        hdr[4..8].copy_from_slice(&FUSE_NOTIFY_INC_EPOCH.to_ne_bytes());
-        // SAFETY: a write of a 16-byte buffer we own to a descriptor we own.
-        let n = unsafe { libc::write(fd.as_raw_fd(), hdr.as_ptr().cast(), hdr.len()) };
-        n == 16
+        self.notifier.get().is_some_and(|n| n.inc_epoch().is_ok())
     }
 
     /// Tell the kernel to drop its cached attributes of `ino` (after a change it cannot
@@ -931,7 +917,7 @@ impl Filesystem for Adapter {
         ino: INodeNo,
         _fh: Option<FileHandle>,
         _flags: u32,
-        _mask: u32,
+        _mask: StatxMask,
         reply: ReplyStatx,
     ) {
         let s = &self.s;
@@ -939,7 +925,15 @@ impl Filesystem for Adapter {
         let i = tri!(reply, s.load(e));
         let attr = tri!(reply, s.attr_of(e, &i));
         let (attributes, mask) = statx_attributes(i.flags);
-        reply.statx(&TTL, &attr, i.crtime.map(system_time), attributes, mask);
+        reply.statx(
+            &TTL,
+            &StatxAttr {
+                attr,
+                btime: i.crtime.map(system_time),
+                attributes: StatxAttributes::from_bits_retain(attributes),
+                attributes_mask: StatxAttributes::from_bits_retain(mask),
+            },
+        );
     }
 
     fn setattr(
@@ -1668,6 +1662,7 @@ impl Filesystem for Adapter {
         mode: u32,
         umask: u32,
         flags: i32,
+        _kill_suid_gid: bool,
         reply: ReplyCreate,
     ) {
         let s = &self.s;

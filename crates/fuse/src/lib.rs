@@ -47,7 +47,7 @@ mod adapter;
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::thread::JoinHandleExt;
 use std::path::{Path, PathBuf};
@@ -716,9 +716,6 @@ fn serve_inner(
         }
     }
     let _ = shared.notifier.set(session.notifier());
-    if let Ok(fd) = session.as_fd().try_clone_to_owned() {
-        let _ = shared.dev.set(fd);
-    }
     if opts.bdi_max_ratio > 0 && !fs_ro {
         if let Err(e) = relax_dirty_limit(mnt, opts.bdi_max_ratio) {
             if opts.debug {

@@ -7,12 +7,15 @@
 //! populated fixture (`populate_kernel`, `populate_debugfs`).
 //! Must hold: no dependency on the engine (it would make the oracle depend on the thing
 //! under test); every temp file, mount and loop device is released by a guard.
-//! Tests that need root or loop devices call `can_loop_mount()` / `LoopMount::new` and
-//! `skip(reason)` + return when they get `Err`.
+//! Tests that need root, loop devices, /dev/fuse or a tool call `can_loop_mount()` /
+//! `LoopMount::new` (or their own check) and `skip(reason)` + return when they get
+//! `Err`; `skip` is the only way a test skips, and with `REXT4_REQUIRE_ALL` set (CI) it
+//! fails the test instead (`skip` module).
 
 pub mod crash;
 pub mod fixture;
 pub mod mount;
+pub mod skip;
 pub mod tmp;
 pub mod tools;
 pub mod tree;
@@ -20,7 +23,8 @@ pub mod tree;
 pub use fixture::{
     big_dir_name, fixture_bytes, fixture_shape, populate_debugfs, populate_kernel, Fixture,
 };
-pub use mount::{can_loop_mount, skip, LoopMount};
+pub use mount::{can_loop_mount, LoopMount};
+pub use skip::{require_all, skip};
 pub use tmp::{Image, TempDir};
 pub use tools::{
     debugfs_r, debugfs_r_raw, debugfs_script, debugfs_w, debugfs_w_checked, dumpe2fs_h, e2fsck_fn,

@@ -1,7 +1,7 @@
 //! Kernel loop mounts of test images, released by a drop guard.
 //!
 //! Owns: `can_loop_mount` (may this process mount at all?), `LoopMount` (an image
-//! mounted with `mount -o loop` at a fresh `TempDir`), `skip`.
+//! mounted with `mount -o loop` at a fresh `TempDir`).
 //! Must hold: every mount is undone on drop, also while a test panics: only a few loop
 //! devices exist and a leaked one starves every later test. `mount -o loop` sets the
 //! loop device to autoclear, so `umount` also frees the loop device; a busy mount is
@@ -15,12 +15,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::tmp::TempDir;
-
-/// Prints "SKIP: reason" to stderr; call it and return early from a test that cannot run
-/// here.
-pub fn skip(reason: &str) {
-    eprintln!("SKIP: {reason}");
-}
 
 /// Whether this process can loop-mount ext4: root, `/dev/loop-control`, ext4 known to
 /// the kernel, and `REXT4_NO_MOUNT` unset. `Err` holds the reason to print.

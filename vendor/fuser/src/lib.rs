@@ -42,6 +42,8 @@ pub use crate::ll::flags::fopen_flags::FopenFlags;
 pub use crate::ll::flags::init_flags::InitFlags;
 pub use crate::ll::flags::ioctl_flags::IoctlFlags;
 pub use crate::ll::flags::poll_flags::PollFlags;
+pub use crate::ll::flags::statx_flags::StatxAttributes;
+pub use crate::ll::flags::statx_flags::StatxMask;
 pub use crate::ll::flags::write_flags::WriteFlags;
 pub use crate::ll::fuse_abi::consts;
 pub use crate::ll::request::FileHandle;
@@ -206,6 +208,33 @@ pub struct FileAttr {
     pub blksize: u32,
     /// Flags (macOS only, see chflags(2))
     pub flags: u32,
+}
+
+/// A statx(2) answer (rext4 addition, under upstream fuser's names; see VENDOR.md):
+/// the attributes stat(2) has, and what it has no room for.
+#[derive(Debug, Clone, Copy)]
+pub struct StatxAttr {
+    /// The attributes stat(2) reports too.
+    pub attr: FileAttr,
+    /// The creation time, reported only when `Some` (`STATX_BTIME`).
+    pub btime: Option<SystemTime>,
+    /// The `STATX_ATTR_*` properties the file has; they count where
+    /// `attributes_mask` has them.
+    pub attributes: StatxAttributes,
+    /// The `STATX_ATTR_*` properties this filesystem reports at all, set or not.
+    pub attributes_mask: StatxAttributes,
+}
+
+impl From<FileAttr> for StatxAttr {
+    /// What stat(2) reports, nothing more.
+    fn from(attr: FileAttr) -> Self {
+        StatxAttr {
+            attr,
+            btime: None,
+            attributes: StatxAttributes::empty(),
+            attributes_mask: StatxAttributes::empty(),
+        }
+    }
 }
 
 /// Configuration of the fuse kernel module connection
@@ -860,9 +889,12 @@ pub trait Filesystem: Send + Sync + 'static {
     }
 
     /// Create an unnamed regular file in directory `parent` and open it (O_TMPFILE;
-    /// rext4 addition, Linux 6.1+). Reply as for `create`: the new inode has no links
-    /// (nlink 0) and gets a name only through a later `link`. Without it the kernel
-    /// answers O_TMPFILE with EOPNOTSUPP.
+    /// rext4 addition under upstream fuser's signature, protocol 7.37). Reply as for
+    /// `create`: the new inode has no links (nlink 0) and gets a name only through a
+    /// later `link`. `kill_suid_gid`: the kernel asks for the set-ID bits to be
+    /// dropped (FUSE_OPEN_KILL_SUIDGID, with FUSE_HANDLE_KILLPRIV_V2). Answering ENOSYS
+    /// (the default) is final: the kernel answers O_TMPFILE with EOPNOTSUPP from then
+    /// on.
     fn tmpfile(
         &self,
         _req: &Request,
@@ -870,30 +902,32 @@ pub trait Filesystem: Send + Sync + 'static {
         mode: u32,
         umask: u32,
         flags: i32,
+        kill_suid_gid: bool,
         reply: ReplyCreate,
     ) {
         warn!(
-            "[Not Implemented] tmpfile(parent: {parent:#x?}, mode: {mode:#o}, flags: {flags:#x?})"
+            "[Not Implemented] tmpfile(parent: {parent:#x?}, mode: {mode:#o}, \
+            umask: {umask:#o}, flags: {flags:#x?}, kill_suid_gid: {kill_suid_gid})"
         );
-        let _ = umask;
         reply.error(Errno::ENOSYS);
     }
 
-    /// statx(2) of an inode when the caller asks for more than the basic stats (the
-    /// birth time; rext4 addition, Linux 6.6+). `mask` holds the STATX_* fields wanted,
-    /// `flags` the caller's AT_STATX_* synchronisation flags. Without it the kernel
-    /// answers from GETATTR and reports no birth time.
+    /// statx(2) of an inode when the caller asks for more than the basic stats, e.g.
+    /// the creation time (rext4 addition under upstream fuser's signature, protocol
+    /// 7.39). `mask` holds the fields the caller wants, `flags` its AT_STATX_*
+    /// synchronisation flags. Answering ENOSYS (the default) is final: the kernel
+    /// answers statx(2) from `getattr` from then on, without a creation time.
     fn statx(
         &self,
         _req: &Request,
         ino: INodeNo,
         fh: Option<FileHandle>,
         flags: u32,
-        mask: u32,
+        mask: StatxMask,
         reply: ReplyStatx,
     ) {
         warn!(
-            "[Not Implemented] statx(ino: {ino:#x?}, fh: {fh:?}, flags: {flags:#x}, mask: {mask:#x})"
+            "[Not Implemented] statx(ino: {ino:#x?}, fh: {fh:?}, flags: {flags:#x}, mask: {mask:?})"
         );
         reply.error(Errno::ENOSYS);
     }

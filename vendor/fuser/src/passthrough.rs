@@ -43,6 +43,10 @@ impl BackingId {
     ///
     /// This method is useful if you want to open a backing file reference without access to a reply
     /// object.
+    #[allow(
+        clippy::io_other_error,
+        reason = "upstream fuser's code as upstream has it (rext4 lints the copy with a newer clippy)"
+    )]
     pub fn create_raw(fuse_dev: impl AsFd, fd: impl AsFd) -> std::io::Result<u32> {
         if !cfg!(target_os = "linux") {
             return Err(std::io::Error::new(

@@ -11,6 +11,7 @@ use std::ffi::OsStr;
 use std::io::IoSlice;
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
+#[cfg(target_os = "macos")]
 use std::time::SystemTime;
 
 use log::error;
@@ -20,6 +21,7 @@ use crate::Errno;
 use crate::FileAttr;
 use crate::FileType;
 use crate::PollEvents;
+use crate::StatxAttr;
 use crate::channel::ChannelSender;
 use crate::ll::Generation;
 use crate::ll::INodeNo;
@@ -314,7 +316,7 @@ impl ReplyAttr {
     }
 }
 
-/// Reply to a `statx` request (rext4 addition).
+/// Reply to a `statx` request (rext4 addition under upstream fuser's name).
 #[derive(Debug)]
 pub struct ReplyStatx {
     reply: ReplyRaw,
@@ -329,24 +331,11 @@ impl Reply for ReplyStatx {
 }
 
 impl ReplyStatx {
-    /// Reply with `attr` (every basic stat) and, when `btime` is given, the birth time.
-    /// `attributes` are STATX_ATTR_* flags among those in `attributes_mask` (the ones
-    /// this filesystem reports at all).
-    pub fn statx(
-        self,
-        ttl: &Duration,
-        attr: &FileAttr,
-        btime: Option<SystemTime>,
-        attributes: u64,
-        attributes_mask: u64,
-    ) {
-        self.reply.send_ll(&ll::ResponseStruct::new_statx(
-            ttl,
-            attr,
-            btime,
-            attributes,
-            attributes_mask,
-        ));
+    /// Reply with `attr`: every basic stat, the creation time when it has one, and
+    /// its `STATX_ATTR_*` properties; the kernel may cache it for `ttl`.
+    pub fn statx(self, ttl: &Duration, attr: &StatxAttr) {
+        self.reply
+            .send_ll(&ll::ResponseStruct::new_statx(ttl, attr));
     }
 
     /// Reply to a request with the given error code

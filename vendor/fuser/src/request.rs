@@ -416,6 +416,7 @@ impl<'a> RequestWithSender<'a> {
                     x.mode(),
                     x.umask(),
                     x.flags(),
+                    x.kill_suid_gid(),
                     self.reply(),
                 );
             }
@@ -425,7 +426,7 @@ impl<'a> RequestWithSender<'a> {
                     self.request.nodeid(),
                     x.file_handle(),
                     x.flags(),
-                    x.mask(),
+                    crate::StatxMask::from_bits_retain(x.mask()),
                     self.reply(),
                 );
             }
@@ -482,7 +483,7 @@ impl<'a> RequestWithSender<'a> {
                 );
             }
             ll::Operation::Poll(x) => {
-                let ph = PollNotifier::new(se.ch.sender(), x.kernel_handle());
+                let ph = PollNotifier::new(se.ch.sender(), x.kernel_handle(), se.proto_version);
 
                 filesystem.poll(
                     self.request_header(),

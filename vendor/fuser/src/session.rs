@@ -243,6 +243,7 @@ impl<FS: Filesystem> Session<FS> {
     /// the filesystem is unmounted and the given session ends.
     pub fn spawn(self) -> io::Result<BackgroundSession> {
         let sender = self.ch.sender();
+        let proto_version = self.proto_version;
         // Take the fuse_session, so that we can unmount it
         let mount = std::mem::take(&mut *self.mount.mount.lock());
         let guard = thread::Builder::new()
@@ -251,6 +252,7 @@ impl<FS: Filesystem> Session<FS> {
         Ok(BackgroundSession {
             guard,
             sender,
+            proto_version,
             mount,
         })
     }
@@ -268,7 +270,7 @@ impl<FS: Filesystem> Session<FS> {
             mount: _do_not_umount_yet,
             allowed,
             session_owner,
-            proto_version: _,
+            proto_version,
             config,
             #[cfg(target_os = "linux")]
             uring,
@@ -326,6 +328,7 @@ impl<FS: Filesystem> Session<FS> {
                     ch: template.clone(),
                     allowed,
                     session_owner,
+                    proto_version,
                 }
             })?);
         }
@@ -338,6 +341,7 @@ impl<FS: Filesystem> Session<FS> {
                 ch,
                 allowed,
                 session_owner,
+                proto_version,
             };
             threads.push(
                 thread::Builder::new()
@@ -553,7 +557,7 @@ impl<FS: Filesystem> Session<FS> {
 
     /// Returns an object that can be used to send notifications to the kernel
     pub fn notifier(&self) -> Notifier {
-        Notifier::new(self.ch.sender())
+        Notifier::new(self.ch.sender(), self.proto_version)
     }
 }
 
@@ -580,6 +584,8 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) filesystem: Arc<FilesystemHolder<FS>>,
     pub(crate) allowed: SessionACL,
     pub(crate) session_owner: Uid,
+    /// The kernel's protocol version (for notifiers; rext4 addition).
+    pub(crate) proto_version: Option<Version>,
 }
 
 impl<FS: Filesystem> SessionEventLoop<FS> {
@@ -624,6 +630,8 @@ pub struct BackgroundSession {
     pub guard: JoinHandle<io::Result<()>>,
     /// Object for creating Notifiers for client use
     sender: ChannelSender,
+    /// The kernel's protocol version, for Notifiers (rext4 addition).
+    proto_version: Option<Version>,
     /// Ensures the filesystem is unmounted when the session ends
     mount: Option<Mount>,
 }
@@ -639,10 +647,14 @@ impl BackgroundSession {
 
     /// Returns an object that can be used to send notifications to the kernel
     pub fn notifier(&self) -> Notifier {
-        Notifier::new(self.sender.clone())
+        Notifier::new(self.sender.clone(), self.proto_version)
     }
 
     /// Join the filesystem thread.
+    #[allow(
+        clippy::io_other_error,
+        reason = "upstream fuser's code as upstream has it (rext4 lints the copy with a newer clippy)"
+    )]
     pub fn join(self) -> io::Result<()> {
         self.guard
             .join()

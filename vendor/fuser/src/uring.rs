@@ -236,6 +236,100 @@ impl Drop for Member {
     }
 }
 
+/// Requests answered and time spent waiting for a CPU by the serving threads since the
+/// previous sample, from each thread's running totals.
+#[derive(Default)]
+struct Sampler {
+    /// Per thread: requests answered and run delay at its previous sample.
+    prev: std::collections::HashMap<libc::pid_t, (u64, Duration)>,
+}
+
+impl Sampler {
+    /// Takes (thread, requests answered, run delay if readable) of every serving
+    /// thread; returns the requests and the wait of those whose run delay could be
+    /// read, or `None` when no thread's could (no schedstat). A thread's first sample
+    /// counts nothing.
+    fn sample(
+        &mut self,
+        threads: impl Iterator<Item = (libc::pid_t, u64, Option<Duration>)>,
+    ) -> Option<(u64, Duration)> {
+        let (mut requests, mut waited, mut measured) = (0u64, Duration::ZERO, false);
+        for (tid, n, delay) in threads {
+            if let Some(d) = delay {
+                measured = true;
+                let (n0, d0) = self.prev.insert(tid, (n, d)).unwrap_or((n, d));
+                requests += n.saturating_sub(n0);
+                waited += d.saturating_sub(d0);
+            }
+        }
+        measured.then_some((requests, waited))
+    }
+}
+
+/// Whether threads that answered `requests` while waiting `waited` for their CPU in
+/// one sample are starved: more than `STARVED_TOTAL` in all and more than
+/// `STARVED_PER_REQUEST` per request.
+fn starved_by_delay(waited: Duration, requests: u64) -> bool {
+    waited > STARVED_TOTAL
+        && waited / u32::try_from(requests.max(1)).unwrap_or(u32::MAX) > STARVED_PER_REQUEST
+}
+
+/// When the serving threads go relaxed and when they come back (see `Monitor`).
+struct Policy {
+    /// How long the relaxed mode outlasts the last starved sample.
+    hold: Duration,
+    /// The last switch (or the start), or in the relaxed mode the last starved sample.
+    since: Instant,
+    /// Whether the threads have come back from the relaxed mode at least once (the
+    /// start is no return: starvation soon after it does not lengthen `hold`).
+    returned: bool,
+    /// Samples in a row with more runnable tasks than CPUs.
+    busy: u32,
+}
+
+impl Policy {
+    fn new(now: Instant) -> Policy {
+        Policy {
+            hold: HOLD_MIN,
+            since: now,
+            returned: false,
+            busy: 0,
+        }
+    }
+
+    /// Starvation where run delays cannot be read: more runnable tasks than CPUs in two
+    /// samples in a row.
+    fn starved_by_load(&mut self, runnable: usize, cpus: usize) -> bool {
+        self.busy = if runnable > cpus { self.busy + 1 } else { 0 };
+        self.busy >= 2
+    }
+
+    /// The mode wanted after a sample at `now` (`normal`: relaxed), from the current one
+    /// and whether the sample showed starvation.
+    fn step(&mut self, normal: bool, starved: bool, now: Instant) -> bool {
+        let want_normal = if normal {
+            if starved {
+                self.since = now;
+            }
+            now - self.since < self.hold
+        } else {
+            if now - self.since >= HOLD_MAX {
+                self.hold = HOLD_MIN;
+            }
+            starved
+        };
+        if want_normal != normal {
+            if want_normal && self.returned && now - self.since < Duration::from_secs(1) {
+                // Starvation back soon after the return: hold longer.
+                self.hold = (self.hold * 2).min(HOLD_MAX);
+            }
+            self.returned |= !want_normal;
+            self.since = now;
+        }
+        want_normal
+    }
+}
+
 /// Time thread `tid` of this process has spent runnable but waiting for a CPU (the
 /// second field of its schedstat; absent without CONFIG_SCHED_INFO).
 fn run_delay(tid: libc::pid_t) -> Option<Duration> {
@@ -272,57 +366,26 @@ impl Monitor {
 
     /// Samples every `SAMPLE` until the serving threads are gone.
     fn run(&self, cpus: usize) {
-        let mut prev: std::collections::HashMap<libc::pid_t, (u64, Duration)> =
-            std::collections::HashMap::new();
-        let mut busy = 0u32;
-        let mut hold = HOLD_MIN;
-        let mut since = Instant::now();
+        let mut sampler = Sampler::default();
+        let mut policy = Policy::new(Instant::now());
         loop {
             std::thread::sleep(SAMPLE);
             let mut st = self.inner.lock();
             if st.alive == 0 {
                 return;
             }
-            let (mut requests, mut waited, mut measured) = (0u64, Duration::ZERO, false);
-            for (tid, count, _) in &st.members {
-                let n = count.load(Ordering::Relaxed);
-                if let Some(d) = run_delay(*tid) {
-                    measured = true;
-                    let (n0, d0) = prev.insert(*tid, (n, d)).unwrap_or((n, d));
-                    requests += n - n0;
-                    waited += d.saturating_sub(d0);
-                }
-            }
-            // The threads' own wait for a CPU decides where it can be read; without it,
-            // more runnable tasks than CPUs in two samples in a row stands for it.
-            let starved = if measured {
-                waited > STARVED_TOTAL
-                    && waited / u32::try_from(requests.max(1)).unwrap_or(u32::MAX)
-                        > STARVED_PER_REQUEST
-            } else {
-                busy = if runnable_tasks() > cpus { busy + 1 } else { 0 };
-                busy >= 2
+            let samples = st
+                .members
+                .iter()
+                .map(|(tid, count, _)| (*tid, count.load(Ordering::Relaxed), run_delay(*tid)));
+            let starved = match sampler.sample(samples) {
+                Some((requests, waited)) => starved_by_delay(waited, requests),
+                None => policy.starved_by_load(runnable_tasks(), cpus),
             };
-            let now = Instant::now();
-            let want_normal = if st.normal {
-                if starved {
-                    since = now;
-                }
-                now - since < hold
-            } else {
-                if now - since >= HOLD_MAX {
-                    hold = HOLD_MIN;
-                }
-                starved
-            };
+            let want_normal = policy.step(st.normal, starved, Instant::now());
             if want_normal == st.normal {
                 continue;
             }
-            if want_normal && now - since < Duration::from_secs(1) {
-                // Starvation back soon after the return: hold longer.
-                hold = (hold * 2).min(HOLD_MAX);
-            }
-            since = now;
             st.normal = want_normal;
             debug!(
                 "uring: serving threads to SCHED_{}",
@@ -346,21 +409,46 @@ pub(crate) fn prepare(per_queue: usize, payload: usize) -> io::Result<Prepared> 
     let possible = parse_cpu_list(&read("/sys/devices/system/cpu/possible")?)
         .ok_or_else(|| io::Error::other("unreadable CPU list"))?;
     let online = parse_cpu_list(&read("/sys/devices/system/cpu/online")?).unwrap_or_default();
+    let plan = queue_plan(&possible, &online, per_queue)?;
+    can_switch_class().map_err(|e| io::Error::new(e.kind(), format!("scheduling class: {e}")))?;
+    let mut rings = Vec::with_capacity(plan.len());
+    for (qid, pin) in plan {
+        let ring = IoUring::<Entry128, cqueue::Entry>::builder().build(4)?;
+        rings.push((qid, pin, ring));
+    }
+    Ok(Prepared { rings, payload })
+}
+
+/// One (queue id, pin to that CPU) per serving thread: `per_queue` for each online
+/// CPU, one unpinned for each possible but offline CPU (the kernel wants an entry in
+/// every queue).
+fn queue_plan(
+    possible: &[usize],
+    online: &[usize],
+    per_queue: usize,
+) -> io::Result<Vec<(u16, bool)>> {
     // The kernel makes num_possible_cpus() queues and picks one by CPU number: the
     // numbers must be 0..n for every CPU to have its queue.
     if possible.iter().enumerate().any(|(i, &c)| i != c) || possible.len() > u16::MAX as usize {
         return Err(io::Error::other("possible CPUs are not numbered 0..n"));
     }
-    can_switch_class().map_err(|e| io::Error::new(e.kind(), format!("scheduling class: {e}")))?;
-    let mut rings = Vec::new();
-    for &cpu in &possible {
+    let mut plan = Vec::new();
+    for &cpu in possible {
         let up = online.contains(&cpu);
         for _ in 0..if up { per_queue.max(1) } else { 1 } {
-            let ring = IoUring::<Entry128, cqueue::Entry>::builder().build(4)?;
-            rings.push((cpu as u16, up, ring));
+            plan.push((cpu as u16, up));
         }
     }
-    Ok(Prepared { rings, payload })
+    Ok(plan)
+}
+
+/// Queues whose CPU is online, among the (queue, pinned) of the serving threads.
+fn online_queues(threads: impl Iterator<Item = (u16, bool)>) -> usize {
+    threads
+        .filter(|t| t.1)
+        .map(|t| t.0)
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
 }
 
 /// Starts the serving threads; they end when the connection goes away.
@@ -374,12 +462,7 @@ pub(crate) fn spawn<FS: Filesystem + 'static>(
         inner: Mutex::new(MonitorState::default()),
         all: process_cpus(),
     });
-    let cpus = rings
-        .iter()
-        .filter(|r| r.1)
-        .map(|r| r.0)
-        .collect::<std::collections::BTreeSet<_>>()
-        .len();
+    let cpus = online_queues(rings.iter().map(|r| (r.0, r.1)));
     // Every thread counts as alive from here, so the monitor ends only after all left.
     monitor.inner.lock().alive = rings.len();
     let mut threads = Vec::with_capacity(rings.len() + 1);
@@ -738,57 +821,19 @@ fn serve<FS: Filesystem>(
 
 /// Dispatches the request in the entry; returns its commit id with the reply in place.
 fn handle<FS: Filesystem>(se: &SessionEventLoop<FS>, slot: &Arc<Slot>) -> u64 {
-    let in_len = slot.read_u32(0) as usize;
     let opcode = slot.read_u32(4);
     let unique = slot.read_u64(8);
     let commit_id = slot.read_u64(HDR_ENT_IN_OUT + 8);
-    let payload_sz = slot.read_u32(HDR_ENT_IN_OUT + 16) as usize;
-    let generation = {
-        let mut st = slot.state.lock();
-        st.generation += 1;
-        st.replied = false;
-        st.direct = payload_sz == 0;
-        st.body_len = 0;
-        st.generation
-    };
-    let arg0 = in_len.checked_sub(IN_HEADER + payload_sz);
-    let Some(arg0) = arg0.filter(|&a| a <= OP_IN_MAX && payload_sz <= slot.cap) else {
-        warn!("fuse io_uring: malformed request (len {in_len}, payload {payload_sz})");
+    let generation = begin(slot);
+    let mut scratch = Vec::new();
+    let Some(msg) = assemble(slot, &mut scratch) else {
+        warn!(
+            "fuse io_uring: malformed request (len {}, payload {})",
+            slot.read_u32(0),
+            slot.read_u32(HDR_ENT_IN_OUT + 16)
+        );
         slot.set_status(unique, -libc::EIO);
         return finish(slot, commit_id);
-    };
-    let len = IN_HEADER + arg0 + payload_sz;
-    let mut scratch: Vec<u64>;
-    let msg: &[u8] = if (IN_HEADER + arg0) % 8 == 0 {
-        let start = LEAD - IN_HEADER - arg0;
-        // SAFETY: [start, LEAD) is the room before the payload, inside the data
-        // allocation; the headers buffer holds IN_HEADER + arg0 <= 168 readable bytes at
-        // these offsets. The message then spans the room and the request's payload,
-        // which the kernel wrote before completing and nothing writes until the reply
-        // (direct replies only when there is no request payload, and past LEAD).
-        unsafe {
-            std::ptr::copy_nonoverlapping(slot.hdr, slot.data.add(start), IN_HEADER);
-            std::ptr::copy_nonoverlapping(
-                slot.hdr.add(HDR_OP_IN),
-                slot.data.add(start + IN_HEADER),
-                arg0,
-            );
-            std::slice::from_raw_parts(slot.data.add(start), len)
-        }
-    } else {
-        // First arguments are whole structs (multiples of 8 bytes) as of Linux 6.18;
-        // any other size would leave the payload unaligned in place: copy the message
-        // to an aligned buffer instead of refusing it.
-        scratch = vec![0u64; len.div_ceil(8)];
-        let base = scratch.as_mut_ptr().cast::<u8>();
-        // SAFETY: `scratch` holds >= len bytes and is not otherwise borrowed; the
-        // sources are as above plus the payload (payload_sz <= cap).
-        unsafe {
-            std::ptr::copy_nonoverlapping(slot.hdr, base, IN_HEADER);
-            std::ptr::copy_nonoverlapping(slot.hdr.add(HDR_OP_IN), base.add(IN_HEADER), arg0);
-            std::ptr::copy_nonoverlapping(slot.payload(), base.add(IN_HEADER + arg0), payload_sz);
-            std::slice::from_raw_parts(base, len)
-        }
     };
     let reply = RingReply {
         slot: slot.clone(),
@@ -813,6 +858,82 @@ fn handle<FS: Filesystem>(se: &SessionEventLoop<FS>, slot: &Arc<Slot>) -> u64 {
     finish(slot, commit_id)
 }
 
+/// A new request is in the entry: replies to earlier ones are refused from now on, and
+/// one whose request has no payload goes straight into the payload buffer. Returns the
+/// request's generation.
+fn begin(slot: &Slot) -> u64 {
+    let payload_sz = slot.read_u32(HDR_ENT_IN_OUT + 16);
+    let mut st = slot.state.lock();
+    st.generation += 1;
+    st.replied = false;
+    st.direct = payload_sz == 0;
+    st.body_len = 0;
+    st.generation
+}
+
+/// Where a request of `in_len` bytes (header, first argument, payload) with
+/// `payload_sz` bytes of payload is put together: the first argument's length, and
+/// where in the data buffer the message starts when it can be built in place, just
+/// before the payload (`None`: the payload would be misaligned there, so the message
+/// is copied). `None` for a request that does not fit the entry.
+fn layout(in_len: usize, payload_sz: usize, cap: usize) -> Option<(usize, Option<usize>)> {
+    let arg0 = in_len.checked_sub(IN_HEADER + payload_sz)?;
+    if arg0 > OP_IN_MAX || payload_sz > cap {
+        return None;
+    }
+    let in_place = ((IN_HEADER + arg0) % 8 == 0).then(|| LEAD - IN_HEADER - arg0);
+    Some((arg0, in_place))
+}
+
+/// The request in the entry as /dev/fuse would deliver it (in-header, first argument,
+/// payload, contiguous and 8-aligned), built in the room before the payload so the
+/// payload is not copied, or in `scratch` when that would misalign the payload.
+/// `None` for a malformed request.
+fn assemble<'s>(slot: &'s Slot, scratch: &'s mut Vec<u64>) -> Option<&'s [u8]> {
+    let in_len = slot.read_u32(0) as usize;
+    let payload_sz = slot.read_u32(HDR_ENT_IN_OUT + 16) as usize;
+    let (arg0, in_place) = layout(in_len, payload_sz, slot.cap)?;
+    let len = IN_HEADER + arg0 + payload_sz;
+    Some(match in_place {
+        Some(start) => {
+            // SAFETY: [start, LEAD) is the room before the payload, inside the data
+            // allocation; the headers buffer holds IN_HEADER + arg0 <= 168 readable
+            // bytes at these offsets. The message then spans the room and the request's
+            // payload, which the kernel wrote before completing and nothing writes until
+            // the reply (direct replies only when there is no request payload, and past
+            // LEAD).
+            unsafe {
+                std::ptr::copy_nonoverlapping(slot.hdr, slot.data.add(start), IN_HEADER);
+                std::ptr::copy_nonoverlapping(
+                    slot.hdr.add(HDR_OP_IN),
+                    slot.data.add(start + IN_HEADER),
+                    arg0,
+                );
+                std::slice::from_raw_parts(slot.data.add(start), len)
+            }
+        }
+        None => {
+            // First arguments are whole structs (multiples of 8 bytes) as of Linux 6.18;
+            // any other size would leave the payload unaligned in place: copy the
+            // message to an aligned buffer instead of refusing it.
+            *scratch = vec![0u64; len.div_ceil(8)];
+            let base = scratch.as_mut_ptr().cast::<u8>();
+            // SAFETY: `scratch` holds >= len bytes and is not otherwise borrowed; the
+            // sources are as above plus the payload (payload_sz <= cap).
+            unsafe {
+                std::ptr::copy_nonoverlapping(slot.hdr, base, IN_HEADER);
+                std::ptr::copy_nonoverlapping(slot.hdr.add(HDR_OP_IN), base.add(IN_HEADER), arg0);
+                std::ptr::copy_nonoverlapping(
+                    slot.payload(),
+                    base.add(IN_HEADER + arg0),
+                    payload_sz,
+                );
+                std::slice::from_raw_parts(base, len)
+            }
+        }
+    })
+}
+
 /// Moves a staged body into the payload buffer and records its size for the kernel.
 fn finish(slot: &Slot, commit_id: u64) -> u64 {
     let mut st = slot.state.lock();
@@ -827,4 +948,412 @@ fn finish(slot: &Slot, commit_id: u64) -> u64 {
     drop(st);
     slot.write_hdr(HDR_ENT_IN_OUT + 16, &(body_len as u32).to_ne_bytes());
     commit_id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ll::AnyRequest;
+    use crate::ll::Operation;
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0-3,6\n"), Some(vec![0, 1, 2, 3, 6]));
+        assert_eq!(parse_cpu_list("0"), Some(vec![0]));
+        assert_eq!(parse_cpu_list(""), Some(vec![]));
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_cpu_list("0-9999"), None);
+        assert_eq!(parse_cpu_list("x"), None);
+    }
+
+    /// Each online CPU's queue gets `per_queue` pinned threads, each offline one a single
+    /// unpinned thread; possible CPUs must be numbered 0..n.
+    #[test]
+    fn queues_follow_the_cpus() {
+        let plan = queue_plan(&[0, 1, 2, 3], &[0, 1, 3], 2).unwrap();
+        assert_eq!(
+            plan,
+            [
+                (0, true),
+                (0, true),
+                (1, true),
+                (1, true),
+                (2, false),
+                (3, true),
+                (3, true)
+            ]
+        );
+        assert_eq!(online_queues(plan.iter().copied()), 3);
+        assert_eq!(
+            queue_plan(&[0, 1], &[0, 1], 0).unwrap(),
+            [(0, true), (1, true)]
+        );
+        assert!(queue_plan(&[0, 2], &[0, 2], 1).is_err());
+        assert!(queue_plan(&[1, 2], &[1, 2], 1).is_err());
+    }
+
+    fn sqe_bytes(sqe: Entry128) -> [u8; 128] {
+        // SAFETY: Entry128 is the 128-byte SQE (size checked by transmute).
+        unsafe { std::mem::transmute::<Entry128, [u8; 128]>(sqe) }
+    }
+
+    /// The SQEs the kernel reads: URING_CMD on the fd with the command, the commit id
+    /// and queue in the command area (byte 48 on), and for REGISTER the two iovecs.
+    #[test]
+    fn register_and_commit_commands() {
+        let iov = [
+            libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: HDR_SIZE,
+            },
+            libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 4096,
+            },
+        ];
+        let reg = sqe_bytes(fuse_cmd(7, CMD_REGISTER, 3, 0, Some(&iov)));
+        assert_eq!(reg[0], UringCmd80::CODE);
+        assert_eq!(reg[4..8], 7i32.to_ne_bytes());
+        assert_eq!(reg[8..12], CMD_REGISTER.to_ne_bytes());
+        assert_eq!(reg[16..24], (iov.as_ptr() as u64).to_ne_bytes());
+        assert_eq!(reg[24..28], 2u32.to_ne_bytes());
+        assert_eq!(reg[56..64], 0u64.to_ne_bytes());
+        assert_eq!(reg[64..66], 3u16.to_ne_bytes());
+
+        let commit = sqe_bytes(fuse_cmd(7, CMD_COMMIT_AND_FETCH, 1, 0xabcd, None));
+        assert_eq!(commit[0], UringCmd80::CODE);
+        assert_eq!(commit[8..12], CMD_COMMIT_AND_FETCH.to_ne_bytes());
+        assert_eq!(commit[16..28], [0; 12], "no buffers, no length");
+        assert_eq!(commit[56..64], 0xabcdu64.to_ne_bytes());
+        assert_eq!(commit[64..66], 1u16.to_ne_bytes());
+    }
+
+    /// Puts a request into `slot` as the kernel does: the in-header and first argument
+    /// in the headers buffer, the payload in the payload buffer.
+    fn put_request(slot: &Slot, opcode: u32, arg0: &[u8], payload: &[u8], commit_id: u64) {
+        let len = (IN_HEADER + arg0.len() + payload.len()) as u32;
+        let mut h = [0u8; IN_HEADER];
+        h[0..4].copy_from_slice(&len.to_ne_bytes());
+        h[4..8].copy_from_slice(&opcode.to_ne_bytes());
+        h[8..16].copy_from_slice(&0x1234_5678u64.to_ne_bytes()); // unique
+        h[16..24].copy_from_slice(&1u64.to_ne_bytes()); // nodeid
+        slot.write_hdr(0, &h);
+        slot.write_hdr(HDR_OP_IN, arg0);
+        slot.write_hdr(HDR_ENT_IN_OUT + 8, &commit_id.to_ne_bytes());
+        slot.write_hdr(HDR_ENT_IN_OUT + 16, &(payload.len() as u32).to_ne_bytes());
+        assert!(payload.len() <= slot.cap);
+        // SAFETY: the payload buffer holds `cap` >= payload.len() bytes.
+        unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), slot.payload(), payload.len()) };
+    }
+
+    fn payload_bytes(slot: &Slot, n: usize) -> Vec<u8> {
+        assert!(n <= slot.cap);
+        // SAFETY: within the payload buffer.
+        unsafe { std::slice::from_raw_parts(slot.payload(), n) }.to_vec()
+    }
+
+    fn hdr_bytes(slot: &Slot, off: usize, n: usize) -> Vec<u8> {
+        assert!(off + n <= HDR_SIZE);
+        // SAFETY: within the headers buffer.
+        unsafe { std::slice::from_raw_parts(slot.hdr.add(off), n) }.to_vec()
+    }
+
+    /// A WRITE (a 40-byte first argument) is rebuilt in place: the message /dev/fuse
+    /// would give, 8-aligned, parsing to the same request, with its data the entry's
+    /// payload buffer itself.
+    #[test]
+    fn a_request_is_rebuilt_before_its_payload() {
+        let slot = Slot::new(8192);
+        let mut write_in = [0u8; 40];
+        write_in[0..8].copy_from_slice(&9u64.to_ne_bytes()); // fh
+        write_in[8..16].copy_from_slice(&4096u64.to_ne_bytes()); // offset
+        write_in[16..20].copy_from_slice(&5000u32.to_ne_bytes()); // size
+        let data: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
+        put_request(&slot, 16, &write_in, &data, 1);
+        let mut scratch = Vec::new();
+        let msg = assemble(&slot, &mut scratch).expect("well formed");
+        assert_eq!(
+            msg.as_ptr(),
+            slot.payload().wrapping_sub(IN_HEADER + 40).cast_const(),
+            "built in place, just before the payload"
+        );
+        assert_eq!(msg.len(), IN_HEADER + 40 + 5000);
+        assert_eq!(msg.as_ptr() as usize % 8, 0);
+        assert_eq!(msg[..IN_HEADER], hdr_bytes(&slot, 0, IN_HEADER)[..]);
+        assert_eq!(msg[IN_HEADER..IN_HEADER + 40], write_in);
+        let req = AnyRequest::try_from(msg).expect("parses");
+        match req.operation().expect("operation") {
+            Operation::Write(w) => {
+                assert_eq!((w.file_handle().0, w.offset()), (9, Ok(4096)));
+                assert_eq!(w.data(), &data[..]);
+                assert_eq!(w.data().as_ptr(), slot.payload().cast_const(), "not copied");
+            }
+            _ => panic!("not a WRITE"),
+        }
+    }
+
+    /// A first argument whose size would leave the payload misaligned in place makes
+    /// the message be copied whole into an aligned buffer.
+    #[test]
+    fn a_misaligning_first_argument_is_copied_aligned() {
+        let slot = Slot::new(256);
+        let arg0: Vec<u8> = (1..=12).collect();
+        let payload: Vec<u8> = (100..150).collect();
+        put_request(&slot, 99, &arg0, &payload, 2);
+        let mut scratch = Vec::new();
+        let msg = assemble(&slot, &mut scratch).expect("well formed").to_vec();
+        assert!(!scratch.is_empty(), "copied");
+        assert_eq!(scratch.as_ptr() as usize % 8, 0);
+        let mut want = hdr_bytes(&slot, 0, IN_HEADER);
+        want.extend(&arg0);
+        want.extend(&payload);
+        assert_eq!(msg, want);
+    }
+
+    #[test]
+    fn layouts() {
+        // (first argument length, start of the in-place message)
+        assert_eq!(layout(IN_HEADER, 0, 64), Some((0, Some(LEAD - IN_HEADER))));
+        assert_eq!(
+            layout(IN_HEADER + 16 + 10, 10, 64),
+            Some((16, Some(LEAD - 56)))
+        );
+        assert_eq!(
+            layout(IN_HEADER + OP_IN_MAX, 0, 64),
+            Some((OP_IN_MAX, Some(LEAD - 168)))
+        );
+        assert_eq!(layout(IN_HEADER + 12 + 8, 8, 64), Some((12, None)));
+        // Shorter than header and payload, a first argument too long, a payload larger
+        // than the entry.
+        assert_eq!(layout(IN_HEADER + 4, 8, 64), None);
+        assert_eq!(layout(IN_HEADER + OP_IN_MAX + 8, 0, 64), None);
+        assert_eq!(layout(IN_HEADER + 65, 65, 64), None);
+    }
+
+    #[test]
+    fn a_malformed_request_is_refused() {
+        let slot = Slot::new(64);
+        put_request(&slot, 3, &[0; 16], &[], 3);
+        slot.write_hdr(HDR_ENT_IN_OUT + 16, &100u32.to_ne_bytes());
+        assert!(assemble(&slot, &mut Vec::new()).is_none());
+    }
+
+    fn out_header(len: usize, error: i32, unique: u64) -> Vec<u8> {
+        let mut h = (len as u32).to_ne_bytes().to_vec();
+        h.extend(error.to_ne_bytes());
+        h.extend(unique.to_ne_bytes());
+        h
+    }
+
+    /// A request without payload: the reply's header goes to `in_out`, its body
+    /// straight into the payload buffer, and its size into `ent_in_out`.
+    #[test]
+    fn a_reply_goes_into_the_entry() {
+        let slot = Arc::new(Slot::new(4096));
+        put_request(&slot, 3, &[0; 16], &[], 41);
+        let generation = begin(&slot);
+        let reply = RingReply {
+            slot: slot.clone(),
+            generation,
+        };
+        let body: Vec<u8> = (0..104).collect();
+        let header = out_header(OUT_HEADER + body.len(), 0, 7);
+        // The header split over two slices, as a reply may give it.
+        reply
+            .send(&[
+                IoSlice::new(&header[..10]),
+                IoSlice::new(&header[10..]),
+                IoSlice::new(&body),
+            ])
+            .expect("send");
+        assert_eq!(hdr_bytes(&slot, 0, OUT_HEADER), header);
+        assert_eq!(payload_bytes(&slot, body.len()), body, "written in place");
+        assert_eq!(finish(&slot, 41), 41);
+        assert_eq!(
+            hdr_bytes(&slot, HDR_ENT_IN_OUT + 16, 4),
+            104u32.to_ne_bytes()
+        );
+        // Once committed, the request is over: a second reply is refused.
+        assert!(reply.send(&[IoSlice::new(&header)]).is_err());
+    }
+
+    /// While the request's payload is still borrowed the reply body is staged, and
+    /// placed into the payload buffer only when the request is done.
+    #[test]
+    fn a_reply_to_a_request_with_payload_is_staged() {
+        let slot = Arc::new(Slot::new(4096));
+        put_request(&slot, 16, &[0; 40], b"request data", 5);
+        let generation = begin(&slot);
+        let reply = RingReply {
+            slot: slot.clone(),
+            generation,
+        };
+        let body = 12u32.to_ne_bytes();
+        let header = out_header(OUT_HEADER + 8, 0, 9);
+        reply
+            .send(&[
+                IoSlice::new(&header),
+                IoSlice::new(&body),
+                IoSlice::new(&[0; 4]),
+            ])
+            .expect("send");
+        assert_eq!(
+            payload_bytes(&slot, 12),
+            b"request data",
+            "payload untouched"
+        );
+        assert!(
+            reply.send(&[IoSlice::new(&header)]).is_err(),
+            "one reply per request"
+        );
+        assert_eq!(finish(&slot, 5), 5);
+        assert_eq!(payload_bytes(&slot, 8), [12, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(hdr_bytes(&slot, HDR_ENT_IN_OUT + 16, 4), 8u32.to_ne_bytes());
+    }
+
+    /// A reply given after its request ended (the entry holds another one now) is
+    /// refused and leaves the entry alone.
+    #[test]
+    fn a_late_reply_is_refused() {
+        let slot = Arc::new(Slot::new(64));
+        put_request(&slot, 3, &[0; 16], &[], 1);
+        let stale = RingReply {
+            slot: slot.clone(),
+            generation: begin(&slot),
+        };
+        slot.set_status(1, 0);
+        finish(&slot, 1);
+        put_request(&slot, 3, &[0; 16], &[], 2);
+        begin(&slot);
+        let header = out_header(OUT_HEADER, -libc::ENOENT, 1);
+        assert!(stale.send(&[IoSlice::new(&header)]).is_err());
+        assert!(!slot.state.lock().replied);
+    }
+
+    /// A reply too large for the entry fails its request with EIO; a reply shorter than
+    /// a header is refused.
+    #[test]
+    fn oversized_and_short_replies() {
+        let slot = Arc::new(Slot::new(64));
+        put_request(&slot, 15, &[0; 24], &[], 3);
+        let reply = RingReply {
+            slot: slot.clone(),
+            generation: begin(&slot),
+        };
+        assert_eq!(
+            reply.send(&[IoSlice::new(&[0; 8])]).unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
+        let header = out_header(OUT_HEADER + 100, 0, 0x77);
+        assert!(
+            reply
+                .send(&[IoSlice::new(&header), IoSlice::new(&[1; 100])])
+                .is_err()
+        );
+        assert_eq!(
+            hdr_bytes(&slot, 0, OUT_HEADER),
+            out_header(OUT_HEADER, -libc::EIO, 0x77)
+        );
+        assert_eq!(finish(&slot, 3), 3);
+        assert_eq!(hdr_bytes(&slot, HDR_ENT_IN_OUT + 16, 4), 0u32.to_ne_bytes());
+    }
+
+    #[test]
+    fn copy_out_spans_slices() {
+        let a = [1u8, 2, 3];
+        let b = [4u8, 5];
+        let c = [6u8, 7, 8, 9];
+        let data = [IoSlice::new(&a), IoSlice::new(&b), IoSlice::new(&c)];
+        let mut out = [0u8; 5];
+        assert_eq!(copy_out(&data, 2, &mut out), 5);
+        assert_eq!(out, [3, 4, 5, 6, 7]);
+        let mut rest = [0u8; 8];
+        assert_eq!(copy_out(&data, 7, &mut rest), 2);
+        assert_eq!(rest[..2], [8, 9]);
+    }
+
+    #[test]
+    fn starvation_by_run_delay() {
+        let ms = Duration::from_millis;
+        // Not over the total, however few requests.
+        assert!(!starved_by_delay(STARVED_TOTAL, 1));
+        // Over it: starved when more than 200 us per request.
+        assert!(starved_by_delay(ms(25), 0));
+        assert!(starved_by_delay(ms(25), 100));
+        assert!(!starved_by_delay(ms(25), 125));
+        assert!(!starved_by_delay(ms(40), 10_000));
+    }
+
+    /// Each sample counts what happened since the thread's previous one; threads
+    /// without a readable run delay do not count, and with none the sample says so.
+    #[test]
+    fn samples_are_differences() {
+        let ms = Duration::from_millis;
+        let mut s = Sampler::default();
+        assert_eq!(
+            s.sample([(1, 10, Some(ms(5))), (2, 3, Some(ms(1)))].into_iter()),
+            Some((0, Duration::ZERO)),
+            "first samples count nothing"
+        );
+        assert_eq!(
+            s.sample([(1, 15, Some(ms(35))), (2, 3, Some(ms(2))), (3, 9, None)].into_iter()),
+            Some((5, ms(31)))
+        );
+        assert_eq!(s.sample([(3, 20, None)].into_iter()), None);
+    }
+
+    #[test]
+    fn starvation_by_load_needs_two_busy_samples() {
+        let mut p = Policy::new(Instant::now());
+        assert!(!p.starved_by_load(3, 2));
+        assert!(p.starved_by_load(3, 2));
+        assert!(p.starved_by_load(5, 2));
+        assert!(!p.starved_by_load(2, 2));
+        assert!(!p.starved_by_load(3, 2));
+    }
+
+    /// Relaxed at the first starved sample; back to SCHED_IDLE after `hold` without
+    /// starvation; a quick return of starvation doubles `hold` (up to `HOLD_MAX`), and
+    /// `HOLD_MAX` at SCHED_IDLE resets it.
+    #[test]
+    fn relaxed_while_starved_then_held() {
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        let at = |m: u64| t0 + ms(m);
+        let mut p = Policy::new(t0);
+        let mut normal = false;
+        let mut step = |p: &mut Policy, starved: bool, t: Instant| {
+            normal = p.step(normal, starved, t);
+            normal
+        };
+        assert!(!step(&mut p, false, at(50)), "calm: stays SCHED_IDLE");
+        // Starved soon after the start: relaxed, and the start is not a return.
+        assert!(step(&mut p, true, at(100)), "starved: relaxed");
+        assert_eq!(p.hold, HOLD_MIN);
+        assert!(step(&mut p, true, at(150)));
+        // 200 ms (HOLD_MIN) after the last starved sample it goes back.
+        assert!(step(&mut p, false, at(300)));
+        assert!(!step(&mut p, false, at(350)));
+        assert_eq!(p.hold, HOLD_MIN);
+        // Starved again within a second of going back: relaxed, hold doubled.
+        assert!(step(&mut p, true, at(400)));
+        assert_eq!(p.hold, HOLD_MIN * 2);
+        assert!(step(&mut p, false, at(700)), "held 400 ms now");
+        assert!(!step(&mut p, false, at(800)));
+        // Flapping keeps doubling, up to HOLD_MAX.
+        let mut t = 800;
+        for _ in 0..10 {
+            t += 100;
+            assert!(step(&mut p, true, at(t)));
+            t += p.hold.as_millis() as u64;
+            assert!(!step(&mut p, false, at(t)));
+        }
+        assert_eq!(p.hold, HOLD_MAX);
+        // HOLD_MAX calm at SCHED_IDLE resets it; starvation then is not a quick return.
+        t += HOLD_MAX.as_millis() as u64;
+        assert!(!step(&mut p, false, at(t)));
+        assert_eq!(p.hold, HOLD_MIN);
+        assert!(step(&mut p, true, at(t + 50)));
+        assert_eq!(p.hold, HOLD_MIN);
+    }
 }

@@ -40,8 +40,14 @@ pub(crate) const FUSE_KERNEL_MINOR_VERSION: u32 = if cfg!(target_os = "macos") {
     // So let's declare protocol version 19 to be safe.
     19
 } else {
-    40
+    // rext4 change, as upstream fuser's main branch (from 40): FUSE_NOTIFY_INC_EPOCH is
+    // 7.44. What 7.41-7.43 add are capabilities the kernel acts on only when they are
+    // negotiated (FUSE_OVER_IO_URING, which src/uring.rs serves, is one of them).
+    44
 };
+
+/// The protocol version that has FUSE_NOTIFY_INC_EPOCH (rext4 addition).
+pub(crate) const FUSE_NOTIFY_INC_EPOCH_VERSION: crate::ll::Version = crate::ll::Version(7, 44);
 
 #[repr(C)]
 #[derive(Debug, IntoBytes, Clone, Copy, KnownLayout, Immutable)]
@@ -186,6 +192,8 @@ pub(crate) enum fuse_notify_code {
     FUSE_NOTIFY_STORE = 4,
     FUSE_NOTIFY_RETRIEVE = 5,
     FUSE_NOTIFY_DELETE = 6,
+    /// rext4 addition (7.44): every dentry looked up before it is stale.
+    FUSE_NOTIFY_INC_EPOCH = 8,
 }
 
 #[repr(C)]
@@ -426,8 +434,12 @@ pub(crate) struct fuse_create_in {
     pub(crate) flags: i32,
     pub(crate) mode: u32,
     pub(crate) umask: u32,
-    pub(crate) padding: u32,
+    /// FUSE_OPEN_* flags (`padding` before 7.33; rext4 reads it for `tmpfile`).
+    pub(crate) open_flags: u32,
 }
+
+/// `fuse_create_in::open_flags`: drop the set-ID bits (rext4 addition).
+pub(crate) const FUSE_OPEN_KILL_SUIDGID: u32 = 1 << 0;
 
 #[repr(C)]
 #[derive(Debug, IntoBytes, KnownLayout, Immutable)]

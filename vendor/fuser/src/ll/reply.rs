@@ -120,17 +120,19 @@ impl ResponseStruct<abi::fuse_attr_out> {
 }
 
 impl ResponseStruct<abi::fuse_statx_out> {
-    /// A statx reply (rext4 addition): every basic stat of `attr`, and the birth time
-    /// when there is one.
-    pub(crate) fn new_statx(
-        ttl: &Duration,
-        attr: &crate::FileAttr,
-        btime: Option<SystemTime>,
-        attributes: u64,
-        attributes_mask: u64,
-    ) -> Self {
-        const STATX_BASIC_STATS: u32 = 0x7ff;
-        const STATX_BTIME: u32 = 0x800;
+    /// A statx reply (rext4 addition): every basic stat, the creation time when there
+    /// is one, the `STATX_ATTR_*` properties within their mask.
+    pub(crate) fn new_statx(ttl: &Duration, sx_attr: &crate::StatxAttr) -> Self {
+        let crate::StatxAttr {
+            attr,
+            btime,
+            attributes,
+            attributes_mask,
+        } = sx_attr;
+        let mut mask = crate::StatxMask::BASIC_STATS;
+        if btime.is_some() {
+            mask |= crate::StatxMask::BTIME;
+        }
         let sx = |t: &SystemTime| {
             let (tv_sec, tv_nsec) = time_from_system_time(t);
             abi::fuse_sx_time {
@@ -141,9 +143,9 @@ impl ResponseStruct<abi::fuse_statx_out> {
         };
         let a = fuse_attr_from_attr(attr);
         let stat = abi::fuse_statx {
-            mask: STATX_BASIC_STATS | if btime.is_some() { STATX_BTIME } else { 0 },
+            mask: mask.bits(),
             blksize: a.blksize,
-            attributes: attributes & attributes_mask,
+            attributes: (*attributes & *attributes_mask).bits(),
             nlink: a.nlink,
             uid: a.uid,
             gid: a.gid,
@@ -152,7 +154,7 @@ impl ResponseStruct<abi::fuse_statx_out> {
             ino: a.ino,
             size: a.size,
             blocks: a.blocks,
-            attributes_mask,
+            attributes_mask: attributes_mask.bits(),
             atime: sx(&attr.atime),
             btime: btime.as_ref().map(sx).unwrap_or_default(),
             ctime: sx(&attr.ctime),
@@ -746,6 +748,70 @@ mod test {
         assert_eq!(
             r.with_iovec(RequestId(0xdeadbeef), ioslice_to_vec),
             expected
+        );
+    }
+
+    /// rext4 addition: the statx reply's mask says what it carries (the basic stats, the
+    /// creation time only when there is one), and properties outside their mask are
+    /// not reported.
+    #[test]
+    fn reply_statx() {
+        let time = UNIX_EPOCH + Duration::new(0x1234, 0x5678);
+        let attr = crate::FileAttr {
+            ino: INodeNo(0x11),
+            size: 0x22,
+            blocks: 0x33,
+            atime: time,
+            mtime: time + Duration::from_secs(1),
+            ctime: time + Duration::from_secs(2),
+            crtime: time,
+            kind: FileType::RegularFile,
+            perm: 0o4755,
+            nlink: 0x55,
+            uid: 0x66,
+            gid: 0x77,
+            rdev: (8 << 8) | 3,
+            flags: 0,
+            blksize: 0xbb,
+        };
+        let ttl = Duration::new(7, 9);
+        let plain = ResponseStruct::new_statx(&ttl, &attr.into()).0;
+        assert_eq!((plain.attr_valid, plain.attr_valid_nsec), (7, 9));
+        let st = plain.stat;
+        assert_eq!(st.mask, crate::StatxMask::BASIC_STATS.bits());
+        assert_eq!((st.btime.tv_sec, st.btime.tv_nsec), (0, 0));
+        assert_eq!(u32::from(st.mode), libc::S_IFREG | 0o4755);
+        assert_eq!((st.ino, st.size, st.blocks), (0x11, 0x22, 0x33));
+        assert_eq!(
+            (st.nlink, st.uid, st.gid, st.blksize),
+            (0x55, 0x66, 0x77, 0xbb)
+        );
+        assert_eq!((st.rdev_major, st.rdev_minor), (8, 3));
+        assert_eq!((st.mtime.tv_sec, st.ctime.tv_sec), (0x1235, 0x1236));
+        assert_eq!((st.attributes, st.attributes_mask), (0, 0));
+
+        let born = UNIX_EPOCH + Duration::new(1_000_000_000, 42);
+        use crate::StatxAttributes as A;
+        let full = ResponseStruct::new_statx(
+            &ttl,
+            &crate::StatxAttr {
+                btime: Some(born),
+                attributes: A::IMMUTABLE | A::APPEND | A::DAX,
+                attributes_mask: A::IMMUTABLE | A::APPEND | A::NODUMP,
+                ..attr.into()
+            },
+        )
+        .0
+        .stat;
+        assert_eq!(
+            full.mask,
+            (crate::StatxMask::BASIC_STATS | crate::StatxMask::BTIME).bits()
+        );
+        assert_eq!((full.btime.tv_sec, full.btime.tv_nsec), (1_000_000_000, 42));
+        assert_eq!(full.attributes, (A::IMMUTABLE | A::APPEND).bits());
+        assert_eq!(
+            full.attributes_mask,
+            (A::IMMUTABLE | A::APPEND | A::NODUMP).bits()
         );
     }
 

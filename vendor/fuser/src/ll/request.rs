@@ -595,6 +595,10 @@ mod op {
         pub(crate) fn umask(&self) -> u32 {
             self.arg.umask
         }
+        /// The kernel asks for the set-ID bits to be dropped (FUSE_OPEN_KILL_SUIDGID).
+        pub(crate) fn kill_suid_gid(&self) -> bool {
+            self.arg.open_flags & crate::ll::fuse_abi::FUSE_OPEN_KILL_SUIDGID != 0
+        }
     }
 
     /// Get extended file attributes (statx(2) beyond the basic stats; rext4 addition).
@@ -2336,6 +2340,65 @@ mod tests {
         0xed, 0x01, 0x00, 0x00, 0xe7, 0x03, 0x00, 0x00, // umask, padding
         0x66, 0x6f, 0x6f, 0x2e, 0x74, 0x78, 0x74, 0x00, // name
     ]);
+
+    /// rext4 addition: FUSE_TMPFILE (fuse_create_in, no name) with open_flags.
+    #[cfg(target_endian = "little")]
+    const TMPFILE_REQUEST: AlignedData<[u8; 56]> = AlignedData([
+        0x38, 0x00, 0x00, 0x00, 0x33, 0x00, 0x00, 0x00, // len, opcode 51
+        0x0d, 0xf0, 0xad, 0xba, 0xef, 0xbe, 0xad, 0xde, // unique
+        0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, // nodeid
+        0x0d, 0xd0, 0x01, 0xc0, 0xfe, 0xca, 0x01, 0xc0, // uid, gid
+        0x5e, 0xba, 0xde, 0xc0, 0x00, 0x00, 0x00, 0x00, // pid, padding
+        0x02, 0x00, 0x41, 0x00, 0xa4, 0x81, 0x00, 0x00, // flags O_RDWR|O_TMPFILE, mode
+        0x12, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, // umask, open_flags KILL_SUIDGID
+    ]);
+
+    /// rext4 addition: FUSE_STATX.
+    #[cfg(target_endian = "little")]
+    const STATX_REQUEST: AlignedData<[u8; 64]> = AlignedData([
+        0x40, 0x00, 0x00, 0x00, 0x34, 0x00, 0x00, 0x00, // len, opcode 52
+        0x0d, 0xf0, 0xad, 0xba, 0xef, 0xbe, 0xad, 0xde, // unique
+        0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, // nodeid
+        0x0d, 0xd0, 0x01, 0xc0, 0xfe, 0xca, 0x01, 0xc0, // uid, gid
+        0x5e, 0xba, 0xde, 0xc0, 0x00, 0x00, 0x00, 0x00, // pid, padding
+        0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x00, // getattr_flags FUSE_GETATTR_FH, reserved
+        0x07, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // fh
+        0x00, 0x20, 0x00, 0x00, 0xff, 0x0f, 0x00,
+        0x00, // sx_flags AT_STATX_FORCE_SYNC, sx_mask
+    ]);
+
+    #[test]
+    #[cfg(target_endian = "little")]
+    fn tmpfile() {
+        let req = AnyRequest::try_from(&TMPFILE_REQUEST[..]).unwrap();
+        match req.operation().unwrap() {
+            Operation::Tmpfile(x) => {
+                assert_eq!(x.flags(), libc::O_RDWR | libc::O_TMPFILE);
+                assert_eq!(x.mode(), libc::S_IFREG | 0o644);
+                assert_eq!(x.umask(), 0o22);
+                assert!(x.kill_suid_gid());
+            }
+            _ => panic!("Unexpected request operation"),
+        }
+    }
+
+    #[test]
+    #[cfg(target_endian = "little")]
+    fn statx() {
+        let req = AnyRequest::try_from(&STATX_REQUEST[..]).unwrap();
+        match req.operation().unwrap() {
+            Operation::Statx(x) => {
+                assert_eq!(x.file_handle(), Some(FileHandle(7)));
+                assert_eq!(x.flags(), libc::AT_STATX_FORCE_SYNC as u32);
+                assert_eq!(
+                    crate::StatxMask::from_bits_retain(x.mask()),
+                    crate::StatxMask::BASIC_STATS | crate::StatxMask::BTIME
+                );
+            }
+            _ => panic!("Unexpected request operation"),
+        }
+    }
 
     #[test]
     fn short_read_header() {

@@ -262,6 +262,10 @@ unsafe fn clear_cloexec_in_pre_exec(command: &mut Command, fd: BorrowedFd<'_>) {
     };
 }
 
+#[allow(
+    clippy::io_other_error,
+    reason = "upstream fuser's code as upstream has it (rext4 lints the copy with a newer clippy)"
+)]
 fn fuse_mount_fusermount(
     mountpoint: &OsStr,
     options: &[MountOption],
@@ -350,6 +354,10 @@ fn fuse_mount_fusermount(
     Ok((file, receive_socket))
 }
 
+#[allow(
+    clippy::io_other_error,
+    reason = "upstream fuser's code as upstream has it (rext4 lints the copy with a newer clippy)"
+)]
 fn fuse_mount_mount_fusefs(
     fusermount_bin: &str,
     mountpoint: &OsStr,
@@ -385,6 +393,10 @@ fn fuse_mount_mount_fusefs(
 }
 
 // If returned option is none. Then fusermount binary should be tried
+#[allow(
+    clippy::io_other_error,
+    reason = "upstream fuser's code as upstream has it (rext4 lints the copy with a newer clippy)"
+)]
 #[cfg(any(target_os = "linux", target_os = "macos"))]
 fn fuse_mount_sys(
     mountpoint: &OsStr,

@@ -11,4 +11,5 @@ pub(crate) mod ioctl_flags;
 pub(crate) mod poll_flags;
 pub(crate) mod read_flags;
 pub(crate) mod release_flags;
+pub(crate) mod statx_flags;
 pub(crate) mod write_flags;
