@@ -1658,6 +1658,12 @@ impl Fs {
         Ok(())
     }
 
+    /// Blocks new data could still take, for a privileged caller (who may use the
+    /// root reserve) or not: statfs's f_bavail is the unprivileged figure.
+    pub fn blocks_available_to(&self, privileged: bool) -> u64 {
+        self.inner.space.available_to(privileged)
+    }
+
     /// statfs(2), as ext4 answers it: blocks promised to delayed allocations count as
     /// used (the kernel's dirty clusters); the available blocks leave out the root
     /// reserve and the pool kept for changes that must not fail.

@@ -232,9 +232,13 @@ impl Space {
 
     /// What an unprivileged caller could still allocate (statfs's f_bavail).
     pub(crate) fn available(&self) -> u64 {
-        self.unpromised
-            .load(Ordering::Acquire)
-            .saturating_sub(self.pool + self.root)
+        self.available_to(false)
+    }
+
+    /// What a fresh allocation could still take, by a privileged caller or not.
+    pub(crate) fn available_to(&self, privileged: bool) -> u64 {
+        let keep = self.pool + if privileged { 0 } else { self.root };
+        self.unpromised.load(Ordering::Acquire).saturating_sub(keep)
     }
 }
 

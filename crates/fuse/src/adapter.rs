@@ -150,10 +150,13 @@ pub(crate) struct AdapterConfig {
 /// One open file or directory.
 enum Handle {
     /// `direct`: opened with O_DIRECT (reads and writes around the page cache).
+    /// `cached_write`: open for writing through the kernel's page cache (neither
+    /// O_DIRECT nor opened while space was low, `lowspace`).
     File {
         ino: Ino,
         append: bool,
         direct: bool,
+        cached_write: bool,
     },
     Dir(Arc<Mutex<DirSnap>>),
 }
@@ -194,6 +197,8 @@ pub(crate) struct Shared {
     stale_times: Mutex<HashSet<Ino>>,
     /// Whether `stale_times` may be non-empty (spares RELEASE the lock).
     stale_any: AtomicBool,
+    /// Free space under the writeback cache (see `lowspace`).
+    pub(crate) lowspace: crate::lowspace::LowSpace,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -345,6 +350,7 @@ impl Shared {
             notifier: std::sync::OnceLock::new(),
             stale_times: Mutex::new(HashSet::new()),
             stale_any: AtomicBool::new(false),
+            lowspace: crate::lowspace::LowSpace::default(),
         }
     }
 
@@ -682,13 +688,24 @@ impl Shared {
                 .map_err(|e| self.fail("open O_TRUNC", &e))?;
         }
         self.fs.pin(ino);
+        let direct = flags & libc::O_DIRECT != 0;
+        // While space is low a file opened for writing gets no write cache: each
+        // write() is a WRITE, answered (ENOSPC included) before write() returns.
+        let write_through = write
+            && !direct
+            && self.writeback.load(Ordering::Relaxed)
+            && self.lowspace.low()
+            && kind_of(i.mode) == Some(FileType::RegularFile);
         let fh = self.new_fh(Handle::File {
             ino,
             append: flags & libc::O_APPEND != 0,
-            direct: flags & libc::O_DIRECT != 0,
+            direct,
+            cached_write: write && !direct && !write_through,
         });
-        let fl = if flags & libc::O_DIRECT != 0 {
+        let fl = if direct {
             FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+        } else if write_through {
+            FopenFlags::FOPEN_DIRECT_IO
         } else {
             // Every change goes through this mount, so cached pages stay valid.
             FopenFlags::FOPEN_KEEP_CACHE
@@ -775,6 +792,90 @@ impl Shared {
     }
 
     /// The handle's (direct, append) flags; a handle we do not know is neither.
+    /// Whether `fh` is a descriptor that writes through the kernel's page cache.
+    fn is_cached_writer(&self, fh: FileHandle) -> bool {
+        matches!(
+            lock(&self.handles).get(&fh.0),
+            Some(Handle::File {
+                cached_write: true,
+                ..
+            })
+        )
+    }
+
+    /// Files some descriptor writes through the kernel's page cache.
+    pub(crate) fn files_open_cached_for_writing(&self) -> Vec<Ino> {
+        let mut v: Vec<Ino> = lock(&self.handles)
+            .values()
+            .filter_map(|h| match h {
+                Handle::File {
+                    ino,
+                    cached_write: true,
+                    ..
+                } => Some(*ino),
+                _ => None,
+            })
+            .collect();
+        v.sort_unstable_by_key(|i| i.0);
+        v.dedup();
+        v
+    }
+
+    /// Whether a caller may use the root reserve, as ext4 decides it: root, the
+    /// superblock's reserved uid, or its reserved gid (when that is not 0).
+    pub(crate) fn privileged(&self, uid: u32, gid: u32) -> bool {
+        let sb = self.fs.superblock();
+        uid == 0
+            || uid == u32::from(sb.def_resuid)
+            || (sb.def_resgid != 0 && gid == u32::from(sb.def_resgid))
+    }
+
+    /// Reply to the GETATTR a write() through the kernel's cache waits for while
+    /// space is low (`lowspace`): ENOSPC once cached data was refused for lack of
+    /// space or when nothing is left for this writer at all (an overwrite then fails
+    /// too: the server cannot tell it from an extending write here), else the
+    /// attributes, to be asked for again before the next write().
+    pub(crate) fn answer_write_getattr(&self, ino: Ino, privileged: bool, reply: ReplyAttr) {
+        if self.lowspace.refused() || self.fs.blocks_available_to(privileged) == 0 {
+            reply.error(Errno::ENOSPC);
+            return;
+        }
+        match self.getattr_ino(ino) {
+            Ok(attr) => reply.attr(&self.ttl(&attr), &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// Bytes an unprivileged writer could still allocate (statfs's f_bavail).
+    pub(crate) fn available_bytes(&self) -> u64 {
+        self.fs.statfs().blocks_available * u64::from(self.block_size)
+    }
+
+    /// How long the kernel may keep `attr`: while space is low, a regular file's
+    /// attributes not at all, so that every write() through the kernel's cache asks
+    /// first (`lowspace`).
+    fn ttl(&self, attr: &FileAttr) -> Duration {
+        if attr.kind == FileType::RegularFile && self.lowspace.low() {
+            Duration::ZERO
+        } else {
+            TTL
+        }
+    }
+
+    /// Make the kernel write back its dirty pages of `ino` now and drop its cached
+    /// pages (an invalidation launders dirty pages with synchronous WRITEs). Waits for
+    /// those WRITEs: never call it from a request handler.
+    pub(crate) fn kernel_writeback(&self, ino: Ino) {
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_inode(to_fuse(ino), 0, 0);
+        }
+    }
+
+    /// Mark the kernel's cached attributes of `ino` stale (no page is touched).
+    pub(crate) fn kernel_attrs_stale(&self, ino: Ino) {
+        self.invalidate_attrs_only(ino);
+    }
+
     fn handle_flags(&self, fh: FileHandle) -> (bool, bool) {
         match lock(&self.handles).get(&fh.0) {
             Some(Handle::File { direct, append, .. }) => (*direct, *append),
@@ -894,7 +995,7 @@ impl Filesystem for Adapter {
             return;
         };
         let (attr, generation) = tri!(reply, s.entry(e.ino));
-        reply.entry(&TTL, &attr, generation);
+        reply.entry(&s.ttl(&attr), &attr, generation);
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -904,9 +1005,24 @@ impl Filesystem for Adapter {
     // BATCH_FORGET: fuser's default calls `forget` per node (its ForgetOne type is
     // not exported, so it cannot be overridden).
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let attr = tri!(reply, self.s.getattr_ino(to_ext4(ino)));
-        reply.attr(&TTL, &attr);
+    fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let s = &self.s;
+        let ino = to_ext4(ino);
+        // With a handle, under the writeback cache: the kernel refreshing size and
+        // mode before a write() (or a read past its size) on a descriptor that writes
+        // through its page cache. While space is low that is where a write() can be
+        // refused, after the file's dirty pages came to us (`lowspace`).
+        if let Some(fh) = fh.filter(|_| s.lowspace.low()) {
+            if s.is_cached_writer(fh) {
+                let privileged = s.privileged(req.uid(), req.gid());
+                match s.lowspace.defer_getattr(ino, privileged, reply) {
+                    Ok(()) => return,
+                    Err(r) => return s.answer_write_getattr(ino, privileged, r),
+                }
+            }
+        }
+        let attr = tri!(reply, s.getattr_ino(ino));
+        reply.attr(&s.ttl(&attr), &attr);
     }
 
     /// statx with the birth time (ext4's i_crtime, kept by inodes larger than 128
@@ -926,7 +1042,7 @@ impl Filesystem for Adapter {
         let attr = tri!(reply, s.attr_of(e, &i));
         let (attributes, mask) = statx_attributes(i.flags);
         reply.statx(
-            &TTL,
+            &s.ttl(&attr),
             &StatxAttr {
                 attr,
                 btime: i.crtime.map(system_time),
@@ -1031,7 +1147,7 @@ impl Filesystem for Adapter {
             let bumped = s.drop_kernel_inode(ino);
             s.debug(|| format!("setattr {}: mtime clamped, epoch bumped: {bumped}", ino.0));
         }
-        reply.attr(&TTL, &attr);
+        reply.attr(&s.ttl(&attr), &attr);
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -1064,7 +1180,7 @@ impl Filesystem for Adapter {
                 .map_err(|e| s.fail("mknod", &e))
         );
         let (attr, generation) = tri!(reply, s.entry(ino));
-        reply.entry(&TTL, &attr, generation);
+        reply.entry(&s.ttl(&attr), &attr, generation);
     }
 
     fn mkdir(
@@ -1086,7 +1202,7 @@ impl Filesystem for Adapter {
                 .map_err(|e| s.fail("mkdir", &e))
         );
         let (attr, generation) = tri!(reply, s.entry(ino));
-        reply.entry(&TTL, &attr, generation);
+        reply.entry(&s.ttl(&attr), &attr, generation);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -1135,7 +1251,7 @@ impl Filesystem for Adapter {
             .map_err(|e| s.fail("symlink", &e))
         );
         let (attr, generation) = tri!(reply, s.entry(ino));
-        reply.entry(&TTL, &attr, generation);
+        reply.entry(&s.ttl(&attr), &attr, generation);
     }
 
     /// rename and renameat2: RENAME_NOREPLACE, RENAME_EXCHANGE and RENAME_WHITEOUT
@@ -1203,7 +1319,7 @@ impl Filesystem for Adapter {
                 .map_err(|e| s.fail("link", &e))
         );
         let (attr, generation) = tri!(reply, s.entry(ino));
-        reply.entry(&TTL, &attr, generation);
+        reply.entry(&s.ttl(&attr), &attr, generation);
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -1316,6 +1432,24 @@ impl Filesystem for Adapter {
         // the writeback cache the application's write succeeded into the kernel's page
         // cache and the error reaches it only at fsync or close; the kernel's inode
         // meanwhile shows the size the write made. Make it read ours again.
+        match &r {
+            // The kernel's writeback of data a write() was told was written: refused
+            // for lack of space. The data is lost (as the kernel's ext4 would never
+            // have taken it); the file's next write() fails (`lowspace`), and the
+            // kernel is made to drop the size that data gave its inode.
+            Err(Error::NoSpace) if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) => {
+                log::warn!(
+                    "inode {}: the kernel's cached write of {} bytes at {offset} was refused \
+                     for lack of space; the application sees ENOSPC at fsync or close",
+                    ino.0,
+                    data.len()
+                );
+                s.lowspace.note_refused();
+                s.drop_kernel_inode(ino);
+            }
+            Ok(_) => s.lowspace.after_change(s.available_bytes()),
+            _ => {}
+        }
         if wb && matches!(r, Err(Error::FileTooLarge)) {
             let bumped = s.drop_kernel_inode(ino);
             s.debug(|| {
@@ -1453,7 +1587,7 @@ impl Filesystem for Adapter {
                 to_fuse(*e_ino),
                 idx as u64 + 1,
                 OsStr::from_bytes(name),
-                &TTL,
+                &s.ttl(&attr),
                 &attr,
                 Generation(u64::from(i.generation)),
             );
@@ -1650,7 +1784,7 @@ impl Filesystem for Adapter {
                 return;
             }
         };
-        reply.created(&TTL, &attr, generation, FileHandle(fh), fl);
+        reply.created(&s.ttl(&attr), &attr, generation, FileHandle(fh), fl);
     }
 
     /// O_TMPFILE: an unnamed file, open, that a later LINK may name (the kernel sends
@@ -1690,7 +1824,7 @@ impl Filesystem for Adapter {
         }
         match opened {
             Ok((fh, fl, (attr, generation))) => {
-                reply.created(&TTL, &attr, generation, FileHandle(fh), fl)
+                reply.created(&s.ttl(&attr), &attr, generation, FileHandle(fh), fl)
             }
             Err(e) => reply.error(e),
         }

@@ -43,6 +43,7 @@
 //! the like (vendor/fuser/src/uring.rs).
 
 mod adapter;
+mod lowspace;
 
 use std::ffi::CString;
 use std::fs::File;
@@ -103,12 +104,13 @@ pub struct MountOptions {
     pub suid: bool,
     /// Allow execution (default `exec`).
     pub exec: bool,
-    /// The share of the system's dirty-page threshold this mount's dirty pages may use,
-    /// in percent (`bdi_max_ratio=`). The kernel gives every FUSE mount 1% with a
-    /// strict limit, which throttles writers long before the disk is busy; when this is
-    /// set (default 40) and we may write the mount's /sys/class/bdi entry (root), the
-    /// mount gets this ratio and no strict limit, like a local filesystem.
-    /// 0 leaves the kernel's setting.
+    /// The largest share of the system's dirty-page threshold this mount's dirty pages
+    /// may use, in percent (`bdi_max_ratio=`). The kernel gives every FUSE mount 1%,
+    /// which throttles writers long before the disk is busy; when this is set (default
+    /// 40) and we may write the mount's /sys/class/bdi entry (root), the server gives
+    /// the mount a dirty window (min_bytes = max_bytes, strict) of this share, or of
+    /// half the space left when that is less, so the kernel never holds more dirty
+    /// data than the image can take (`lowspace`). 0 leaves the kernel's setting.
     pub bdi_max_ratio: u32,
     /// When reads move atimes: `relatime` (default), `strictatime`, `noatime`,
     /// `nodiratime`. FUSE inodes never get atime updates from the kernel, so the
@@ -402,11 +404,11 @@ fn unescape_mountinfo(s: &str) -> Vec<u8> {
     out
 }
 
-/// Give the FUSE mount at `mnt` a dirty-page share of `ratio` percent without the
-/// strict limit (see `MountOptions::bdi_max_ratio`). The bdi is found by the mount's
-/// device number in /proc/self/mountinfo (a stat of the mount point would ask our own,
-/// not yet serving, session).
-fn relax_dirty_limit(mnt: &Path, ratio: u32) -> Result<(), String> {
+/// The sysfs directory of the FUSE mount's bdi (its dirty-page limits, which
+/// `lowspace` reads and, as root, sets). Found by the mount's device number in
+/// /proc/self/mountinfo (a stat of the mount point would ask our own, not yet serving,
+/// session).
+fn mount_bdi(mnt: &Path) -> Result<PathBuf, String> {
     let info = std::fs::read("/proc/self/mountinfo").map_err(|e| format!("mountinfo: {e}"))?;
     let want = mnt.as_os_str().as_encoded_bytes();
     let dev = info
@@ -419,11 +421,11 @@ fn relax_dirty_limit(mnt: &Path, ratio: u32) -> Result<(), String> {
         .next_back()
         .ok_or_else(|| format!("{} not in mountinfo", mnt.display()))?;
     let dir = Path::new("/sys/class/bdi").join(&dev);
-    let set = |name: &str, v: &str| {
-        std::fs::write(dir.join(name), v).map_err(|e| format!("{}/{name}: {e}", dir.display()))
-    };
-    set("max_ratio", &ratio.to_string())?;
-    set("strict_limit", "0")
+    if dir.is_dir() {
+        Ok(dir)
+    } else {
+        Err(format!("{}: no such bdi", dir.display()))
+    }
 }
 
 fn default_threads() -> usize {
@@ -716,12 +718,15 @@ fn serve_inner(
         }
     }
     let _ = shared.notifier.set(session.notifier());
-    if opts.bdi_max_ratio > 0 && !fs_ro {
-        if let Err(e) = relax_dirty_limit(mnt, opts.bdi_max_ratio) {
-            if opts.debug {
-                eprintln!("rext4-fuse: bdi_max_ratio not applied: {e}");
+    if !fs_ro && opts.writeback_cache {
+        let bdi = match mount_bdi(mnt) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                log::warn!("the mount's dirty-page limit was not found: {e}");
+                None
             }
-        }
+        };
+        lowspace::LowSpace::start(&shared, bdi, opts.bdi_max_ratio);
     }
     ready.ok();
     if ready_was_daemon(opts) {
@@ -758,6 +763,7 @@ fn serve_inner(
     unsafe { libc::pthread_kill(sig_thread.as_pthread_t(), libc::SIGTERM) };
     let _ = sig_thread.join();
 
+    shared.lowspace.stop();
     shared.release_all();
     let closed = fs.close();
     drop(shared);
