@@ -351,7 +351,17 @@ pub(crate) fn prepare(per_queue: usize, payload: usize) -> io::Result<Prepared> 
     if possible.iter().enumerate().any(|(i, &c)| i != c) || possible.len() > u16::MAX as usize {
         return Err(io::Error::other("possible CPUs are not numbered 0..n"));
     }
-    can_switch_class().map_err(|e| io::Error::new(e.kind(), format!("scheduling class: {e}")))?;
+    can_switch_class().map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "its threads may not leave SCHED_IDLE ({e}): run as root (CAP_SYS_NICE) or \
+                 raise RLIMIT_NICE to 20 (`ulimit -e 20` where the hard limit allows, or \
+                 `USER - nice 0` in /etc/security/limits.conf) to use it; serving through \
+                 /dev/fuse"
+            ),
+        )
+    })?;
     let mut rings = Vec::new();
     for &cpu in &possible {
         let up = online.contains(&cpu);
