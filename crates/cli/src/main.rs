@@ -290,6 +290,9 @@ fn cp(recursive: bool, quiet: bool, paths: &[PathBuf]) -> Result<(), (u8, String
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The engine's warnings (e.g. a failed writeback) go to standard error; a mount
+    // routes them to its own log from here.
+    rext4_fuse::init_stderr_log();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err((code, msg)) => {
