@@ -43,7 +43,7 @@ pub struct Claim {
 
 /// Another user of an image, as found on this machine.
 struct User {
-    /// Says who, e.g. "loop device /dev/loop3 (mounted at /mnt)".
+    /// Says who, e.g. "loop device /dev/loop3 is mounted at /mnt".
     who: String,
     /// Whether it may write to the image (a read-only loop device or a shared flock
     /// holder does not).
@@ -396,7 +396,7 @@ fn read_trimmed(p: &Path) -> Option<String> {
 }
 
 /// Undo mountinfo's octal escapes (\040 for a space, ...).
-pub fn unescape_mountinfo(b: &[u8]) -> Vec<u8> {
+fn unescape_mountinfo(b: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {

@@ -745,7 +745,9 @@ fn serve_inner(
         .and(closed.map_err(|e| format!("{}: closing: {e}", image.display())));
     match &r {
         Ok(()) => log::info!("unmounted; {} closed", image.display()),
-        Err(e) => log::error!("{e}"),
+        // A foreground server's caller prints its error; a daemon's has gone.
+        Err(e) if ready_was_daemon(opts) || opts.log.is_some() => log::error!("{e}"),
+        Err(_) => {}
     }
     r
 }
@@ -813,6 +815,9 @@ mod tests {
         assert_eq!(o.threads, 3);
         assert!(!o.writeback_cache && !o.default_permissions);
         assert!(o.dev && o.suid && !o.exec);
+        assert_eq!(o.log, None);
+        let o = parse_options("log=/var/log/rext4.log").expect("valid");
+        assert_eq!(o.log, Some(PathBuf::from("/var/log/rext4.log")));
         // Later options win.
         let o = parse_options("ro,rw").expect("valid");
         assert!(o.rw && !o.ro);
@@ -829,6 +834,8 @@ mod tests {
             ("threads=0", "threads"),
             ("bdi_max_ratio=101", "bdi_max_ratio"),
             ("bdi_max_ratio", "bdi_max_ratio"),
+            ("log", "log"),
+            ("log=", "log"),
         ] {
             let e = parse_options(s).expect_err(s);
             assert!(e.contains(needle), "{s}: {e}");

@@ -73,13 +73,20 @@ pub(crate) fn resolve_mountpoint(p: &Path) -> Result<PathBuf, String> {
     }
 }
 
-/// Whether `mnt` is a FUSE mount whose server is gone (the kernel answers ENOTCONN,
-/// or ECONNABORTED after an abort through fusectl).
+/// Whether `mnt` is a FUSE mount whose server is gone: the kernel answers ENOTCONN
+/// once the connection is aborted (ECONNABORTED to a request it aborted, ECANCELED
+/// while the abort is still under way: asked again then).
 fn is_disconnected(mnt: &Path) -> bool {
-    matches!(
-        std::fs::symlink_metadata(mnt).map_err(|e| e.raw_os_error()),
-        Err(Some(libc::ENOTCONN | libc::ECONNABORTED))
-    )
+    for _ in 0..50 {
+        match std::fs::symlink_metadata(mnt).map_err(|e| e.raw_os_error()) {
+            Err(Some(libc::ENOTCONN | libc::ECONNABORTED)) => return true,
+            Err(Some(libc::ECANCELED | libc::EINTR)) => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            _ => return false,
+        }
+    }
+    false
 }
 
 /// Whether `p` holds an ext4 superblock (magic 0xEF53 at byte 1080).
