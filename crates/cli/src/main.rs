@@ -425,6 +425,9 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => usage_error(e),
     };
+    // The engine's warnings (e.g. a failed writeback) go to standard error; a mount
+    // routes them to its own log from here.
+    rext4_fuse::init_stderr_log();
     if writes_an_image(&cli.cmd) {
         interrupt::install();
     }

@@ -297,12 +297,13 @@ pub fn run(args: MkfsArgs) -> Result<(), Failure> {
         use std::os::unix::fs::FileTypeExt;
         m.file_type().is_block_device()
     });
-    // An existing image must not be formatted under a mount or another writer (the
-    // same flock `rext4 mount` and the write commands take); held for the format only,
-    // since the -d copy-in below takes it again itself.
-    let lock = match meta {
-        Some(_) => Some(rext4_fuse::lock_image(image, true).map_err(|e| (1, e))?),
-        None => None,
+    // A device must not be formatted while mounted or used by another writer (the
+    // engine's claim; `mkfs_file` claims an image file itself); held for the format
+    // only, since the -d copy-in below claims it again.
+    let lock = if is_device {
+        Some(rext4::Claim::write(image).map_err(|e| (1, format!("{}: {e}", image.display())))?)
+    } else {
+        None
     };
     if !confirm_overwrite(&args) {
         return Err((1, String::new()));

@@ -13,12 +13,13 @@ pub struct MountArgs {
     /// Mount options, comma-separated (ro, rw, errors=continue|remount-ro, commit=SECS,
     /// cache_mb=MIB (the engine's page cache bound; default 1/16 of RAM, 64 MiB to 2 GiB),
     /// threads=N, bdi_max_ratio=PCT (dirty-page share, default 40; 0 keeps
-    /// the kernel's 1% strict FUSE limit), allow_other, default_permissions,
-    /// nodefault_permissions, nowriteback_cache, debug, dev, suid, noexec,
-    /// relatime (default), strictatime, noatime, nodiratime...).
+    /// the kernel's 1% strict FUSE limit), log=FILE (append the server's messages to
+    /// FILE; default: syslog for the daemon, standard error with -f), allow_other,
+    /// default_permissions, nodefault_permissions, nowriteback_cache, debug, dev, suid,
+    /// noexec, relatime (default), strictatime, noatime, nodiratime...).
     #[arg(short = 'o', value_name = "OPTIONS", action = ArgAction::Append)]
     pub options: Vec<String>,
-    /// Stay in the foreground (do not fork a daemon).
+    /// Stay in the foreground (do not fork a daemon); messages go to standard error.
     #[arg(short = 'f', long)]
     pub foreground: bool,
     /// Image file or block device holding the ext4 filesystem.
@@ -48,7 +49,9 @@ pub struct UmountArgs {
 }
 
 /// Unmount, then wait for the server: unlike a bare `fusermount3 -u`, the image is
-/// committed, marked clean and unlocked when this returns.
+/// committed, marked clean and unlocked when this returns. A mount whose server died
+/// is detached and its image recovered, with a warning, exit 0 (as umount(8) detaches
+/// a dead FUSE mount without complaint).
 pub fn umount(args: UmountArgs) -> Result<(), String> {
     rext4_fuse::umount_and_wait(
         &args.mountpoint,

@@ -56,18 +56,8 @@ fn is_root() -> bool {
 
 /// Open `image` read-write, printing the engine's warnings.
 pub fn open_rw(image: &Path) -> Result<Fs, String> {
-    // Like `rext4 mount`: one read-write user of an image at a time. The lock is held
-    // until the process exits (these commands are short-lived).
-    static LOCKS: std::sync::Mutex<Vec<(PathBuf, std::fs::File)>> =
-        std::sync::Mutex::new(Vec::new());
-    let key = std::fs::canonicalize(image)
-        .map_err(|e| format!("{}: {}", image.display(), term::io_reason(&e)))?;
-    let mut locks = LOCKS.lock().unwrap_or_else(|p| p.into_inner());
-    if !locks.iter().any(|(k, _)| *k == key) {
-        let lock = rext4_fuse::lock_image(image, true)?;
-        locks.push((key, lock));
-    }
-    drop(locks);
+    // The engine claims the image (one writer at a time, none under a loop device or
+    // a mount) until `close`.
     let fs = Fs::open_with(
         image,
         FsOptions {

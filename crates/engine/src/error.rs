@@ -48,6 +48,9 @@ pub enum Error {
     PermissionDenied,
     /// A journal or device write failed earlier; the filesystem is shut down (EIO).
     ShutDown(String),
+    /// The image is used by someone else (a loop device, a mount, another rext4
+    /// process), who is named (EBUSY; see `claim`).
+    InUse(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -82,6 +85,7 @@ impl Error {
             Error::NotPermitted(_) => 1,
             Error::PermissionDenied => 13,
             Error::ShutDown(_) => 5,
+            Error::InUse(_) => 16,
         }
     }
 }
@@ -115,6 +119,7 @@ impl fmt::Display for Error {
             Error::NotPermitted(s) => write!(f, "operation not permitted: {s}"),
             Error::PermissionDenied => write!(f, "permission denied"),
             Error::ShutDown(s) => write!(f, "filesystem shut down after an error ({s})"),
+            Error::InUse(s) => write!(f, "{s}"),
         }
     }
 }

@@ -56,6 +56,11 @@ pub struct FsOptions {
     /// When reads move atimes ([`crate::Fs::touch_atime_ino`]); the default,
     /// [`crate::AtimeMode::Never`], leaves an image as it was when only read.
     pub atime: crate::AtimePolicy,
+    /// Read-only opens of a path: fail with [`Error::InUse`] instead of going on with
+    /// a warning when another user may be writing the image, and keep rext4 writers
+    /// out while open (a shared flock; see [`crate::claim`]). The read-only mount sets
+    /// it: its kernel caches what it reads for an hour.
+    pub keep_writers_out: bool,
 }
 
 impl Default for FsOptions {
@@ -69,6 +74,7 @@ impl Default for FsOptions {
             cache_clean: true,
             clock: None,
             atime: crate::AtimePolicy::default(),
+            keep_writers_out: false,
         }
     }
 }
@@ -194,6 +200,8 @@ pub(crate) struct Inner {
     pub(crate) metadata_csum: bool,
     pub(crate) read_only: bool,
     pub(crate) warnings: Vec<String>,
+    /// The image claimed against other users (opens by path), released by `close`.
+    pub(crate) claim: Mutex<Option<crate::claim::Claim>>,
 }
 
 /// An open ext4 filesystem. Cheap to clone; shareable across threads.
@@ -216,12 +224,36 @@ impl Fs {
         Self::open_with(path, FsOptions::default())
     }
 
+    /// Open the image file or block device at `path`. It is claimed first (see
+    /// [`crate::claim`]): a read-write open fails with [`Error::InUse`] while a loop
+    /// device, a mount or another rext4 process uses it; a read-only one goes on with
+    /// a warning when someone may be writing it (unless `opts.keep_writers_out`).
     pub fn open_with(path: impl AsRef<Path>, opts: FsOptions) -> Result<Fs> {
-        let dev = FileDevice::open(path.as_ref(), opts.read_only, opts.direct_io)?;
-        Self::open_device(Arc::new(dev), opts)
+        let path = path.as_ref();
+        let (claim, note) = if opts.read_only {
+            let (c, note) = crate::claim::Claim::read(path, opts.keep_writers_out)?;
+            match note {
+                Some(n) if opts.keep_writers_out => return Err(Error::InUse(n)),
+                n => (c, n),
+            }
+        } else {
+            (crate::claim::Claim::write(path)?, None)
+        };
+        let dev = FileDevice::open(path, opts.read_only, opts.direct_io)?;
+        Self::open_claimed(Arc::new(dev), opts, Some(claim), note.into_iter().collect())
     }
 
-    pub fn open_device(mut dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<Fs> {
+    /// Open a filesystem on `dev` (not claimed: the caller keeps others away).
+    pub fn open_device(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<Fs> {
+        Self::open_claimed(dev, opts, None, Vec::new())
+    }
+
+    fn open_claimed(
+        mut dev: Arc<dyn BlockDevice>,
+        opts: FsOptions,
+        claim: Option<crate::claim::Claim>,
+        mut warnings: Vec<String>,
+    ) -> Result<Fs> {
         let mut raw = vec![0u8; SB_SIZE];
         if dev.size_bytes() < SB_OFFSET + SB_SIZE as u64 {
             return Err(Error::NotExt4(
@@ -241,14 +273,10 @@ impl Fs {
             ));
         }
         let sb = Superblock::decode(&raw).map_err(|e| Error::from(e.at_block(SB_OFFSET / 1024)))?;
-        let mut warnings = Vec::new();
         let mut read_only = opts.read_only;
         let fc = sb.check_features();
         if !fc.unsupported_incompat.is_empty() {
-            return Err(Error::Unsupported(format!(
-                "image uses incompatible features rext4 does not support: {}",
-                fc.unsupported_incompat.join(", ")
-            )));
+            return Err(unsupported_incompat(&fc.unsupported_incompat));
         }
         if !fc.unsupported_ro_compat.is_empty() && !read_only {
             warnings.push(format!(
@@ -279,10 +307,7 @@ impl Fs {
             read_only |= r.read_only;
             let fc = r.sb.check_features();
             if !fc.unsupported_incompat.is_empty() {
-                return Err(Error::Unsupported(format!(
-                    "image uses incompatible features rext4 does not support: {}",
-                    fc.unsupported_incompat.join(", ")
-                )));
+                return Err(unsupported_incompat(&fc.unsupported_incompat));
             }
             if !fc.unsupported_ro_compat.is_empty() {
                 read_only = true;
@@ -363,6 +388,7 @@ impl Fs {
                 read_only,
                 warnings,
                 system_zone,
+                claim: Mutex::new(claim),
             }),
         };
         {
@@ -537,6 +563,12 @@ impl Fs {
         self.inner.pagecache.stop_writeback();
         let _w = self.write_lock();
         self.inner.close()?;
+        // Closed and clean: others may have the image now.
+        self.inner
+            .claim
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         data
     }
 
@@ -839,6 +871,23 @@ impl Drop for Fs {
             let _ = self.writeback_all();
         }
     }
+}
+
+/// The feature gate's refusal, naming the features.
+fn unsupported_incompat(names: &[String]) -> Error {
+    let mut msg = format!(
+        "image uses incompatible features rext4 does not support: {}",
+        names.join(", ")
+    );
+    if names.iter().any(|n| n == "mmp") {
+        // MMP guards an image shared between machines; rext4 would neither check nor
+        // update the MMP block, so it opens such images not at all.
+        msg.push_str(
+            " (mmp: multi-mount protection, which rext4 does not take part in, so it does \
+             not open the image; tune2fs -O ^mmp turns it off once no other host uses it)",
+        );
+    }
+    Error::Unsupported(msg)
 }
 
 /// The filesystem's own blocks (the kernel's "system zone"), merged and sorted.

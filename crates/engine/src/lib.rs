@@ -13,7 +13,12 @@
 //! - `pagecache`: file data pages, delayed allocation, read-ahead, writeback;
 //! - `fs`: superblock, feature gate, group descriptors, inode records;
 //! - `cache`: metadata buffers, verified on read;
-//! - `device`: the `BlockDevice` seam (file, memory).
+//! - `device`: the `BlockDevice` seam (file, memory);
+//! - `claim`: keeps other users away from an image opened by path (loop devices,
+//!   mounts, other rext4 processes).
+//!
+//! Warnings the engine cannot return to a caller (a writeback that failed in the
+//! background) go through the `log` crate; the embedding program routes them.
 //!
 //! Metadata readers take no lock but the buffer cache's map mutex (never held across
 //! I/O); metadata writers serialize on `Fs::write_lock`; file data takes the inode's
@@ -28,6 +33,7 @@ pub mod alloc;
 pub mod atime;
 pub mod cache;
 pub mod check;
+pub mod claim;
 pub mod device;
 pub mod dir;
 pub mod dir_write;
@@ -53,6 +59,7 @@ pub mod xattr;
 
 pub use atime::{AtimeMode, AtimePolicy};
 pub use check::{Audit, MetaKind};
+pub use claim::Claim;
 pub use dir::DirEntry;
 pub use error::{Error, Result};
 pub use file::{File, FileType, Metadata};

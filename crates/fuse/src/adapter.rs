@@ -468,7 +468,7 @@ impl Shared {
 
     fn debug(&self, f: impl FnOnce() -> String) {
         if self.cfg.debug {
-            eprintln!("rext4-fuse: {}", f());
+            log::debug!("{}", f());
         }
     }
 
@@ -482,10 +482,10 @@ impl Shared {
             )
             && !self.latched_ro.swap(true, Ordering::SeqCst)
         {
-            eprintln!("rext4: {what}: {e}; errors=remount-ro: refusing further changes");
+            log::error!("{what}: {e}; errors=remount-ro: refusing further changes");
         }
         if self.cfg.debug || matches!(e, Error::Io(_) | Error::Corrupted { .. }) {
-            eprintln!("rext4-fuse: {what}: {e}");
+            log::warn!("{what}: {e}");
         }
         errno(e)
     }
@@ -525,7 +525,7 @@ impl Shared {
 
     fn attr_of(&self, ino: Ino, i: &Inode) -> Result<FileAttr, Errno> {
         let kind = kind_of(i.mode).ok_or_else(|| {
-            eprintln!("rext4-fuse: inode {} has an unknown file type", ino.0);
+            log::error!("inode {} has an unknown file type", ino.0);
             Errno::EIO
         })?;
         let rdev = match kind {
@@ -950,7 +950,7 @@ impl Filesystem for Adapter {
         }
         let got = want & caps;
         if config.add_capabilities(got).is_err() {
-            eprintln!("rext4-fuse: kernel refused capabilities {got:?}");
+            log::warn!("kernel refused capabilities {got:?}");
         }
         self.s.writeback.store(
             got.contains(InitFlags::FUSE_WRITEBACK_CACHE),

@@ -1,14 +1,19 @@
 //! # rext4-fuse: mount an ext4 image through FUSE with the rext4 engine
 //!
 //! Owns: mount options (`parse_options`, mount(8)-style comma lists), the mount's
-//! lifetime (`mount`: lock the image, open the engine, mount with fuser, serve, unmount,
-//! close), and — in `adapter` — the translation of FUSE requests to engine calls.
-//! errno values appear here and in the CLI only.
+//! lifetime (`mount`: open the engine, mount with fuser, serve, unmount, close), and —
+//! in `adapter` — the translation of FUSE requests to engine calls; in `life`, what
+//! `rext4 umount` waits for and how a mount whose server died is cleaned up; in
+//! `serverlog`, where the server's messages go. errno values appear here and in the
+//! CLI only.
 //!
 //! Lifetime of a mount:
-//! 1. The image file gets a `flock` (exclusive for read-write, shared for read-only,
-//!    non-blocking): a second rext4 mount of an image in use fails with "image is in
-//!    use" instead of two engines writing one journal.
+//! 1. The engine's open claims the image (`rext4::claim`: exclusive flock for
+//!    read-write, shared for read-only; refused under a loop device, a kernel mount or
+//!    another rext4 writer, naming them): a second rext4 mount of an image in use fails
+//!    with "image is in use" instead of two engines writing one journal. The server
+//!    also holds a shared flock on the directory under its mount point until the image
+//!    is closed, which `rext4 umount` waits for (`life`).
 //! 2. Without `-f` the process forks first (before any thread exists); the parent waits
 //!    on a pipe until the child reports the mount up (or its error) and returns.
 //! 3. SIGINT, SIGTERM and SIGHUP are blocked in every thread and taken by one signal
@@ -44,12 +49,16 @@
 
 mod adapter;
 mod lowspace;
+mod life;
+mod serverlog;
+
+pub use serverlog::init_stderr_log;
 
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::thread::JoinHandleExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -116,6 +125,9 @@ pub struct MountOptions {
     /// `nodiratime`. FUSE inodes never get atime updates from the kernel, so the
     /// server applies this (see `adapter`).
     pub atime: rext4::AtimePolicy,
+    /// Append the server's messages to this file (`log=FILE`) instead of syslog (a
+    /// daemon) or standard error (`-f`).
+    pub log: Option<PathBuf>,
 }
 
 impl Default for MountOptions {
@@ -138,38 +150,8 @@ impl Default for MountOptions {
             exec: true,
             bdi_max_ratio: 40,
             atime: rext4::AtimePolicy::RELATIME,
+            log: None,
         }
-    }
-}
-
-/// Where the transport's own messages go (fuser logs through the `log` crate: that
-/// io_uring could not be set up and why, a malformed request, an operation the
-/// kernel sent that nothing serves): standard error, warnings and errors always,
-/// everything with `-o debug`. A daemon's standard error is /dev/null once it is up.
-struct StderrLog;
-
-impl log::Log for StderrLog {
-    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
-        m.level() <= log::max_level()
-    }
-    fn log(&self, r: &log::Record<'_>) {
-        if self.enabled(r.metadata()) {
-            eprintln!("rext4-fuse: {}: {}", r.level(), r.args());
-        }
-    }
-    fn flush(&self) {}
-}
-
-static STDERR_LOG: StderrLog = StderrLog;
-
-fn init_log(debug: bool) {
-    // Another logger set by an embedding program stays.
-    if log::set_logger(&STDERR_LOG).is_ok() {
-        log::set_max_level(if debug {
-            log::LevelFilter::Debug
-        } else {
-            log::LevelFilter::Warn
-        });
     }
 }
 
@@ -196,10 +178,11 @@ fn parse_num(opt: &str, v: &str) -> Result<u64, String> {
 
 /// Parse a mount(8)-style comma-separated option list (later options override
 /// earlier ones). Known: ro, rw, errors=continue|remount-ro, commit=N, cache_mb=N,
-/// threads=N, bdi_max_ratio=N, allow_other, default_permissions, nodefault_permissions, debug,
-/// writeback_cache, nowriteback_cache, uring, nouring, dev, nodev, suid, nosuid, exec, noexec,
-/// atime, relatime, nostrictatime, strictatime, norelatime, noatime, nodiratime, diratime,
-/// and the no-ops lazytime, nolazytime, defaults, async, auto, noauto.
+/// threads=N, bdi_max_ratio=N, log=FILE, allow_other, default_permissions,
+/// nodefault_permissions, debug, writeback_cache, nowriteback_cache, uring, nouring, dev,
+/// nodev, suid, nosuid, exec, noexec, atime, relatime, nostrictatime, strictatime,
+/// norelatime, noatime, nodiratime, diratime, and the no-ops lazytime, nolazytime,
+/// defaults, async, auto, noauto.
 pub fn parse_options(s: &str) -> Result<MountOptions, String> {
     let mut o = MountOptions::default();
     apply_options(&mut o, s)?;
@@ -252,7 +235,8 @@ pub fn apply_options(o: &mut MountOptions, s: &str) -> Result<(), String> {
                 }
                 o.bdi_max_ratio = n as u32;
             }
-            ("errors" | "commit" | "cache_mb" | "threads" | "bdi_max_ratio", None) => {
+            ("log", Some(x)) if !x.is_empty() => o.log = Some(PathBuf::from(x)),
+            ("errors" | "commit" | "cache_mb" | "threads" | "bdi_max_ratio" | "log", _) => {
                 return Err(format!("mount option {k} needs a value ({k}=...)"))
             }
             ("allow_other", _) => flag(o, |o| o.allow_other = true)?,
@@ -291,71 +275,87 @@ pub fn apply_options(o: &mut MountOptions, s: &str) -> Result<(), String> {
 /// Mount `image` at `mountpoint` and serve it until it is unmounted (`fusermount3 -u`,
 /// `umount`) or the server gets SIGINT/SIGTERM/SIGHUP. With `opts.foreground` this
 /// returns when the mount is gone and the image is closed; otherwise the process forks,
-/// the child serves, and this returns in the parent once the mount is up.
+/// the child serves, and this returns in the parent once the mount is up. A rext4
+/// mount at `mountpoint` whose server died is detached first (see `life`); the
+/// engine's open then recovers the image.
 pub fn mount(image: &Path, mountpoint: &Path, opts: &MountOptions) -> Result<(), String> {
     let image = image
         .canonicalize()
         .map_err(|e| format!("{}: {e}", image.display()))?;
+    clear_dead_mount(mountpoint)?;
     let mnt = mountpoint
         .canonicalize()
         .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
     if !mnt.is_dir() {
         return Err(format!("{}: not a directory", mnt.display()));
     }
-    if opts.foreground || opts.debug {
-        return serve(&image, &mnt, opts, None);
+    let mut opts = opts.clone();
+    if let Some(l) = &opts.log {
+        // The daemon works in /.
+        opts.log = Some(std::path::absolute(l).map_err(|e| format!("{}: {e}", l.display()))?);
     }
-    daemonize(&image, &mnt, opts)
+    if opts.foreground || opts.debug {
+        return serve(&image, &mnt, &opts, None);
+    }
+    daemonize(&image, &mnt, &opts)
 }
 
-/// Take a non-blocking flock on the image: exclusive for read-write, shared for ro.
-/// The lock lasts as long as the returned file is open.
-pub fn lock_image(image: &Path, exclusive: bool) -> Result<File, String> {
-    let f = File::open(image).map_err(|e| format!("{}: {e}", image.display()))?;
-    let op = if exclusive {
-        libc::LOCK_EX
-    } else {
-        libc::LOCK_SH
-    } | libc::LOCK_NB;
-    // SAFETY: flock on a descriptor we own; no memory is passed.
-    if unsafe { libc::flock(f.as_raw_fd(), op) } != 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            return Err(format!(
-                "{}: image is in use (mounted by another rext4 process)",
-                image.display()
-            ));
-        }
-        return Err(format!("{}: cannot lock the image: {e}", image.display()));
-    }
-    Ok(f)
+/// Detach a dead rext4 mount at `mountpoint`, if there is one, saying so.
+fn clear_dead_mount(mountpoint: &Path) -> Result<(), String> {
+    let Ok(mnt) = life::resolve_mountpoint(mountpoint) else {
+        return Ok(());
+    };
+    let Some(dead) = life::dead_rext4_mount(&mnt) else {
+        return Ok(());
+    };
+    life::detach(&mnt)?;
+    log::warn!(
+        "{}: the server of the rext4 mount of {} there had died: detached it",
+        mnt.display(),
+        dead.source.display()
+    );
+    Ok(())
+}
+
+/// Take a non-blocking flock on the image: exclusive for read-write, shared for ro
+/// (the lock every rext4 user of an image takes: `rext4::claim`). The lock lasts as
+/// long as the returned claim lives.
+pub fn lock_image(image: &Path, exclusive: bool) -> Result<rext4::Claim, String> {
+    rext4::claim::lock_path(image, exclusive).map_err(|e| format!("{}: {e}", image.display()))
 }
 
 /// `rext4 umount MNT`: unmount a rext4 mount and wait until its server has closed the
 /// image (journal committed, image marked clean), which a bare `fusermount3 -u` does not
-/// wait for. The server is known to be done when the image's lock can be taken.
-/// `limit` bounds the wait.
+/// wait for. The server is known to be done when its hold on the mount point is gone
+/// (`life`), so other mounts of the same image do not delay it. `limit` bounds the
+/// wait. A mount whose server died is detached and its image recovered at once (said
+/// as a warning).
 pub fn umount_and_wait(mountpoint: &Path, limit: std::time::Duration) -> Result<PathBuf, String> {
-    let mnt = mountpoint
-        .canonicalize()
-        .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
-    let info = std::fs::read("/proc/self/mountinfo").map_err(|e| format!("mountinfo: {e}"))?;
-    let want = mnt.as_os_str().as_encoded_bytes();
-    let image = info
-        .split(|&b| b == b'\n')
-        .filter_map(|l| {
-            let text = String::from_utf8_lossy(l);
-            let (left, right) = text.split_once(" - ")?;
-            let f: Vec<&str> = left.split(' ').collect();
-            let r: Vec<&str> = right.split(' ').collect();
-            let source = r.get(1)?;
-            (f.len() > 4
-                && unescape_mountinfo(f[4]).as_slice() == want
-                && matches!(r.first(), Some(&"fuse.rext4" | &"fuse")))
-            .then(|| PathBuf::from(std::ffi::OsString::from_vec(unescape_mountinfo(source))))
-        })
-        .next_back()
+    let mnt = life::resolve_mountpoint(mountpoint)?;
+    let entry = life::mount_entry(&mnt)
+        .filter(|e| matches!(e.fstype.as_str(), "fuse.rext4" | "fuse"))
         .ok_or_else(|| format!("{}: not a rext4 mount", mnt.display()))?;
+    let image = entry.source.clone();
+    if let Some(dead) = life::dead_rext4_mount(&mnt) {
+        life::detach(&mnt)?;
+        let what = if dead.read_only {
+            "the image was mounted read-only and is as it was".to_string()
+        } else {
+            match life::recover(&image) {
+                Ok(true) => format!("{} recovered (journal replayed)", image.display()),
+                Ok(false) => format!("{} needed no recovery", image.display()),
+                Err(e) => format!(
+                    "{} will be recovered (journal replayed) when it is next opened ({e})",
+                    image.display()
+                ),
+            }
+        };
+        log::warn!(
+            "{}: the mount's server had died (the mount was not connected): detached it; {what}",
+            mnt.display()
+        );
+        return Ok(image);
+    }
     // A root mount shows type "fuse" only: it is ours if a server holds the image lock.
     if lock_image(&image, true).is_ok() {
         return Err(format!(
@@ -365,21 +365,8 @@ pub fn umount_and_wait(mountpoint: &Path, limit: std::time::Duration) -> Result<
         ));
     }
     unmount(&mnt)?;
-    let t0 = std::time::Instant::now();
-    loop {
-        match lock_image(&image, true) {
-            Ok(_) => return Ok(image),
-            Err(e) if !e.contains("in use") => return Err(e),
-            Err(_) if t0.elapsed() > limit => {
-                return Err(format!(
-                    "{}: the server has not closed the image after {} s",
-                    image.display(),
-                    limit.as_secs()
-                ))
-            }
-            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
-        }
-    }
+    life::wait_for_server(&mnt, &image, entry.read_only, limit)?;
+    Ok(image)
 }
 
 /// Undo mountinfo's octal escapes (\040 for a space, ...).
@@ -486,8 +473,8 @@ fn unmount(mnt: &Path) -> Result<(), String> {
         Some(libc::EBUSY) => {
             // SAFETY: as above.
             if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
-                eprintln!(
-                    "rext4: {} is busy: detached; the image is closed when the last user goes",
+                log::warn!(
+                    "{} is busy: detached; the image is closed when the last user goes",
                     mnt.display()
                 );
                 return Ok(());
@@ -600,9 +587,11 @@ fn serve_inner(
     opts: &MountOptions,
     ready: &mut Ready,
 ) -> Result<(), String> {
-    init_log(opts.debug);
+    start_log(mnt, opts, ready.0.is_some())?;
     let ro = opts.ro && !opts.rw;
-    let _lock = lock_image(image, !ro)?;
+    // Held until this function returns, after the image is closed: `rext4 umount`
+    // waits for it (see `life`). Taken before the mount covers the directory.
+    let _mountpoint_hold = life::hold_mountpoint(mnt);
     // Block the stop signals before any thread starts (the engine's commit thread,
     // fuser's workers), so only the signal thread below receives them.
     let _mask = SignalMask::block();
@@ -617,6 +606,9 @@ fn serve_inner(
         // order with the kernel's (a file is never born after its first write).
         clock: Some(coarse_now),
         atime: opts.atime,
+        // The engine claims the image (exclusive for rw, shared for ro); a read-only
+        // mount refuses an image someone writes, as the kernel caches what it reads.
+        keep_writers_out: true,
         ..FsOptions::default()
     };
     if let Some(mb) = opts.cache_mb {
@@ -625,12 +617,12 @@ fn serve_inner(
     }
     let fs = Fs::open_with(image, fo).map_err(|e| format!("{}: {e}", image.display()))?;
     for w in fs.warnings() {
-        eprintln!("rext4: warning: {}: {w}", image.display());
+        log::warn!("{}: {w}", image.display());
     }
     let fs_ro = fs.is_read_only();
     if fs_ro && !ro {
-        eprintln!(
-            "rext4: warning: {}: the image can only be opened read-only; mounting ro",
+        log::warn!(
+            "{}: the image can only be opened read-only; mounting ro",
             image.display()
         );
     }
@@ -711,12 +703,10 @@ fn serve_inner(
             return Err(format!("mount {}: {e}", mnt.display()));
         }
     };
-    if opts.debug {
-        match session.uring_queues() {
-            0 => eprintln!("rext4-fuse: serving through /dev/fuse"),
-            n => eprintln!("rext4-fuse: serving through FUSE-over-io_uring, {n} queues"),
-        }
-    }
+    let transport = match session.uring_queues() {
+        0 => "/dev/fuse".to_string(),
+        n => format!("FUSE-over-io_uring, {n} queues"),
+    };
     let _ = shared.notifier.set(session.notifier());
     if !fs_ro && opts.writeback_cache {
         let bdi = match mount_bdi(mnt) {
@@ -728,9 +718,15 @@ fn serve_inner(
         };
         lowspace::LowSpace::start(&shared, bdi, opts.bdi_max_ratio);
     }
+    log::info!(
+        "mounted {} ({}), serving through {transport}",
+        image.display(),
+        if fs_ro { "read-only" } else { "read-write" }
+    );
     ready.ok();
     if ready_was_daemon(opts) {
         detach_stdio();
+        serverlog::stop_mirror();
     }
 
     // The signal thread: unmount on SIGINT/SIGTERM/SIGHUP; woken with `done` set when
@@ -750,7 +746,7 @@ fn serve_inner(
                     return;
                 }
                 if let Err(e) = unmount(&mnt) {
-                    eprintln!("rext4: signal {sig}: {e}");
+                    log::error!("signal {sig}: {e}");
                 }
             })
             .map_err(|e| format!("signal thread: {e}"))?
@@ -767,8 +763,37 @@ fn serve_inner(
     shared.release_all();
     let closed = fs.close();
     drop(shared);
-    run.map_err(|e| format!("FUSE session: {e}"))?;
-    closed.map_err(|e| format!("{}: closing: {e}", image.display()))
+    let r = run
+        .map_err(|e| format!("FUSE session: {e}"))
+        .and(closed.map_err(|e| format!("{}: closing: {e}", image.display())));
+    match &r {
+        Ok(()) => log::info!("unmounted; {} closed", image.display()),
+        // A foreground server's caller prints its error; a daemon's has gone.
+        Err(e) if ready_was_daemon(opts) || opts.log.is_some() => log::error!("{e}"),
+        Err(_) => {}
+    }
+    r
+}
+
+/// Route the server's messages (see `serverlog`): `-o log=FILE` appends to FILE, a
+/// daemon logs to syslog, a foreground server to standard error.
+fn start_log(mnt: &Path, opts: &MountOptions, daemon: bool) -> Result<(), String> {
+    let sink = match &opts.log {
+        Some(p) => {
+            use std::os::unix::fs::OpenOptionsExt;
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(p)
+                .map_err(|e| format!("log file {}: {e}", p.display()))?;
+            serverlog::Sink::File(f)
+        }
+        None if daemon => serverlog::Sink::Syslog,
+        None => serverlog::Sink::Stderr,
+    };
+    serverlog::configure(sink, mnt, opts.debug, daemon);
+    Ok(())
 }
 
 fn ready_was_daemon(opts: &MountOptions) -> bool {
@@ -813,6 +838,9 @@ mod tests {
         assert_eq!(o.threads, 3);
         assert!(!o.writeback_cache && !o.default_permissions);
         assert!(o.dev && o.suid && !o.exec);
+        assert_eq!(o.log, None);
+        let o = parse_options("log=/var/log/rext4.log").expect("valid");
+        assert_eq!(o.log, Some(PathBuf::from("/var/log/rext4.log")));
         // Later options win.
         let o = parse_options("ro,rw").expect("valid");
         assert!(o.rw && !o.ro);
@@ -852,6 +880,8 @@ mod tests {
             ("threads=0", "threads"),
             ("bdi_max_ratio=101", "bdi_max_ratio"),
             ("bdi_max_ratio", "bdi_max_ratio"),
+            ("log", "log"),
+            ("log=", "log"),
         ] {
             let e = parse_options(s).expect_err(s);
             assert!(e.contains(needle), "{s}: {e}");

@@ -410,7 +410,17 @@ pub(crate) fn prepare(per_queue: usize, payload: usize) -> io::Result<Prepared> 
         .ok_or_else(|| io::Error::other("unreadable CPU list"))?;
     let online = parse_cpu_list(&read("/sys/devices/system/cpu/online")?).unwrap_or_default();
     let plan = queue_plan(&possible, &online, per_queue)?;
-    can_switch_class().map_err(|e| io::Error::new(e.kind(), format!("scheduling class: {e}")))?;
+    can_switch_class().map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "its threads may not leave SCHED_IDLE ({e}): run as root (CAP_SYS_NICE) or \
+                 raise RLIMIT_NICE to 20 (`ulimit -e 20` where the hard limit allows, or \
+                 `USER - nice 0` in /etc/security/limits.conf) to use it; serving through \
+                 /dev/fuse"
+            ),
+        )
+    })?;
     let mut rings = Vec::with_capacity(plan.len());
     for (qid, pin) in plan {
         let ring = IoUring::<Entry128, cqueue::Entry>::builder().build(4)?;

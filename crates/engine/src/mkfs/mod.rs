@@ -175,15 +175,20 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<MkfsReport> {
 
 /// Create (or truncate) the regular file `path` as a sparse image of `size_bytes` and
 /// make a filesystem in it. `opts.size_bytes` and `opts.device_zeroed` are implied.
+/// An existing file in use (a loop device, a mount, another rext4 process) is refused
+/// with [`Error::InUse`] and left as it is.
 pub fn mkfs_file(path: &Path, size_bytes: u64, opts: &MkfsOptions) -> Result<MkfsReport> {
-    {
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)?;
-        f.set_len(size_bytes)?;
-    }
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)?;
+    // An image a loop device, a mount or another rext4 process uses is not formatted
+    // (as mke2fs refuses a mounted filesystem): claimed before it is truncated.
+    let _claim = crate::claim::Claim::write(path)?;
+    f.set_len(0)?;
+    f.set_len(size_bytes)?;
+    drop(f);
     let dev = FileDevice::open(path, false, false)?;
     let opts = MkfsOptions {
         size_bytes: Some(size_bytes),

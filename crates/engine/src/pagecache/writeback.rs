@@ -250,9 +250,9 @@ impl Fs {
             if let Err(e) = &r {
                 let we = match e {
                     Error::NoSpace => {
-                        eprintln!(
-                            "rext4: writeback of inode {} ran out of space: {} dirty \
-                             pages dropped",
+                        log::warn!(
+                            "writeback of inode {} ran out of space: {} dirty pages \
+                             dropped",
                             ino.0,
                             snaps.len()
                         );
