@@ -71,7 +71,7 @@ fn reason(e: &Error) -> String {
     let base = strerror(e.errno());
     match e {
         Error::Io(io) => crate::term::io_reason(io),
-        Error::Corrupted { .. } | Error::Unsupported(_) | Error::NotExt4(_) => {
+        Error::Corrupted { .. } | Error::Unsupported(_) | Error::NotExt4(_) | Error::InUse(_) => {
             format!("{base} ({e})")
         }
         _ => base,

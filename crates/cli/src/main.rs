@@ -196,6 +196,10 @@ enum Cmd {
     /// Unmount a `rext4 mount` and wait until the image is closed and clean:
     /// `rext4 umount MOUNTPOINT`.
     Umount(mount_cmd::UmountArgs),
+    /// Make a rext4 mount durable: everything written to it before, also what the
+    /// kernel still caches, is on stable storage when this returns (`sync` alone does
+    /// not reach a FUSE server): `rext4 sync MOUNTPOINT...`.
+    Sync(mount_cmd::SyncArgs),
     /// Run a benchmark workload through the API: `rext4 bench WORKLOAD IMAGE`
     /// (mdtest, seqwrite, seqread, smallfsync, pwtrunc, churn).
     Bench(bench::BenchArgs),
@@ -220,7 +224,7 @@ fn writes_an_image(cmd: &Cmd) -> bool {
     match cmd {
         Cmd::Info { .. } | Cmd::Ls { .. } | Cmd::Cat { .. } | Cmd::Stat { .. } => false,
         // The mount handles its own signals.
-        Cmd::Mount(_) | Cmd::Umount(_) => false,
+        Cmd::Mount(_) | Cmd::Umount(_) | Cmd::Sync(_) => false,
         Cmd::Cp { paths, .. } => paths.last().and_then(|d| image_spec(d)).is_some(),
         Cmd::Io(a) => a.writes(),
         _ => true,
@@ -292,6 +296,7 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
             mount_cmd::run(a).map_err(e1)?
         }
         Cmd::Umount(a) => mount_cmd::umount(a).map_err(e1)?,
+        Cmd::Sync(a) => mount_cmd::sync(a).map_err(e1)?,
         Cmd::Bench(args) => bench::run(args).map_err(e1)?,
     }
     Ok(())

@@ -11,6 +11,8 @@ use clap::ArgAction;
 #[derive(clap::Args, Debug, Clone)]
 pub struct MountArgs {
     /// Mount options, comma-separated (ro, rw, errors=continue|remount-ro, commit=SECS,
+    /// early_commit=MS (default 200: what the server got reaches the image file this
+    /// soon, so a crash of the server alone loses only that; 0 off),
     /// cache_mb=MIB (the engine's page cache bound; default 1/16 of RAM, 64 MiB to 2 GiB),
     /// threads=N, bdi_max_ratio=PCT (dirty-page share, default 40; 0 keeps
     /// the kernel's 1% strict FUSE limit), log=FILE (append the server's messages to
@@ -58,4 +60,43 @@ pub fn umount(args: UmountArgs) -> Result<(), String> {
         std::time::Duration::from_secs(args.timeout),
     )
     .map(drop)
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct SyncArgs {
+    /// Where rext4 mounts are mounted (or any file or directory in them).
+    #[arg(required = true)]
+    pub paths: Vec<PathBuf>,
+}
+
+/// `rext4 sync MNT...`: syncfs(2) makes the kernel write its dirty pages of the mount
+/// to the server and waits for them; then the server's sync ioctl writes everything
+/// back, commits the journal and flushes the image before it answers.
+pub fn sync(args: SyncArgs) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    for p in &args.paths {
+        let f = std::fs::File::open(p)
+            .map_err(|e| format!("{}: {}", p.display(), crate::term::io_reason(&e)))?;
+        // SAFETY: syncfs on a descriptor we own.
+        if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(format!(
+                "{}: syncfs: {}",
+                p.display(),
+                crate::term::io_reason(&e)
+            ));
+        }
+        // SAFETY: an _IO ioctl (no argument) on a descriptor we own.
+        let r = unsafe { libc::ioctl(f.as_raw_fd(), rext4_fuse::REXT4_IOC_SYNC as _) };
+        if r != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::ENOTTY | libc::EINVAL | libc::ENOSYS) => {
+                    format!("{}: not on a rext4 mount", p.display())
+                }
+                _ => format!("{}: {}", p.display(), crate::term::io_reason(&e)),
+            });
+        }
+    }
+    Ok(())
 }

@@ -132,7 +132,8 @@ pub fn reason(e: &Error) -> String {
         Error::Corrupted { .. }
         | Error::Unsupported(_)
         | Error::ShutDown(_)
-        | Error::NotExt4(_) => e.to_string(),
+        | Error::NotExt4(_)
+        | Error::InUse(_) => e.to_string(),
         Error::InvalidInput(d) | Error::NotPermitted(d) if !d.is_empty() => {
             format!("{} ({d})", strerror(e.errno()))
         }

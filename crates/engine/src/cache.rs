@@ -51,6 +51,8 @@ pub struct BufferCache {
     /// clean entries, so a cache full of dirty blocks is not rescanned on every insert).
     scan_at: AtomicUsize,
     dirty: AtomicUsize,
+    /// Bumped by every accepted write (whether something changed since a moment).
+    writes: std::sync::atomic::AtomicU64,
 }
 
 impl BufferCache {
@@ -69,6 +71,7 @@ impl BufferCache {
             map: Mutex::new(HashMap::new()),
             scan_at: AtomicUsize::new(cap),
             dirty: AtomicUsize::new(0),
+            writes: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -194,7 +197,14 @@ impl BufferCache {
         if !old.is_some_and(|e| e.dirty) {
             self.dirty.fetch_add(1, Ordering::Relaxed);
         }
+        self.writes.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// How many writes were accepted so far (compare two readings to know whether
+    /// anything was written in between).
+    pub fn write_count(&self) -> u64 {
+        self.writes.load(Ordering::Relaxed)
     }
 
     /// Write every dirty block to the device, in block order. Blocks stay cached.

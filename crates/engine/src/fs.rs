@@ -61,6 +61,17 @@ pub struct FsOptions {
     /// out while open (a shared flock; see [`crate::claim`]). The read-only mount sets
     /// it: its kernel caches what it reads for an hour.
     pub keep_writers_out: bool,
+    /// Write what changed to the journal this many milliseconds after it changed,
+    /// without a flush (0: never): file data goes to the image and metadata into the
+    /// log as an *early commit*, so a crash of this process (not of the machine)
+    /// loses only the last moment; the next open replays it when the machine has not
+    /// restarted since (see `jwrite`). The durable commit still follows every
+    /// `commit_secs`, at fsync and sync. The mount uses it.
+    pub early_commit_ms: u64,
+    /// This boot's id (`None`: /proc/sys/kernel/random/boot_id). Early commits carry
+    /// it, and only an open in the same boot replays them; tests pass another one to
+    /// act as after a restart.
+    pub boot_id: Option<[u8; 16]>,
 }
 
 impl Default for FsOptions {
@@ -75,6 +86,8 @@ impl Default for FsOptions {
             clock: None,
             atime: crate::AtimePolicy::default(),
             keep_writers_out: false,
+            early_commit_ms: 0,
+            boot_id: None,
         }
     }
 }
@@ -200,6 +213,8 @@ pub(crate) struct Inner {
     pub(crate) metadata_csum: bool,
     pub(crate) read_only: bool,
     pub(crate) warnings: Vec<String>,
+    /// This boot's id, for early commits (`FsOptions::boot_id`).
+    pub(crate) boot_id: Option<[u8; 16]>,
     /// The image claimed against other users (opens by path), released by `close`.
     pub(crate) claim: Mutex<Option<crate::claim::Claim>>,
 }
@@ -296,13 +311,14 @@ impl Fs {
             read_only = true;
         }
         let mut sb = sb;
+        let boot_id = opts.boot_id.or_else(crate::journal::current_boot_id);
         if sb.has_incompat(feature::INCOMPAT_RECOVER) && sb.has_compat(feature::COMPAT_HAS_JOURNAL)
         {
             // ---- journal recovery (owner: crate::journal) ----
             // Read-write: replay on the device. Read-only (asked, forced above, or a
             // read-only device): replay into an in-memory overlay and open that, so
             // the image is unchanged. Continue with the superblock as replayed.
-            let r = crate::journal::recover_for_open(dev.clone(), read_only)?;
+            let r = crate::journal::recover_for_open(dev.clone(), read_only, boot_id)?;
             warnings.extend(r.warnings);
             read_only |= r.read_only;
             let fc = r.sb.check_features();
@@ -389,6 +405,7 @@ impl Fs {
                 warnings,
                 system_zone,
                 claim: Mutex::new(claim),
+                boot_id,
             }),
         };
         {
@@ -441,6 +458,7 @@ impl Fs {
                 }
             }
             crate::jwrite::start_commit_thread(&fs, opts.commit_secs);
+            crate::jwrite::start_early_thread(&fs, opts.early_commit_ms);
             crate::pagecache::writeback::start_writeback_thread(&fs);
         }
         Ok(fs)
@@ -543,6 +561,19 @@ impl Fs {
 
     /// Commit the metadata changes made so far (what jbd2's periodic commit does):
     /// dirty file data stays in the page cache.
+    /// Make everything changed so far survive a crash of this process (not of the
+    /// machine): file data written to the image, metadata to the log as an early
+    /// commit (`FsOptions::early_commit_ms`; the next open in the same boot replays
+    /// it). Nothing is flushed; [`Fs::sync`] makes it durable.
+    pub fn early_commit(&self) -> Result<()> {
+        if self.inner.read_only {
+            return Ok(());
+        }
+        self.writeback_every_file(false)?;
+        let _w = self.write_lock();
+        self.inner.early_commit_locked()
+    }
+
     pub fn sync_metadata(&self) -> Result<()> {
         if self.inner.read_only {
             return Ok(());
@@ -767,6 +798,46 @@ impl Inner {
             *self.shutdown.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
         }
         r
+    }
+
+    /// An early commit of the metadata changed since the last one (no flush; see
+    /// `FsOptions::early_commit_ms`), or a commit when the log has no room for it.
+    /// Caller holds the write lock and wrote the file data back first.
+    pub(crate) fn early_commit_locked(&self) -> Result<()> {
+        let Some(boot) = self.boot_id else {
+            return Ok(());
+        };
+        if let Some(why) = self
+            .shutdown
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            return Err(Error::ShutDown(why));
+        }
+        let mut jguard = self.journal.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(j) = jguard.as_mut() else {
+            return Ok(());
+        };
+        self.write_group_descs()?;
+        self.superblock_into_cache()?;
+        let dirty = self.cache.dirty_blocks();
+        if dirty.is_empty() {
+            return Ok(());
+        }
+        let dev = self.cache.device().clone();
+        match j.early_commit(dev.as_ref(), &dirty, &boot) {
+            Ok(crate::jwrite::EarlyOutcome::NoRoom) => {
+                drop(jguard);
+                self.sync_locked()
+            }
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let why = format!("journal early commit failed: {e}");
+                *self.shutdown.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+                Err(e)
+            }
+        }
     }
 
     fn commit_and_checkpoint(&self, j: &mut crate::jwrite::Journal) -> Result<()> {

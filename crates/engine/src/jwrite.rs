@@ -25,7 +25,7 @@
 
 use std::sync::Arc;
 
-use rext4_format::jbd2::{self, CommitBlock, JournalSuperblock, LogFormat, Tag};
+use rext4_format::jbd2::{self, CommitBlock, EarlyRecord, JournalSuperblock, LogFormat, Tag};
 
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
@@ -38,6 +38,33 @@ pub(crate) struct Journal {
     jsb: JournalSuperblock,
     bs: usize,
     last_commit_sec: u64,
+    /// The chain of early commits since the last commit, if any.
+    early: Option<Early>,
+}
+
+/// A chain of early commits (format crate, "rext4's early commits"): transactions
+/// written to the log from `s_first` on, each ending in an EARLY block, with no flush;
+/// the log stays empty for jbd2 (`s_start` 0) and the chain's start is in the journal
+/// superblock's padding. The next commit goes after the chain, so a crash while it is
+/// written still finds the chain; its checkpoint ends the chain.
+struct Early {
+    /// The log block after the chain.
+    next: u32,
+    /// tid of the next transaction (early or not).
+    next_tid: u32,
+    /// Checksum of the content each home block was last logged with in the chain:
+    /// an early commit logs only what changed since the one before.
+    logged: std::collections::HashMap<u64, u32>,
+}
+
+/// What an early commit did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum EarlyOutcome {
+    Written,
+    /// Nothing changed since the last one.
+    Nothing,
+    /// The log has no room for it beside the commit that must follow: commit now.
+    NoRoom,
 }
 
 impl Journal {
@@ -104,6 +131,7 @@ impl Journal {
             jsb,
             bs,
             last_commit_sec: 0,
+            early: None,
         }))
     }
 
@@ -125,7 +153,10 @@ impl Journal {
             ));
         }
         let f = self.jsb.features();
-        let mut changed = false;
+        // A chain record left by an earlier run was replayed (or was not ours to
+        // replay) when the image was opened: it must not point at what we write now.
+        let mut changed = EarlyRecord::from_sb(&self.jsb).is_some();
+        EarlyRecord::store(None, &mut self.jsb);
         if metadata_csum && !f.csum_v3() {
             self.jsb.enable_csum_v3(is64);
             changed = true;
@@ -156,26 +187,26 @@ impl Journal {
         cap.saturating_sub(2) * tpd / (tpd + 1)
     }
 
-    /// Write one transaction to the log and commit it (durable on return).
-    pub(crate) fn commit(
-        &mut self,
+    /// Log blocks a transaction of `n` blocks takes: descriptors, the blocks, and its
+    /// commit (or EARLY) block.
+    fn log_blocks_for(&self, n: usize) -> u32 {
+        let tpd = jbd2::tag_capacity(self.bs, &self.jsb.features()).max(1);
+        (n.div_ceil(tpd) + n + 1) as u32
+    }
+
+    /// Write descriptors and `blocks` of transaction `tid` at log block `pos`;
+    /// returns the log block after them.
+    fn write_blocks(
+        &self,
         dev: &dyn BlockDevice,
+        tid: u32,
+        mut pos: u32,
         blocks: &[(u64, Arc<[u8]>)],
     ) -> Result<u32> {
         let fmt = self.fmt();
-        let f = self.jsb.features();
-        let tid = self.jsb.sequence;
-        let tpd = jbd2::tag_capacity(self.bs, &f).max(1);
-        if blocks.len() > self.max_blocks() {
-            return Err(Error::InvalidInput(
-                "transaction larger than the journal".into(),
-            ));
-        }
-        let first = self.jsb.first;
-        let mut pos = first;
-        let map = self.map.clone();
+        let tpd = jbd2::tag_capacity(self.bs, &self.jsb.features()).max(1);
         let bs = self.bs as u64;
-        let at = |p: u32| map[p as usize] * bs;
+        let at = |p: u32| self.map[p as usize] * bs;
         for chunk in blocks.chunks(tpd) {
             let mut tags = Vec::with_capacity(chunk.len());
             let mut datas = Vec::with_capacity(chunk.len());
@@ -203,12 +234,116 @@ impl Journal {
                 pos += 1;
             }
         }
+        Ok(pos)
+    }
+
+    /// Write the blocks changed since the last early commit to the log as an early
+    /// commit (no flush: it survives a crash of this process, not of the machine;
+    /// see `Early`). `boot_id` is this boot's. Caller holds the write lock.
+    pub(crate) fn early_commit(
+        &mut self,
+        dev: &dyn BlockDevice,
+        blocks: &[(u64, Arc<[u8]>)],
+        boot_id: &[u8; 16],
+    ) -> Result<EarlyOutcome> {
+        let first = self.jsb.first;
+        let (next, tid) = match &self.early {
+            Some(e) => (e.next, e.next_tid),
+            None => (first, self.jsb.sequence),
+        };
+        let sums: Vec<u32> = blocks
+            .iter()
+            .map(|(_, d)| rext4_format::csum::raw(!0, d))
+            .collect();
+        let changed: Vec<(u64, Arc<[u8]>)> = blocks
+            .iter()
+            .zip(&sums)
+            .filter(|((home, _), sum)| {
+                self.early
+                    .as_ref()
+                    .and_then(|e| e.logged.get(home))
+                    .is_none_or(|s| s != *sum)
+            })
+            .map(|(b, _)| b.clone())
+            .collect();
+        if changed.is_empty() {
+            return Ok(EarlyOutcome::Nothing);
+        }
+        // Room for this and for the commit of everything that must follow it.
+        let need = u64::from(self.log_blocks_for(changed.len()))
+            + u64::from(self.log_blocks_for(blocks.len()));
+        if u64::from(next) + need > u64::from(self.jsb.maxlen) {
+            return Ok(EarlyOutcome::NoRoom);
+        }
+        if self.early.is_none() {
+            // The record first: a crash before the chain is written finds no valid
+            // transaction where it points.
+            let rec = EarlyRecord {
+                start: first,
+                first_tid: tid,
+                boot_id: *boot_id,
+            };
+            EarlyRecord::store(Some(&rec), &mut self.jsb);
+            self.write_jsb(dev)?;
+            self.early = Some(Early {
+                next,
+                next_tid: tid,
+                logged: Default::default(),
+            });
+        }
+        let pos = self.write_blocks(dev, tid, next, &changed)?;
+        let mut eb = vec![0u8; self.bs];
+        jbd2::encode_early(&mut eb, tid, boot_id, self.fmt().j_seed)?;
+        dev.write_at(&eb, self.map[pos as usize] * self.bs as u64)?;
+        if let Some(e) = self.early.as_mut() {
+            e.next = pos + 1;
+            e.next_tid = tid.wrapping_add(1);
+            for ((home, _), sum) in blocks.iter().zip(&sums) {
+                e.logged.insert(*home, *sum);
+            }
+        }
+        Ok(EarlyOutcome::Written)
+    }
+
+    /// Write one transaction to the log and commit it (durable on return). After a
+    /// chain of early commits it goes after the chain when the log has room (a crash
+    /// while it is written then still finds the chain), else from `s_first`, ending
+    /// the chain first.
+    pub(crate) fn commit(
+        &mut self,
+        dev: &dyn BlockDevice,
+        blocks: &[(u64, Arc<[u8]>)],
+    ) -> Result<u32> {
+        let fmt = self.fmt();
+        if blocks.len() > self.max_blocks() {
+            return Err(Error::InvalidInput(
+                "transaction larger than the journal".into(),
+            ));
+        }
+        let first = self.jsb.first;
+        let need = self.log_blocks_for(blocks.len());
+        let (start, tid) = match &self.early {
+            Some(e) if u64::from(e.next) + u64::from(need) <= u64::from(self.jsb.maxlen) => {
+                (e.next, e.next_tid)
+            }
+            Some(e) => {
+                let tid = e.next_tid;
+                self.early = None;
+                EarlyRecord::store(None, &mut self.jsb);
+                (first, tid)
+            }
+            None => (first, self.jsb.sequence),
+        };
+        let map = self.map.clone();
+        let bs = self.bs as u64;
+        let at = |p: u32| map[p as usize] * bs;
+        let pos = self.write_blocks(dev, tid, start, blocks)?;
         // The commit block's slot is zeroed first, made durable with the rest: the
         // commit record then differs from what is on disk only in its first sector, so
         // a torn commit write leaves either the whole record or none of it (a torn one
         // would read as a corrupt transaction, and recovery would refuse the log).
         dev.write_at(&vec![0u8; self.bs], at(pos))?;
-        self.jsb.start = first;
+        self.jsb.start = start;
         self.jsb.sequence = tid;
         self.write_jsb(dev)?;
         dev.flush()?;
@@ -225,10 +360,13 @@ impl Journal {
         Ok(tid)
     }
 
-    /// The committed transaction is home: empty the log.
+    /// The committed transaction is home: empty the log (and end any chain of early
+    /// commits, which it contained).
     pub(crate) fn checkpointed(&mut self, dev: &dyn BlockDevice) -> Result<()> {
         self.jsb.start = 0;
         self.jsb.sequence = self.jsb.sequence.wrapping_add(1);
+        self.early = None;
+        EarlyRecord::store(None, &mut self.jsb);
         self.write_jsb(dev)
     }
 }
@@ -255,5 +393,37 @@ pub(crate) fn start_commit_thread(fs: &Fs, secs: u64) {
             }
         });
     // Without the thread, commits still happen at sync, fsync and close.
+    drop(spawned);
+}
+
+/// Early commits every `ms` milliseconds while something changed (`FsOptions::
+/// early_commit_ms`; 0: none). The thread holds only a weak reference and ends with
+/// the filesystem.
+pub(crate) fn start_early_thread(fs: &Fs, ms: u64) {
+    if ms == 0 || fs.inner.boot_id.is_none() || !fs.journaling() {
+        return;
+    }
+    let weak = Arc::downgrade(&fs.inner);
+    let spawned = std::thread::Builder::new()
+        .name("rext4-early".into())
+        .spawn(move || {
+            let mut seen = u64::MAX;
+            loop {
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+                let Some(inner) = weak.upgrade() else { return };
+                let fs = Fs { inner };
+                if fs.check_writable().is_err() {
+                    return;
+                }
+                let dirty_data = fs.page_cache_stats().dirty_bytes > 0;
+                let now = fs.cache().write_count();
+                if dirty_data || now != seen {
+                    if fs.early_commit().is_err() {
+                        return;
+                    }
+                    seen = fs.cache().write_count();
+                }
+            }
+        });
     drop(spawned);
 }

@@ -5,7 +5,8 @@
 //! whose fsync completed before the crash must hold exactly its fsynced content.
 //!
 //! Workloads: many small files written and fsynced; atomic replace (write temp, fsync,
-//! rename over, fsync); deep trees with unlinks; large appends and truncates.
+//! rename over, fsync); deep trees with unlinks; large appends and truncates; files
+//! with early commits (unflushed log writes, as the mount makes) between fsyncs.
 //! `REXT4_CRASH_VARIANTS` (default 3, what CI runs) lost/torn variants per flush point;
 //! the long sweep (`REXT4_CRASH_VARIANTS=40`) builds ≥ 50,000 images. Each sweep asserts
 //! the least number of images its workload must give (one per fsync/sync, plus the
@@ -43,6 +44,11 @@ impl History {
         Some((ok, self.deleted_from.is_some_and(|d| p >= d)))
     }
 }
+
+/// The boot the workloads write in, and the one recovery runs in (after a power loss
+/// the machine restarted).
+const WRITER_BOOT: [u8; 16] = [0xB0; 16];
+const RESTARTED_BOOT: [u8; 16] = [0xB1; 16];
 
 struct Run {
     base: Vec<u8>,
@@ -93,6 +99,52 @@ fn small_files() -> Run {
                 deleted_from: None,
             },
         );
+    }
+    fs.close().expect("close");
+    Run {
+        base,
+        events: dev.take(),
+        syncs,
+        files,
+    }
+}
+
+/// Files written with early commits between them (as the mount makes every moment):
+/// unflushed transactions in the log, which a power loss may tear; every third file
+/// fsynced. The boot that wrote them is `WRITER_BOOT`; recovery acts as after a
+/// restart (`recover`), where only what was committed counts.
+fn early_commits() -> Run {
+    let base = base_image();
+    let dev = Arc::new(Recorder::new(base.clone()));
+    let opts = FsOptions {
+        read_only: false,
+        commit_secs: 0,
+        boot_id: Some(WRITER_BOOT),
+        ..FsOptions::default()
+    };
+    let fs = Fs::open_device(dev.clone(), opts).expect("open rw");
+    let mut files = BTreeMap::new();
+    let mut syncs = 0;
+    fs.create_dir("/e").expect("mkdir");
+    for i in 0..30u64 {
+        let p = format!("/e/f{i}");
+        let d = data(i + 500, 200 + (i as usize * 53) % 5000);
+        let start = dev.len();
+        let f = fs.create(&p).expect("create");
+        f.write_all_at(&d, 0).expect("write");
+        if i % 3 == 2 {
+            f.sync_all().expect("fsync");
+            syncs += 1;
+            files.insert(
+                p,
+                History {
+                    versions: vec![(start, dev.len(), d)],
+                    deleted_from: None,
+                },
+            );
+        } else {
+            fs.early_commit().expect("early commit");
+        }
     }
     fs.close().expect("close");
     Run {
@@ -214,9 +266,12 @@ fn appends_and_truncates() -> Run {
 fn recover(path: &std::path::Path, how: &str) -> Result<(), String> {
     match how {
         "rext4" => {
+            // A crash image is what a power loss leaves: the machine restarted, so
+            // early commits (written without a flush, in `WRITER_BOOT`) do not count.
             let opts = FsOptions {
                 read_only: false,
                 commit_secs: 0,
+                boot_id: Some(RESTARTED_BOOT),
                 ..FsOptions::default()
             };
             let fs = Fs::open_with(path, opts).map_err(|e| format!("rext4 open: {e}"))?;
@@ -368,4 +423,9 @@ fn crash_deep_trees_unlink() {
 #[test]
 fn crash_appends_truncates() {
     sweep("appends-truncates", appends_and_truncates(), &recoverers());
+}
+
+#[test]
+fn crash_early_commits() {
+    sweep("early-commits", early_commits(), &recoverers());
 }

@@ -309,14 +309,22 @@ fn directory_growth_that_runs_out_halfway_leaves_it_whole() {
     for i in 0..19 {
         fs.create(name(i)).expect("create");
     }
-    assert_eq!(fs.metadata("/d").expect("stat").len(), 4096, "still one block");
+    assert_eq!(
+        fs.metadata("/d").expect("stat").len(),
+        4096,
+        "still one block"
+    );
     let _root = act_as_privileged(true);
     let took = fill(&fs, "/fill", 1 << 20);
     // Give back exactly one block, committed so it can be used.
     fs.set_len("/fill", took - 4096).expect("shrink by a block");
     fs.sync().expect("sync");
     let r = fs.create(name(19));
-    assert!(matches!(r, Err(Error::NoSpace)), "20th name: {:?}", r.map(|_| ()));
+    assert!(
+        matches!(r, Err(Error::NoSpace)),
+        "20th name: {:?}",
+        r.map(|_| ())
+    );
     let names = fs.read_dir("/d").expect("readdir");
     assert_eq!(names.len(), 19);
     assert_counts(&fs, "after the failed conversion");

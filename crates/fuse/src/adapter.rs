@@ -1618,16 +1618,21 @@ impl Filesystem for Adapter {
     fn fsyncdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
         let s = &self.s;
-        tri!(
-            reply,
-            s.fs.sync_metadata().map_err(|e| s.fail("fsyncdir", &e))
-        );
+        // fsync of a directory commits the journal, as on ext4. Of the mount's root it
+        // makes the whole filesystem durable (`sync MNT`, which opens the mount point
+        // and fsyncs it: this kernel sends no SYNCFS to a FUSE server).
+        let r = if to_ext4(ino) == Ino::ROOT {
+            s.fs.sync()
+        } else {
+            s.fs.sync_metadata()
+        };
+        tri!(reply, r.map_err(|e| s.fail("fsyncdir", &e)));
         reply.ok();
     }
 
@@ -1932,6 +1937,12 @@ impl Filesystem for Adapter {
             Ok::<(), Errno>(())
         };
         match cmd {
+            crate::REXT4_IOC_SYNC => {
+                // `rext4 sync`: everything the server has durable; the caller made the
+                // kernel hand over its dirty pages first (syncfs).
+                tri!(reply, s.fs.sync().map_err(|e| s.fail("sync", &e)));
+                reply.ioctl(0, &[]);
+            }
             FS_IOC_GETFLAGS => {
                 let f = tri!(reply, flags());
                 reply.ioctl(0, &f.to_ne_bytes());

@@ -48,8 +48,8 @@
 //! the like (vendor/fuser/src/uring.rs).
 
 mod adapter;
-mod lowspace;
 mod life;
+mod lowspace;
 mod serverlog;
 
 pub use serverlog::init_stderr_log;
@@ -68,6 +68,13 @@ use fuser::{Config, MountOption, Session, SessionACL};
 use rext4::{AtimeMode, Fs, FsOptions};
 
 use adapter::{Adapter, AdapterConfig, Shared};
+
+/// The ioctl (`_IO('r', 0xE4)`) on any file or directory of a rext4 mount that makes
+/// everything the server holds durable (file data, then a journal commit and device
+/// flushes) before it returns. `rext4 sync` calls syncfs(2) first, so that the kernel's
+/// dirty pages of the mount reach the server too (this kernel sends no SYNCFS to a FUSE
+/// server).
+pub const REXT4_IOC_SYNC: u32 = 0x72E4;
 
 /// What to do after an I/O error or detected corruption (ext4's errors=).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +95,11 @@ pub struct MountOptions {
     pub errors: ErrorsPolicy,
     /// Journal commit interval in seconds (ext4's commit=; 0 disables periodic commits).
     pub commit_secs: u64,
+    /// Milliseconds after a change that it reaches the image file as an early commit
+    /// (`early_commit=`, default 200; 0: never): file data written to the image and
+    /// metadata to the log, without a flush, so a crash of the server process alone
+    /// loses only the last moment (`FsOptions::early_commit_ms`).
+    pub early_commit_ms: u64,
     /// Page cache (file data) size in MiB (engine default when `None`: 1/16 of RAM,
     /// 64 MiB to 2 GiB).
     pub cache_mb: Option<u64>,
@@ -137,6 +149,7 @@ impl Default for MountOptions {
             rw: true,
             errors: ErrorsPolicy::Continue,
             commit_secs: 5,
+            early_commit_ms: 200,
             cache_mb: None,
             allow_other: false,
             default_permissions: true,
@@ -178,7 +191,7 @@ fn parse_num(opt: &str, v: &str) -> Result<u64, String> {
 
 /// Parse a mount(8)-style comma-separated option list (later options override
 /// earlier ones). Known: ro, rw, errors=continue|remount-ro, commit=N, cache_mb=N,
-/// threads=N, bdi_max_ratio=N, log=FILE, allow_other, default_permissions,
+/// early_commit=MS, threads=N, bdi_max_ratio=N, log=FILE, allow_other, default_permissions,
 /// nodefault_permissions, debug, writeback_cache, nowriteback_cache, uring, nouring, dev,
 /// nodev, suid, nosuid, exec, noexec, atime, relatime, nostrictatime, strictatime,
 /// norelatime, noatime, nodiratime, diratime, and the no-ops lazytime, nolazytime,
@@ -220,6 +233,7 @@ pub fn apply_options(o: &mut MountOptions, s: &str) -> Result<(), String> {
                 ))
             }
             ("commit", Some(x)) => o.commit_secs = parse_num(k, x)?,
+            ("early_commit", Some(x)) => o.early_commit_ms = parse_num(k, x)?,
             ("cache_mb", Some(x)) => o.cache_mb = Some(parse_num(k, x)?),
             ("threads", Some(x)) => {
                 let n = parse_num(k, x)?;
@@ -236,9 +250,11 @@ pub fn apply_options(o: &mut MountOptions, s: &str) -> Result<(), String> {
                 o.bdi_max_ratio = n as u32;
             }
             ("log", Some(x)) if !x.is_empty() => o.log = Some(PathBuf::from(x)),
-            ("errors" | "commit" | "cache_mb" | "threads" | "bdi_max_ratio" | "log", _) => {
-                return Err(format!("mount option {k} needs a value ({k}=...)"))
-            }
+            (
+                "errors" | "commit" | "early_commit" | "cache_mb" | "threads" | "bdi_max_ratio"
+                | "log",
+                _,
+            ) => return Err(format!("mount option {k} needs a value ({k}=...)")),
             ("allow_other", _) => flag(o, |o| o.allow_other = true)?,
             ("default_permissions", _) => flag(o, |o| o.default_permissions = true)?,
             ("nodefault_permissions", _) => flag(o, |o| o.default_permissions = false)?,
@@ -598,6 +614,7 @@ fn serve_inner(
     let mut fo = FsOptions {
         read_only: ro,
         commit_secs: opts.commit_secs,
+        early_commit_ms: opts.early_commit_ms,
         // The kernel's page cache holds file data (KEEP_CACHE, and the writeback
         // cache): the engine keeps only dirty pages, for delayed allocation.
         cache_clean: false,

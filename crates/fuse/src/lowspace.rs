@@ -352,8 +352,9 @@ mod tests {
     fn window_is_half_the_space_within_floor_and_cap() {
         assert_eq!(window_for(1 << 40, 1 << 30), 1 << 30);
         assert_eq!(window_for(100 << 20, 1 << 30), 50 << 20);
-        assert_eq!(window_for(4 << 20, 1 << 30), FLOOR_BYTES);
+        assert_eq!(window_for(1 << 20, 1 << 30), FLOOR_BYTES);
         assert_eq!(window_for(100 << 20, 4 << 20), 4 << 20);
+        assert_eq!(window_for(100 << 20, 512 << 10), 512 << 10);
     }
 
     #[test]

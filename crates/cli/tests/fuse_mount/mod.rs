@@ -117,8 +117,10 @@ impl Mounted {
         st
     }
 
+    /// Unmount (also a dead mount whose server was already reaped by `wait_exit`),
+    /// then wait for the server; its exit status if it was still ours to reap.
     pub fn stop(&mut self) -> Option<ExitStatus> {
-        let mut child = self.child.take()?;
+        let child = self.child.take();
         for attempt in 0..50 {
             if !is_mounted(self.path()) {
                 break;
@@ -137,6 +139,7 @@ impl Mounted {
         if is_mounted(self.path()) {
             let _ = Command::new("umount").arg("-l").arg(self.path()).status();
         }
+        let mut child = child?;
         let st = wait_child(&mut child, Duration::from_secs(30));
         if st.is_none() {
             let _ = child.kill();

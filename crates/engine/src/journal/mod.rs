@@ -37,6 +37,22 @@ use crate::error::{Error, Result};
 pub use overlay::Overlay;
 pub use replay::{examine, replay, ReplayReport};
 
+/// This boot's id (/proc/sys/kernel/random/boot_id), which early commits carry: the
+/// host's page cache kept everything written during it, in order.
+pub(crate) fn current_boot_id() -> Option<[u8; 16]> {
+    let t = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let hex: Vec<u8> = t.trim().bytes().filter(|b| *b != b'-').collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut id = [0u8; 16];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        let s = std::str::from_utf8(pair).ok()?;
+        id[i] = u8::from_str_radix(s, 16).ok()?;
+    }
+    Some(id)
+}
+
 /// Largest journal rext4 maps (mke2fs allows at most 10,240,000 blocks).
 const MAX_JOURNAL_BLOCKS: u64 = 1 << 24;
 /// Bound on extent-tree and indirect blocks read while mapping the journal.
@@ -328,7 +344,11 @@ pub(crate) struct Recovered {
 /// Recover the journal of the image on `dev` for an open. Read-write (`read_only`
 /// false and a writable device): replay on the device itself. Otherwise replay into an
 /// [`Overlay`] so the image stays byte-for-byte unchanged.
-pub(crate) fn recover_for_open(dev: Arc<dyn BlockDevice>, read_only: bool) -> Result<Recovered> {
+pub(crate) fn recover_for_open(
+    dev: Arc<dyn BlockDevice>,
+    read_only: bool,
+    boot_id: Option<[u8; 16]>,
+) -> Result<Recovered> {
     let ro = read_only || dev.is_read_only();
     let (_, sb) = read_superblock(dev.as_ref())?;
     let device: Arc<dyn BlockDevice> = if ro {
@@ -336,7 +356,7 @@ pub(crate) fn recover_for_open(dev: Arc<dyn BlockDevice>, read_only: bool) -> Re
     } else {
         dev
     };
-    let report = replay(device.as_ref())?;
+    let report = replay::replay_in_boot(device.as_ref(), boot_id)?;
     let mut warnings = Vec::new();
     if ro {
         warnings.push(format!(

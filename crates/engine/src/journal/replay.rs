@@ -29,11 +29,17 @@
 //! A journal superblock with a recorded abort (`s_errno`) also marks ERROR_FS and is
 //! cleared, as the kernel's mount does.
 //!
+//! rext4's early commits (see `jwrite`): when no committed transaction is in the log
+//! and the journal superblock records a chain of them written in this boot, the chain's
+//! complete transactions (descriptors, every tag checksum and the EARLY block verified)
+//! are replayed in order, then the log is emptied as above and the record cleared. In
+//! another boot, or for jbd2's recovery, the chain does not exist.
+//!
 //! Not handled: fast-commit replay (a journal with FAST_COMMIT is refused as
 //! unsupported), external journals.
 
 use rext4_format::jbd2::{
-    self, unescape, verify_tag, JournalSuperblock, LogEnd, ScanResult, Scanner,
+    self, unescape, verify_tag, EarlyRecord, JournalSuperblock, LogEnd, ScanResult, Scanner,
 };
 use rext4_format::superblock::{feature, SB_OFFSET, STATE_ERROR};
 use rext4_format::FormatError;
@@ -74,6 +80,9 @@ pub struct ReplayReport {
     pub end: LogEnd,
     /// `s_errno` found in the journal superblock (0 = none).
     pub journal_errno: i32,
+    /// Of `transactions`, rext4's early commits (replayed only in the boot that wrote
+    /// them; see `jwrite`).
+    pub early_transactions: usize,
 }
 
 impl ReplayReport {
@@ -92,6 +101,7 @@ impl ReplayReport {
             log_head: 0,
             end: LogEnd::Empty,
             journal_errno: 0,
+            early_transactions: 0,
         }
     }
 
@@ -137,12 +147,88 @@ impl ReplayReport {
 /// replay (named), `Corrupted` for an unreadable journal or a corrupt transaction
 /// ("journal transaction N is corrupt: ..."); in both cases nothing was written.
 pub fn replay(dev: &dyn BlockDevice) -> Result<ReplayReport> {
-    run(dev, true)
+    run(dev, true, super::current_boot_id())
 }
 
 /// A dry run of [`replay`]: the same checks and report, nothing written.
 pub fn examine(dev: &dyn BlockDevice) -> Result<ReplayReport> {
-    run(dev, false)
+    run(dev, false, super::current_boot_id())
+}
+
+/// [`replay`], with rext4's early commits replayed only when they were written during
+/// boot `boot_id` (`None`: never).
+pub(crate) fn replay_in_boot(
+    dev: &dyn BlockDevice,
+    boot_id: Option<[u8; 16]>,
+) -> Result<ReplayReport> {
+    run(dev, true, boot_id)
+}
+
+/// One transaction of a chain of early commits: tid, and where each of its logged
+/// blocks is.
+type EarlyTxn = (u32, Vec<jbd2::LoggedBlock>);
+
+/// The complete transactions of the chain of early commits `jsb` records, when it
+/// was written during boot `boot_id`: each with valid descriptors, every data block's
+/// checksum verified, and its EARLY block; the chain ends at the first that is not.
+fn early_chain(
+    dev: &dyn BlockDevice,
+    map: &JournalMap,
+    jsb: &JournalSuperblock,
+    boot_id: Option<[u8; 16]>,
+) -> Result<Vec<EarlyTxn>> {
+    let (Some(rec), Some(boot)) = (EarlyRecord::from_sb(jsb), boot_id) else {
+        return Ok(Vec::new());
+    };
+    if rec.boot_id != boot || rec.start < jsb.first || rec.start >= jsb.maxlen {
+        return Ok(Vec::new());
+    }
+    let fmt = jsb.log_format();
+    let bs = jsb.blocksize as usize;
+    let mut buf = vec![0u8; bs];
+    let mut data = vec![0u8; bs];
+    let mut chain = Vec::new();
+    let mut pos = rec.start;
+    let mut tid = rec.first_tid;
+    let mut cur: Vec<jbd2::LoggedBlock> = Vec::new();
+    while pos < jsb.maxlen {
+        map.read(dev, u64::from(pos), &mut buf)?;
+        if jbd2::is_early(&buf, tid, &boot, fmt.j_seed) {
+            chain.push((tid, std::mem::take(&mut cur)));
+            tid = tid.wrapping_add(1);
+            pos += 1;
+            continue;
+        }
+        let tags = match jbd2::classify(&buf, tid, &fmt) {
+            jbd2::BlockKind::Descriptor {
+                tags,
+                csum_ok: true,
+            } => tags,
+            _ => break,
+        };
+        let mut whole = true;
+        for (k, tag) in tags.iter().enumerate() {
+            let at = pos + 1 + k as u32;
+            if at >= jsb.maxlen {
+                whole = false;
+                break;
+            }
+            map.read(dev, u64::from(at), &mut data)?;
+            if verify_tag(tag, tid, &data, &fmt).is_err() {
+                whole = false;
+                break;
+            }
+            cur.push(jbd2::LoggedBlock {
+                log_block: jbd2::LogPos(at),
+                tag: *tag,
+            });
+        }
+        if !whole {
+            break;
+        }
+        pos += 1 + tags.len() as u32;
+    }
+    Ok(chain)
 }
 
 /// Read and check the journal superblock.
@@ -193,7 +279,7 @@ fn scan(dev: &dyn BlockDevice, map: &JournalMap, jsb: &JournalSuperblock) -> Res
     })
 }
 
-fn run(dev: &dyn BlockDevice, write: bool) -> Result<ReplayReport> {
+fn run(dev: &dyn BlockDevice, write: bool, boot_id: Option<[u8; 16]>) -> Result<ReplayReport> {
     let (_, sb) = read_superblock(dev)?;
     if !sb.has_compat(feature::COMPAT_HAS_JOURNAL) || !sb.has_incompat(feature::INCOMPAT_RECOVER) {
         return Ok(ReplayReport::nothing());
@@ -252,6 +338,37 @@ fn run(dev: &dyn BlockDevice, write: bool) -> Result<ReplayReport> {
         }
         update_jsb = true;
     }
+    // Nothing committed for jbd2 (or a commit cut short after a chain of early
+    // commits): the chain, when this boot wrote it.
+    let record = EarlyRecord::from_sb(&jsb).is_some();
+    let mut chain_end = None;
+    if report.transactions == 0 && record {
+        let chain = early_chain(dev, &map, &jsb, boot_id)?;
+        let mut buf = vec![0u8; bs];
+        for (tid, blocks) in &chain {
+            for b in blocks {
+                let home = b.tag.blocknr;
+                if home >= sb.blocks_count {
+                    return Err(Error::corrupted(
+                        format!("early commit {tid} logs block {home}, outside the filesystem"),
+                        None,
+                    ));
+                }
+                map.read(dev, u64::from(b.log_block.0), &mut buf)?;
+                if b.tag.escaped() {
+                    unescape(&mut buf);
+                }
+                if write {
+                    dev.write_at(&buf, home * bs as u64)?;
+                }
+                report.blocks_replayed += 1;
+            }
+        }
+        report.transactions += chain.len();
+        report.early_transactions = chain.len();
+        chain_end = chain.last().map(|(t, _)| t.wrapping_add(1));
+    }
+    update_jsb |= record;
     if !write {
         return Ok(report);
     }
@@ -263,6 +380,14 @@ fn run(dev: &dyn BlockDevice, write: bool) -> Result<ReplayReport> {
             new.start = 0;
             new.sequence = report.new_sequence;
         }
+        if let Some(end) = chain_end {
+            // As after jbd2's replay: one tid skipped past the last replayed.
+            report.end_sequence = end;
+            report.new_sequence = end.wrapping_add(1);
+            new.start = 0;
+            new.sequence = report.new_sequence;
+        }
+        EarlyRecord::store(None, &mut new);
         new.errno = 0;
         new.update_checksum();
         let mut b = vec![0u8; bs];
