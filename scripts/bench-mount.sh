@@ -7,7 +7,9 @@
 # unaligned O_DIRECT overwrites, seedB: pwrite/truncate loop + stale-data check, seedC:
 # create/unlink with a lookup storm) on the same three mounts. KINDS may add "raw": the
 # fio workloads on a plain file in the host filesystem, the anchors' physical ceiling,
-# and "rext4-devfuse": rext4 over /dev/fuse alone (`-o nouring`). `rext4` uses
+# and "rext4-devfuse": rext4 over /dev/fuse alone (`-o nouring`), and "rext4-base":
+# the `rext4` binary REXT4_BASE names (a build of an earlier commit, for before/after
+# ratios measured in the same run). `rext4` uses
 # FUSE-over-io_uring when the kernel offers it (set URING=Y to turn the fuse module's
 # enable_uring on first; the run prints the setting it ran with).
 # Usage (root): scripts/bench-mount.sh
@@ -48,6 +50,7 @@ for kind in ${KINDS:-kernel rext4 fuse2fs}; do
     kernel) mount -o loop "$img" "$mnt" ;;
     rext4) "$R" mount "$img" "$mnt" ;;
     rext4-devfuse) "$R" mount -o nouring "$img" "$mnt" ;;
+    rext4-base) "${REXT4_BASE:?REXT4_BASE names the rext4 binary to compare with}" mount "$img" "$mnt" ;;
     fuse2fs) fuse2fs -o fakeroot "$img" "$mnt"; sleep 1 ;;
   esac
   has general && BENCH_LABEL=$kind "$B/general_fio_meta.sh" "$mnt" 2>&1 | grep -E '^(RESULT|NOTE)'
@@ -63,7 +66,11 @@ for kind in ${KINDS:-kernel rext4 fuse2fs}; do
   for seed in seedA_dio_overwrite seedB_pwrite_trunc seedC_create_unlink_lookup; do
     has "${seed%%_*}" && BENCH_LABEL=$kind "$B/$seed.sh" "$mnt" 2>&1 | grep -E '^(RESULT|NOTE)'
   done
-  umount "$mnt" 2>/dev/null || fusermount3 -u "$mnt"; sleep 1
+  case $kind in
+    rext4*) "$R" umount "$mnt" 2>/dev/null || umount "$mnt" 2>/dev/null || fusermount3 -u "$mnt" ;;
+    *) umount "$mnt" 2>/dev/null || fusermount3 -u "$mnt" ;;
+  esac
+  sleep 1
   if e2fsck -fn "$img" >/dev/null 2>&1; then echo "NOTE|$kind|e2fsck -fn clean"; else echo "NOTE|$kind|e2fsck -fn NOT clean"; fi
   rm -f "$img"
 done

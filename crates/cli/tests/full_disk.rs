@@ -87,6 +87,15 @@ fn fill(dir: &Path, n: usize) -> Vec<Outcome> {
         .collect()
 }
 
+/// statvfs's f_bavail in bytes.
+fn avail_bytes(p: &Path) -> u64 {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: statvfs with a valid path and a zeroed out-struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    st.f_bavail * st.f_frsize
+}
+
 fn run(opts: &[&str], writers: usize) {
     let img = mkfs(&MkfsOptions::new(4096, 64 << 20)).expect("mkfs");
     let mut m = Mounted::new(img.path(), opts);
@@ -99,13 +108,28 @@ fn run(opts: &[&str], writers: usize) {
         f.sync_all().expect("fsync");
     }
     let out = fill(m.path(), writers);
-    // A file opened now, with the disk full: not even its first write is taken.
+    // The writers stopped within a moment of full (a descriptor opened before space
+    // ran low stops once less is left than the kernel may be holding). A file opened
+    // now writes through: to the last block, then ENOSPC from write() itself, every
+    // byte acknowledged on the image (checked below).
+    let left = avail_bytes(m.path());
+    assert!(
+        left <= bound_per_writer(opts).max(2 * MIB),
+        "{opts:?} x{writers}: the writers stopped with {left} bytes left"
+    );
+    let mut late_acked = 0u64;
     let late = OpenOptions::new()
         .create(true)
         .truncate(true)
         .write(true)
         .open(m.join("late"))
-        .and_then(|mut f| f.write_all(&[1u8; 65536]).and_then(|()| f.sync_all()));
+        .and_then(|mut f| loop {
+            match f.write(&[0x77u8; 65536]) {
+                Ok(k) => late_acked += k as u64,
+                Err(e) => break Err::<(), _>(e),
+            }
+            assert!(late_acked < 64 * MIB, "the late writer does not stop");
+        });
     assert!(m.unmount().success(), "{}", m.stderr());
     let r = e2fsck_fn(img.path());
     assert!(r.clean, "{opts:?} x{writers}: e2fsck -fn:\n{}", r.output);
@@ -149,15 +173,33 @@ fn run(opts: &[&str], writers: usize) {
             o.acked
         );
         if o.fsync_ok {
+            let bad: Vec<usize> = data
+                .iter()
+                .enumerate()
+                .filter(|(_, &b)| b != i as u8 + 1)
+                .map(|(k, _)| k)
+                .collect();
             assert_eq!(
-                over, 0,
-                "{opts:?}: fsync succeeded but acknowledged data is gone"
+                over,
+                0,
+                "{opts:?}: fsync succeeded but acknowledged data is gone: writer {i} acked {} \
+                 image {} bytes, other bytes at {:?}..{:?}",
+                o.acked,
+                data.len(),
+                bad.first(),
+                bad.last()
             );
         }
     }
     assert!(
         matches!(&late, Err(e) if e.raw_os_error() == Some(libc::ENOSPC)),
         "{opts:?}: a file opened on the full disk: {late:?}"
+    );
+    let got = fs.read("/late").expect("late");
+    assert!(
+        got.len() as u64 == late_acked && got.iter().all(|&b| b == 0x77),
+        "{opts:?}: the late writer's {late_acked} acknowledged bytes: {} on the image",
+        got.len()
     );
     eprintln!("{opts:?} x{writers}: overshoot per writer (bytes) {report:?}");
 }

@@ -581,7 +581,10 @@ fn the_io_uring_warning_says_what_to_do_and_the_advice_works() {
         .is_ok_and(|s| s.success());
     for (limit, advised) in [("--nice=0:0", true), ("--nice=20:20", false)] {
         if !advised && !can_raise {
-            skip("cannot raise RLIMIT_NICE here (no CAP_SYS_RESOURCE): the advice's effect is not checked");
+            rext4_testkit::skip_without_capability(
+                rext4_testkit::CAP_SYS_RESOURCE,
+                "cannot raise RLIMIT_NICE here: the advice's effect is not checked",
+            );
             break;
         }
         let mnt = dir.join(format!("mnt{advised}"));

@@ -1076,7 +1076,7 @@ impl Fs {
 
     /// The largest size of a file, the kernel's `s_maxbytes` for extent-mapped files:
     /// 2^32 - 1 blocks (logical block 2^32 - 1 is never mapped).
-    pub(crate) fn max_file_size(&self) -> u64 {
+    pub fn max_file_size(&self) -> u64 {
         (MAX_LOGICAL - 1) * u64::from(self.inner.block_size)
     }
 

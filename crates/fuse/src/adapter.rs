@@ -406,7 +406,7 @@ impl Shared {
     /// Sent from the request handler itself: with offset -1 the kernel's handler
     /// (fuse_reverse_inval_inode) only marks the attributes stale and touches no page
     /// and no inode lock, so nothing in it waits for a reply from this server.
-    fn invalidate_attrs_only(&self, ino: Ino) {
+    pub(crate) fn invalidate_attrs_only(&self, ino: Ino) {
         if let Some(n) = self.notifier.get() {
             let _ = n.inval_inode(to_fuse(ino), -1, 0);
         }
@@ -830,22 +830,6 @@ impl Shared {
             || (sb.def_resgid != 0 && gid == u32::from(sb.def_resgid))
     }
 
-    /// Reply to the GETATTR a write() through the kernel's cache waits for while
-    /// space is low (`lowspace`): ENOSPC once cached data was refused for lack of
-    /// space or when nothing is left for this writer at all (an overwrite then fails
-    /// too: the server cannot tell it from an extending write here), else the
-    /// attributes, to be asked for again before the next write().
-    pub(crate) fn answer_write_getattr(&self, ino: Ino, privileged: bool, reply: ReplyAttr) {
-        if self.lowspace.refused() || self.fs.blocks_available_to(privileged) == 0 {
-            reply.error(Errno::ENOSPC);
-            return;
-        }
-        match self.getattr_ino(ino) {
-            Ok(attr) => reply.attr(&self.ttl(&attr), &attr),
-            Err(e) => reply.error(e),
-        }
-    }
-
     /// Bytes an unprivileged writer could still allocate (statfs's f_bavail).
     pub(crate) fn available_bytes(&self) -> u64 {
         self.fs.statfs().blocks_available * u64::from(self.block_size)
@@ -869,11 +853,6 @@ impl Shared {
         if let Some(n) = self.notifier.get() {
             let _ = n.inval_inode(to_fuse(ino), 0, 0);
         }
-    }
-
-    /// Mark the kernel's cached attributes of `ino` stale (no page is touched).
-    pub(crate) fn kernel_attrs_stale(&self, ino: Ino) {
-        self.invalidate_attrs_only(ino);
     }
 
     fn handle_flags(&self, fh: FileHandle) -> (bool, bool) {
@@ -1011,14 +990,19 @@ impl Filesystem for Adapter {
         // With a handle, under the writeback cache: the kernel refreshing size and
         // mode before a write() (or a read past its size) on a descriptor that writes
         // through its page cache. While space is low that is where a write() can be
-        // refused, after the file's dirty pages came to us (`lowspace`).
+        // refused (`lowspace`): once the kernel's cached data was refused for lack of
+        // space, or when less is left for the writer than the kernel may be holding
+        // (an overwrite then fails too: the server cannot tell it from an extending
+        // write here).
         if let Some(fh) = fh.filter(|_| s.lowspace.low()) {
             if s.is_cached_writer(fh) {
                 let privileged = s.privileged(req.uid(), req.gid());
-                match s.lowspace.defer_getattr(ino, privileged, reply) {
-                    Ok(()) => return,
-                    Err(r) => return s.answer_write_getattr(ino, privileged, r),
+                let left = s.fs.blocks_available_to(privileged) * u64::from(s.block_size);
+                if s.lowspace.refused() || left < s.lowspace.holding() {
+                    reply.error(Errno::ENOSPC);
+                    return;
                 }
+                s.lowspace.launder(ino);
             }
         }
         let attr = tri!(reply, s.getattr_ino(ino));
@@ -1432,12 +1416,27 @@ impl Filesystem for Adapter {
         // the writeback cache the application's write succeeded into the kernel's page
         // cache and the error reaches it only at fsync or close; the kernel's inode
         // meanwhile shows the size the write made. Make it read ours again.
+        // A WRITE from the kernel's writeback that the engine took only in part (the
+        // space or the size ran out on the way): the kernel takes any count as done
+        // and would drop the rest without a word, so it is an error (kept by the
+        // kernel for fsync and close; the part written stays written).
+        let cached = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        let r = match r {
+            Ok(n) if cached && n < data.len() => {
+                if offset.saturating_add(data.len() as u64) > s.fs.max_file_size() {
+                    Err(Error::FileTooLarge)
+                } else {
+                    Err(Error::NoSpace)
+                }
+            }
+            r => r,
+        };
         match &r {
             // The kernel's writeback of data a write() was told was written: refused
             // for lack of space. The data is lost (as the kernel's ext4 would never
             // have taken it); the file's next write() fails (`lowspace`), and the
             // kernel is made to drop the size that data gave its inode.
-            Err(Error::NoSpace) if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) => {
+            Err(Error::NoSpace) if cached => {
                 log::warn!(
                     "inode {}: the kernel's cached write of {} bytes at {offset} was refused \
                      for lack of space; the application sees ENOSPC at fsync or close",

@@ -7,30 +7,33 @@
 //! drop data the application was told was written, and the writer would go on without
 //! end. What a server does see, and what this module builds on:
 //! - the *dirty window*: the kernel holds at most so many bytes dirty for one mount,
-//!   the bdi's limit (FUSE mounts are strictly limited; as root the server sets the
-//!   limit, `max_bytes`, itself, to at most half the space left, so everything the
-//!   kernel holds always fits);
+//!   the bdi's strict limit. As root the server sets it (min_bytes = max_bytes) to half
+//!   the space left, at most `bdi_max_ratio` of the system's threshold, so everything
+//!   the kernel holds always fits; without root it is the kernel's 1%, to which the
+//!   WRITEs it may have queued to us are added (`IN_FLIGHT_BYTES`).
 //! - OPEN: a file opened while space is low gets FOPEN_DIRECT_IO, so each write()
-//!   becomes a WRITE answered before write() returns — ENOSPC exactly, as ext4;
-//! - GETATTR: under the writeback cache the kernel refreshes size and mode before each
+//!   becomes a WRITE answered before write() returns — ENOSPC exactly, as ext4.
+//! - GETATTR: under the writeback cache the kernel refreshes size and mode before a
 //!   write() when its cached attributes have expired, and fails the write() with the
 //!   GETATTR's error. While space is low the attributes of regular files are given
-//!   with no lifetime, so every write() on a descriptor opened earlier asks; a file
-//!   whose cached data was refused for lack of space then gets ENOSPC, and otherwise
-//!   the kernel is made to write the file's dirty pages back now (an invalidation from
-//!   the watcher thread), so the refusal comes after at most a write() or two.
+//!   with no lifetime, so each write() on a descriptor opened earlier first sends a
+//!   GETATTR with its handle; it is answered ENOSPC once a cached WRITE was refused
+//!   for lack of space, or when less is left for the writer than the kernel may be
+//!   holding for the mount (`holding`: the window, plus without root what it may have
+//!   in flight), else with the attributes — and the watcher is asked to make the
+//!   kernel write that file's dirty pages back now (not waited for: a reply handed to
+//!   another thread keeps the request's FUSE-over-io_uring entry busy, and the
+//!   launder's WRITEs may need that entry).
 //!
 //! Low space: the space an unprivileged writer could still take is less than the
-//! dirty window plus a margin (`MARGIN_BYTES`), with a hysteresis on the way back.
-//! What the kernel held dirty when space became low fits (the window was at most that
-//! big), so the overshoot — writes acknowledged to an application and refused at
-//! writeback — is at most what one writer's descriptor opened before space ran low
-//! dirties between two of its write() calls and the kernel's writeback of them.
+//! dirty window plus `MARGIN_BYTES` (with a hysteresis on the way back). What the
+//! kernel held dirty when space became low fits; while it is low, the window (root)
+//! is `LOW_WINDOW_BYTES`.
 //!
-//! Threads: handlers call [`LowSpace::after_change`] (two atomic loads, a kick when a
-//! threshold is crossed); the watcher thread re-reads the space, tunes the bdi, flips
-//! the mode, and sends the kernel its notifications (never from a request handler: a
-//! page invalidation waits for WRITEs that other handlers serve).
+//! Threads: handlers call [`LowSpace::after_change`] (two atomic loads, a kick when the
+//! space left the band the watcher set); the watcher re-reads the space, tunes the
+//! bdi, flips the mode and sends the kernel its notifications — never a request
+//! handler: a page invalidation waits for WRITEs that handlers serve.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -57,9 +60,8 @@ const POLL: Duration = Duration::from_millis(500);
 /// Work for the watcher thread.
 enum Job {
     Check,
-    /// A write() through the kernel's cache is waiting for this GETATTR (see
-    /// `defer_getattr`): (inode, the caller may use the root reserve, the reply).
-    Getattr(Ino, bool, fuser::ReplyAttr),
+    /// Make the kernel write its dirty pages of the inode back now.
+    Launder(Ino),
 }
 
 /// The mount's bdi in sysfs and what we set there.
@@ -73,8 +75,6 @@ struct Bdi {
 
 pub(crate) struct LowSpace {
     low: AtomicBool,
-    /// Bytes of file data the kernel may hold dirty for this mount.
-    window: AtomicU64,
     /// `after_change` kicks the watcher when the space left leaves this band.
     band_lo: AtomicU64,
     band_hi: AtomicU64,
@@ -85,18 +85,25 @@ pub(crate) struct LowSpace {
     refused: AtomicBool,
     bdi: Mutex<Option<Bdi>>,
     tx: Mutex<Option<Sender<Job>>>,
+    /// Inodes with a launder queued (one at a time each).
+    launders: Mutex<std::collections::HashSet<Ino>>,
+    /// What the kernel may hold dirty for the mount now (its window, and without
+    /// root the WRITEs it may have in flight): while space is low, a descriptor
+    /// opened before gets ENOSPC once less than this is left.
+    holding: AtomicU64,
 }
 
 impl Default for LowSpace {
     fn default() -> Self {
         LowSpace {
             low: AtomicBool::new(false),
-            window: AtomicU64::new(0),
             band_lo: AtomicU64::new(0),
             band_hi: AtomicU64::new(u64::MAX),
             refused: AtomicBool::new(false),
             bdi: Mutex::new(None),
             tx: Mutex::new(None),
+            launders: Mutex::new(std::collections::HashSet::new()),
+            holding: AtomicU64::new(u64::MAX),
         }
     }
 }
@@ -167,28 +174,19 @@ impl LowSpace {
         }
     }
 
-    /// A write() on a descriptor of `ino` opened before space ran low is waiting
-    /// for this GETATTR's reply. The watcher first makes the kernel push the file's
-    /// dirty pages to us (their WRITEs are served meanwhile: the request thread is
-    /// free, only the writer waits), then replies ENOSPC when cached data was
-    /// refused or nothing is left for the writer, else the attributes. So a writer
-    /// gets ahead of the space by at most one write() (and is throttled to the
-    /// image's pace while space is low). `Err` hands the reply back when no watcher
-    /// runs.
-    pub(crate) fn defer_getattr(
-        &self,
-        ino: Ino,
-        privileged: bool,
-        reply: fuser::ReplyAttr,
-    ) -> Result<(), fuser::ReplyAttr> {
-        let tx = lock(&self.tx);
-        let Some(tx) = tx.as_ref() else {
-            return Err(reply);
-        };
-        match tx.send(Job::Getattr(ino, privileged, reply)) {
-            Ok(()) => Ok(()),
-            Err(std::sync::mpsc::SendError(Job::Getattr(_, _, r))) => Err(r),
-            Err(_) => Ok(()),
+    /// What the kernel may hold dirty for the mount now (see `holding`).
+    pub(crate) fn holding(&self) -> u64 {
+        self.holding.load(Ordering::Relaxed)
+    }
+
+    /// A write() on a descriptor of `ino` opened before space ran low is coming (its
+    /// GETATTR): have the watcher make the kernel push that file's dirty pages to us
+    /// now, so a refusal shows at the next write(). Not waited for: a reply handed to
+    /// another thread keeps the FUSE-over-io_uring entry of its request busy, and the
+    /// kernel's WRITEs for the launder may need that very entry.
+    pub(crate) fn launder(&self, ino: Ino) {
+        if lock(&self.launders).insert(ino) {
+            self.kick(Job::Launder(ino));
         }
     }
 
@@ -248,9 +246,9 @@ fn watch(weak: &Weak<Shared>, rx: &Receiver<Job>) {
         let Some(s) = weak.upgrade() else { return };
         match job {
             Job::Check => check(&s, &mut set_window),
-            Job::Getattr(ino, privileged, reply) => {
+            Job::Launder(ino) => {
+                lock(&s.lowspace.launders).remove(&ino);
                 s.kernel_writeback(ino);
-                s.answer_write_getattr(ino, privileged, reply);
             }
         }
     }
@@ -309,7 +307,7 @@ fn check(s: &Shared, set_window: &mut u64) {
         }
     }
     drop(bdi);
-    ls.window.store(window, Ordering::Relaxed);
+    ls.holding.store(window, Ordering::Relaxed);
     // The band in which nothing needs a look: the mode stays and (tunable) the
     // window stays within an eighth of what was set.
     let edge = normal + MARGIN_BYTES;
@@ -330,7 +328,7 @@ fn check(s: &Shared, set_window: &mut u64) {
         // Descriptors opened before: their next write() must ask (GETATTR), and
         // what the kernel holds of them comes now, while it still fits.
         for ino in s.files_open_cached_for_writing() {
-            s.kernel_attrs_stale(ino);
+            s.invalidate_attrs_only(ino);
             s.kernel_writeback(ino);
         }
         log::warn!(

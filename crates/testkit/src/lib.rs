@@ -24,7 +24,7 @@ pub use fixture::{
     big_dir_name, fixture_bytes, fixture_shape, populate_debugfs, populate_kernel, Fixture,
 };
 pub use mount::{can_loop_mount, LoopMount};
-pub use skip::{require_all, skip};
+pub use skip::{require_all, skip, skip_without_capability, CAP_SYS_RESOURCE};
 pub use tmp::{Image, TempDir};
 pub use tools::{
     debugfs_r, debugfs_r_raw, debugfs_script, debugfs_w, debugfs_w_checked, dumpe2fs_h, e2fsck_fn,

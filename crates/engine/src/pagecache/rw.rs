@@ -6,6 +6,7 @@
 //! lookups and re-reads the inode under it, because writeback may have changed the
 //! extent tree since the caller read it.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use rext4_format::inode::{flags, Inode};
@@ -576,36 +577,52 @@ impl Fs {
         let end = offset + buf.len() as u64;
         let (first, last) = pages_spanned(offset, buf.len() as u64, ps);
         let fc = self.pc().live_file(ino);
-        // Pages only partly overwritten need their old contents: the cached ones are
-        // held from here on, the missing ones read. Reclaim may drop a clean page
-        // before the copy below; a held page then goes back in (its bytes are still
-        // the file's: only this writer, under the I/O lock, changes them), never a
-        // fresh buffer that would lose the part this write does not cover.
-        let mut need = Vec::new();
-        let mut held: Vec<(u64, Arc<Page>)> = Vec::new();
-        {
-            let st = fc.lock();
-            for i in first..=last {
-                let whole = offset <= i * ps && end >= (i + 1) * ps;
-                match st.pages.get(&i) {
-                    Some(p) if !whole => held.push((i, p.clone())),
-                    Some(_) => {}
-                    None if !whole => need.push(i),
-                    None => {}
+        // Pages only partly overwritten need their old contents: read the missing
+        // ones, then copy under the state lock only once all of them are there. A
+        // page read earlier may have left the cache meanwhile (reclaim, or dropped
+        // after writeback by a frontend that caches clean data itself) while another
+        // writer under the shared I/O lock changed its block: it is read again, never
+        // put back as it was, never replaced by a fresh buffer.
+        let partial = |i: u64| !(offset <= i * ps && end >= (i + 1) * ps);
+        let mut attempts = 0;
+        let mut st = loop {
+            let need: Vec<u64> = {
+                let st = fc.lock();
+                if st.dead {
+                    drop(st);
+                    self.settle_promise(&mut fc.lock(), &promise, 0);
+                    return Err(Error::NotFound);
                 }
-            }
-        }
-        if !need.is_empty() {
-            match self.instantiate(&fc, ino, &need, size) {
-                Ok(got) => held.extend(got),
-                Err(e) => {
+                [first, last]
+                    .into_iter()
+                    .filter(|&i| partial(i) && !st.pages.contains_key(&i))
+                    .collect::<BTreeSet<u64>>()
+                    .into_iter()
+                    .collect()
+            };
+            if !need.is_empty() {
+                if let Err(e) = self.instantiate(&fc, ino, &need, size) {
                     self.settle_promise(&mut fc.lock(), &promise, 0);
                     return Err(e);
                 }
             }
-        }
+            let st = fc.lock();
+            let present = [first, last]
+                .into_iter()
+                .all(|i| !partial(i) || st.pages.contains_key(&i));
+            if present || st.dead {
+                break st;
+            }
+            drop(st);
+            attempts += 1;
+            if attempts > 1000 {
+                self.settle_promise(&mut fc.lock(), &promise, 0);
+                return Err(Error::Io(std::io::Error::other(
+                    "page cache: a page kept leaving the cache before it could be written",
+                )));
+            }
+        };
         {
-            let mut st = fc.lock();
             if st.dead {
                 self.settle_promise(&mut st, &promise, 0);
                 return Err(Error::NotFound);
@@ -614,19 +631,16 @@ impl Fs {
             for i in first..=last {
                 let p = match st.pages.get(&i) {
                     Some(p) => p.clone(),
-                    None => match held.iter().find(|(j, _)| *j == i) {
-                        Some((_, p)) => self.pc().insert_page(&mut st, ino, i, p.clone()),
-                        None => {
-                            // Wholly overwritten below (it was not read), unless the
-                            // limit cuts the write: then the rest must read as zeros.
-                            let buf = if limit >= end {
-                                self.pc().alloc_buf()
-                            } else {
-                                self.pc().alloc_zeroed()
-                            };
-                            self.pc().insert_page(&mut st, ino, i, new_page(buf))
-                        }
-                    },
+                    None => {
+                        // Wholly overwritten below (it was not read), unless the limit
+                        // cuts the write: then the rest must read as zeros.
+                        let buf = if limit >= end {
+                            self.pc().alloc_buf()
+                        } else {
+                            self.pc().alloc_zeroed()
+                        };
+                        self.pc().insert_page(&mut st, ino, i, new_page(buf))
+                    }
                 };
                 let pstart = i * ps;
                 let from = offset.max(pstart);
