@@ -396,7 +396,7 @@ fn read_trimmed(p: &Path) -> Option<String> {
 }
 
 /// Undo mountinfo's octal escapes (\040 for a space, ...).
-fn unescape_mountinfo(b: &[u8]) -> Vec<u8> {
+pub fn unescape_mountinfo(b: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {

@@ -772,17 +772,18 @@ impl Inner {
         Ok(())
     }
 
+    /// `ShutDown` once a failed commit latched the shutdown.
+    fn not_shut_down(&self) -> Result<()> {
+        match self.shutdown.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            Some(why) => Err(Error::ShutDown(why)),
+            None => Ok(()),
+        }
+    }
+
     /// Caller holds the write lock. With a journal, a failure shuts the filesystem
     /// down: nothing more is written, and what was committed stays committed.
     pub(crate) fn sync_locked(&self) -> Result<()> {
-        if let Some(why) = self
-            .shutdown
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-        {
-            return Err(Error::ShutDown(why));
-        }
+        self.not_shut_down()?;
         let mut jguard = self.journal.lock().unwrap_or_else(|p| p.into_inner());
         let Some(j) = jguard.as_mut() else {
             drop(jguard);
@@ -807,14 +808,7 @@ impl Inner {
         let Some(boot) = self.boot_id else {
             return Ok(());
         };
-        if let Some(why) = self
-            .shutdown
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-        {
-            return Err(Error::ShutDown(why));
-        }
+        self.not_shut_down()?;
         let mut jguard = self.journal.lock().unwrap_or_else(|p| p.into_inner());
         let Some(j) = jguard.as_mut() else {
             return Ok(());

@@ -387,24 +387,7 @@ pub fn umount_and_wait(mountpoint: &Path, limit: std::time::Duration) -> Result<
 
 /// Undo mountinfo's octal escapes (\040 for a space, ...).
 fn unescape_mountinfo(s: &str) -> Vec<u8> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal = b.get(i + 1..i + 4).and_then(|d| {
-            d.iter()
-                .all(|c| (b'0'..=b'7').contains(c))
-                .then(|| d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0')))
-        });
-        if let (b'\\', Some(v @ 0..=255)) = (b[i], octal) {
-            out.push(v as u8);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    out
+    rext4::claim::unescape_mountinfo(s.as_bytes())
 }
 
 /// The sysfs directory of the FUSE mount's bdi (its dirty-page limits, which
