@@ -7,9 +7,11 @@
 //! drop data the application was told was written, and the writer would go on without
 //! end. What a server does see, and what this module builds on:
 //! - the *dirty window*: the kernel holds at most so many bytes dirty for one mount,
-//!   the bdi's strict limit. As root the server sets it (min_bytes = max_bytes) to half
-//!   the space left, at most `bdi_max_ratio` of the system's threshold, so everything
-//!   the kernel holds always fits; without root it is the kernel's 1%, to which the
+//!   the bdi's strict limit. As root the server sets it (min_bytes = max_bytes) to
+//!   seven eighths of the space left, at most `bdi_max_ratio` of the system's
+//!   threshold, so everything the kernel holds always fits (the eighth left covers what
+//!   others take before the watcher shrinks the window: it looks again whenever the
+//!   space moves by a sixteenth, and shrinks at once); without root it is the kernel's 1%, to which the
 //!   WRITEs it may have queued to us are added (`IN_FLIGHT_BYTES`).
 //! - OPEN: a file opened while space is low gets FOPEN_DIRECT_IO, so each write()
 //!   becomes a WRITE answered before write() returns — ENOSPC exactly, as ext4.
@@ -129,10 +131,10 @@ fn read_u64(p: &std::path::Path) -> Option<u64> {
     std::fs::read_to_string(p).ok()?.trim().parse().ok()
 }
 
-/// The dirty window to set for `avail` bytes of space left: half of it, within
-/// [`FLOOR_BYTES`, `cap`].
+/// The dirty window to set for `avail` bytes of space left: seven eighths of it,
+/// within [`FLOOR_BYTES`, `cap`].
 pub(crate) fn window_for(avail: u64, cap: u64) -> u64 {
-    (avail / 2).clamp(FLOOR_BYTES.min(cap), cap.max(FLOOR_BYTES.min(cap)))
+    (avail - avail / 8).clamp(FLOOR_BYTES.min(cap), cap.max(FLOOR_BYTES.min(cap)))
 }
 
 /// Whether `avail` bytes left is low space for `window`, given the mode now
@@ -274,14 +276,16 @@ fn check(s: &Shared, set_window: &mut u64) {
         None => dirty_threshold_bytes().unwrap_or(u64::MAX),
     };
     let low = is_low(avail, normal, was);
+    // What the kernel may hold now: the window we set (root), else its own.
     let mut window = normal;
     if let Some(b) = bdi.as_ref().filter(|b| b.tunable) {
         // Low: a window so small that the kernel's own throttling writes each
         // writer's data back almost as it comes.
         let want = if low { LOW_WINDOW_BYTES } else { normal };
-        // Rewrite only on a real change (a sysfs write per WRITE would cost).
+        // Shrink at once (what the kernel may hold must keep fitting); grow only by
+        // an eighth or more (a sysfs write per WRITE would cost).
         if *set_window == 0
-            || want < *set_window - *set_window / 8
+            || want < *set_window - *set_window / 64
             || want > *set_window + *set_window / 8
         {
             let v = want.to_string();
@@ -303,18 +307,19 @@ fn check(s: &Shared, set_window: &mut u64) {
             }
         }
         if *set_window != 0 {
-            window = window.max(*set_window);
+            window = *set_window;
         }
     }
     drop(bdi);
     ls.holding.store(window, Ordering::Relaxed);
     // The band in which nothing needs a look: the mode stays and (tunable) the
-    // window stays within an eighth of what was set.
+    // space stays within a sixteenth of what the window was set for — the eighth
+    // of it the window leaves free covers what others take meanwhile.
     let edge = normal + MARGIN_BYTES;
     let (lo, hi) = if low {
         (0, edge + MARGIN_BYTES)
     } else if tunable {
-        (edge.max(avail - avail / 8), avail + avail / 8)
+        (edge.max(avail - avail / 16), avail + avail / 16)
     } else {
         (edge, u64::MAX)
     };
@@ -349,7 +354,7 @@ mod tests {
     #[test]
     fn window_is_half_the_space_within_floor_and_cap() {
         assert_eq!(window_for(1 << 40, 1 << 30), 1 << 30);
-        assert_eq!(window_for(100 << 20, 1 << 30), 50 << 20);
+        assert_eq!(window_for(128 << 20, 1 << 30), 112 << 20);
         assert_eq!(window_for(1 << 20, 1 << 30), FLOOR_BYTES);
         assert_eq!(window_for(100 << 20, 4 << 20), 4 << 20);
         assert_eq!(window_for(100 << 20, 512 << 10), 512 << 10);
