@@ -455,9 +455,9 @@ fn verify(fs: &rext4::Fs, models: &[Model], label: &str) {
                 want.len_lo,
                 want.len()
             );
-            if let Some(at) = (0..glen).find(|&k| {
-                want.known(k) && got[k as usize] != want.data[k as usize]
-            }) {
+            if let Some(at) =
+                (0..glen).find(|&k| want.known(k) && got[k as usize] != want.data[k as usize])
+            {
                 panic!(
                     "{label}: worker {w}: /{p}: byte {at} is {:#x}, acknowledged {:#x}",
                     got[at as usize], want.data[at as usize]

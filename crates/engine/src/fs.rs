@@ -774,7 +774,12 @@ impl Inner {
 
     /// `ShutDown` once a failed commit latched the shutdown.
     fn not_shut_down(&self) -> Result<()> {
-        match self.shutdown.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+        match self
+            .shutdown
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
             Some(why) => Err(Error::ShutDown(why)),
             None => Ok(()),
         }
