@@ -18,7 +18,7 @@ skip_summary() {
   if [ "$n" -eq 0 ]; then
     echo "skipped: 0 tests"
   else
-    echo "skipped: $tests tests ($n skips; REXT4_REQUIRE_ALL=1 makes them failures):"
+    echo "skipped: $tests tests ($n skips; REXT4_REQUIRE_ALL=1 makes them failures, except a capability this machine withholds):"
     sort "$skip_log" | uniq -c | sed 's/^ *\([0-9]*\) \([^	]*\)	\(.*\)$/  \2: \3 (x\1)/; s/ (x1)$//'
   fi
   rm -f "$skip_log"
