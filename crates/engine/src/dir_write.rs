@@ -125,14 +125,22 @@ fn read_raw(dir: &impl DirStore, c: &Ctx, lblk: u64) -> Result<Vec<u8>> {
     Ok(b)
 }
 
-/// Read and verify a leaf (dirent block).
+/// Read a verified leaf (dirent block): the store verifies it (`DirStore::read_leaf`).
 fn read_leaf(dir: &impl DirStore, c: &Ctx, lblk: u64) -> Result<Vec<u8>> {
-    let b = read_raw(dir, c, lblk)?;
-    match c.seed {
-        Some(s) => fdir::verify_leaf(&b, s),
-        None => fdir::check_block(&b, false),
+    let b = dir.read_leaf(lblk).map_err(|e| match e {
+        Error::Corrupted { what, block } => Error::Corrupted {
+            what: format!("{what} (directory block {lblk})"),
+            block,
+        },
+        other => other,
+    })?;
+    if b.len() != c.bs {
+        return Err(corrupt(format!(
+            "directory block {lblk} read as {} bytes, block size {}",
+            b.len(),
+            c.bs
+        )));
     }
-    .map_err(in_block(lblk))?;
     Ok(b)
 }
 
@@ -141,7 +149,7 @@ fn write_leaf(dir: &mut impl DirStore, c: &Ctx, lblk: u64, mut b: Vec<u8>) -> Re
     if let Some(s) = c.seed {
         fdir::set_leaf_csum(&mut b, s).map_err(in_block(lblk))?;
     }
-    dir.write_block(lblk, &b)
+    dir.write_leaf(lblk, &b)
 }
 
 /// Checksum and write an index block (root or node).
@@ -881,6 +889,14 @@ mod tests {
                 .expect("write past the end of the directory");
             b.copy_from_slice(data);
             Ok(())
+        }
+        fn read_leaf(&self, lblk: u64) -> Result<Vec<u8>> {
+            let b = self.read_block(lblk)?;
+            match self.seed() {
+                Some(s) => fdir::verify_leaf(&b, s),
+                None => fdir::check_block(&b, false),
+            }?;
+            Ok(b)
         }
         fn append_block(&mut self) -> Result<u64> {
             // Garbage, so nothing relies on a zeroed new block.

@@ -39,6 +39,15 @@ pub trait DirStore {
     fn read_block(&self, lblk: u64) -> Result<Vec<u8>>;
     /// Write logical block `lblk` (< nblocks); checksums already set by the caller.
     fn write_block(&mut self, lblk: u64, data: &[u8]) -> Result<()>;
+    /// Read logical block `lblk` as a leaf, verified: with a checksum seed the dirent
+    /// tail and its checksum, always every entry's bounds. A store that remembers what
+    /// it verified (or what `write_leaf` gave it) need not check again.
+    fn read_leaf(&self, lblk: u64) -> Result<Vec<u8>>;
+    /// Write a leaf the directory code built from a verified one (checksum set): the
+    /// store may count it as verified for later `read_leaf`s.
+    fn write_leaf(&mut self, lblk: u64, data: &[u8]) -> Result<()> {
+        self.write_block(lblk, data)
+    }
     /// Add one block at the end (allocating and mapping it, growing i_size by one block)
     /// and return its logical number. Its contents are undefined until written.
     fn append_block(&mut self) -> Result<u64>;
