@@ -15,6 +15,7 @@
 pub mod crash;
 pub mod fixture;
 pub mod mount;
+pub mod pmem;
 pub mod skip;
 pub mod tmp;
 pub mod tools;
