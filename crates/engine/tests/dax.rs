@@ -173,6 +173,23 @@ fn dax_refuses_bad_setups_and_a_shrunk_backing_file() {
     assert!(f.map(4096 * 3 + 1, 4096).is_err());
     drop(f);
     drop(fs);
+    // 1 KiB blocks: the data path works, mappings of blocks cannot (a block is not a
+    // memory page).
+    let small = mkfs(&MkfsOptions::new(1024, 8 << 20))
+        .expect("mkfs")
+        .copy_to_memory()
+        .expect("copy");
+    let fs = Fs::open_with(small.path(), dax_opts()).expect("open 1k");
+    let f = create(&fs, "/x");
+    f.write_all_at(&pattern(4, 5000), 100).expect("write");
+    let mut b = vec![0u8; 5000];
+    f.read_exact_at(&mut b, 100).expect("read");
+    assert_eq!(b, pattern(4, 5000));
+    assert!(matches!(f.map(0, 4096), Err(Error::Unsupported(_))));
+    drop(f);
+    fs.close().expect("close");
+    let r = e2fsck_fn(small.path());
+    assert!(r.clean, "{}", r.output);
 }
 
 /// Wait (at most a second) until `counter` moved past `seen`: the other thread ran
