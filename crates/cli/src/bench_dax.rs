@@ -132,7 +132,12 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
                     off += chunk;
                 }
             }
-            out(label, &format!("{name}_GBps"), gbps(total, t.elapsed().as_secs_f64()), "GB/s");
+            out(
+                label,
+                &format!("{name}_GBps"),
+                gbps(total, t.elapsed().as_secs_f64()),
+                "GB/s",
+            );
         }
         let t = Instant::now();
         for _ in 0..passes {
@@ -144,7 +149,12 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
             }
         }
         std::hint::black_box(&dst);
-        out(label, "memcpy_read_GBps", gbps(total, t.elapsed().as_secs_f64()), "GB/s");
+        out(
+            label,
+            "memcpy_read_GBps",
+            gbps(total, t.elapsed().as_secs_f64()),
+            "GB/s",
+        );
     }
 
     let fs = Fs::open_with(
@@ -193,12 +203,22 @@ fn through_api(
     };
     let t = Instant::now();
     write_pass(&f)?;
-    out(label, "first_write_GBps", gbps(size, t.elapsed().as_secs_f64()), "GB/s");
+    out(
+        label,
+        "first_write_GBps",
+        gbps(size, t.elapsed().as_secs_f64()),
+        "GB/s",
+    );
     let t = Instant::now();
     for _ in 0..passes {
         write_pass(&f)?;
     }
-    out(label, "write_GBps", gbps(size * passes, t.elapsed().as_secs_f64()), "GB/s");
+    out(
+        label,
+        "write_GBps",
+        gbps(size * passes, t.elapsed().as_secs_f64()),
+        "GB/s",
+    );
     let t = Instant::now();
     for _ in 0..passes {
         let mut off = 0;
@@ -212,7 +232,12 @@ fn through_api(
         }
     }
     std::hint::black_box(&dst);
-    out(label, "read_GBps", gbps(size * passes, t.elapsed().as_secs_f64()), "GB/s");
+    out(
+        label,
+        "read_GBps",
+        gbps(size * passes, t.elapsed().as_secs_f64()),
+        "GB/s",
+    );
 
     // ---- fsync against dirty bytes (one file) ----
     let m = f.map(0, size).map_err(e)?;
@@ -231,7 +256,12 @@ fn through_api(
             f.sync_data().map_err(e)?;
             us.push(t.elapsed().as_secs_f64() * 1e6);
         }
-        out(label, &format!("fsync_us_dirty_{}k", d >> 10), median(us), "us");
+        out(
+            label,
+            &format!("fsync_us_dirty_{}k", d >> 10),
+            median(us),
+            "us",
+        );
     }
     drop(m);
     drop(f);
@@ -265,7 +295,12 @@ fn through_api(
             g.sync_data().map_err(e)?;
             us.push(t.elapsed().as_secs_f64() * 1e6);
         }
-        out(label, &format!("fsync_us_size_{}m", s >> 20), median(us), "us");
+        out(
+            label,
+            &format!("fsync_us_size_{}m", s >> 20),
+            median(us),
+            "us",
+        );
         drop(m);
         drop(g);
         fs.remove_file("/daxsize").map_err(e)?;

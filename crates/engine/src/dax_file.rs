@@ -432,7 +432,13 @@ impl Fs {
     }
 
     /// Set up a mapping of `[offset, offset+len)` of `ino` (see [`DaxMap`]).
-    pub(crate) fn dax_map(&self, ino: Ino, offset: u64, len: u64, writable: bool) -> Result<DaxMap> {
+    pub(crate) fn dax_map(
+        &self,
+        ino: Ino,
+        offset: u64,
+        len: u64,
+        writable: bool,
+    ) -> Result<DaxMap> {
         let ps = page_size();
         let bs = u64::from(self.inner.block_size);
         if !bs.is_multiple_of(ps) {
@@ -606,7 +612,8 @@ impl DaxMap {
         }
         // A fault on a hole allocates: the write path allocates, stores the data and
         // rebuilds this mapping under the exclusive mapping lock.
-        self.fs.write_through(self.ino, &data[..n], Some(pos), true)?;
+        self.fs
+            .write_through(self.ino, &data[..n], Some(pos), true)?;
         Ok(())
     }
 

@@ -270,8 +270,7 @@ impl Fs {
         let dev: Arc<dyn BlockDevice> = if opts.dax {
             if opts.direct_io {
                 return Err(Error::InvalidInput(
-                    "DAX and O_DIRECT exclude each other (DAX has no page cache to bypass)"
-                        .into(),
+                    "DAX and O_DIRECT exclude each other (DAX has no page cache to bypass)".into(),
                 ));
             }
             Arc::new(crate::dax::DaxDevice::open(path, opts.read_only)?)
@@ -294,8 +293,7 @@ impl Fs {
     ) -> Result<Fs> {
         if opts.dax && dev.dax().is_none() {
             return Err(Error::InvalidInput(
-                "FsOptions::dax needs a DAX device (a mapped image: crate::dax::DaxDevice)"
-                    .into(),
+                "FsOptions::dax needs a DAX device (a mapped image: crate::dax::DaxDevice)".into(),
             ));
         }
         let mut raw = vec![0u8; SB_SIZE];

@@ -87,7 +87,12 @@ fn dax_file_io_reads_back_and_checks_clean() {
             fs.write_ino_at(f.ino(), &d, 0).expect("write_ino_at");
             let mut back = vec![0u8; d.len()];
             let n = fs
-                .read_ino_at(f.ino(), &fs.inode_attr(f.ino()).expect("attr"), &mut back, 0)
+                .read_ino_at(
+                    f.ino(),
+                    &fs.inode_attr(f.ino()).expect("attr"),
+                    &mut back,
+                    0,
+                )
                 .expect("read_ino_at");
             assert_eq!(n, d.len());
             assert_eq!(back, d);
@@ -202,8 +207,7 @@ fn await_progress<T>(
     let t = std::time::Instant::now();
     loop {
         let now = counter.load(Ordering::Acquire);
-        if now > seen || other.is_finished() || t.elapsed() > std::time::Duration::from_secs(1)
-        {
+        if now > seen || other.is_finished() || t.elapsed() > std::time::Duration::from_secs(1) {
             return now;
         }
         std::thread::yield_now();
@@ -241,9 +245,13 @@ fn dax_mapping_is_coherent_with_read_and_write() {
     let raw = unsafe { std::slice::from_raw_parts(base, 4096) };
     assert_eq!(&raw[10..110], &[0x22; 100][..]);
     // write_at into a hole: the mapping is rebuilt before the write returns.
-    f.write_all_at(&[0x33; 4096], 3 * 4096).expect("fill a hole");
+    f.write_all_at(&[0x33; 4096], 3 * 4096)
+        .expect("fill a hole");
     m.read(3 * 4096, &mut b).expect("read filled");
-    assert!(b.iter().all(|&x| x == 0x33), "the filled hole shows the data");
+    assert!(
+        b.iter().all(|&x| x == 0x33),
+        "the filled hole shows the data"
+    );
     // A mapping write into a written page: read_at sees it; it is dirty.
     assert_eq!(fs.dax_dirty_bytes(f.ino()), 0);
     m.write(2 * 4096 + 7, &[0x44; 9]).expect("mapping write");
@@ -259,7 +267,8 @@ fn dax_mapping_is_coherent_with_read_and_write() {
     assert_eq!(&r[..3], &[0x55; 3]);
     assert_eq!(fs.dax_dirty_bytes(f.ino()), 2 * 4096);
     // A mapping write into a hole allocates (a fault on a hole).
-    m.write(5 * 4096 + 100, &[0x66; 50]).expect("mapping write into a hole");
+    m.write(5 * 4096 + 100, &[0x66; 50])
+        .expect("mapping write into a hole");
     f.read_exact_at(&mut r, 5 * 4096 + 100).expect("read_at");
     assert_eq!(r, [0x66; 9]);
     m.read(5 * 4096, &mut b).expect("read");
@@ -267,7 +276,11 @@ fn dax_mapping_is_coherent_with_read_and_write() {
     // Past EOF: the mapping is longer than the file.
     assert!(m.read(16 * 4096, &mut b).is_err() || m.len() <= 16 * 4096);
     f.sync_all().expect("fsync");
-    assert_eq!(fs.dax_dirty_bytes(f.ino()), 0, "fsync wrote the dirty pages back");
+    assert_eq!(
+        fs.dax_dirty_bytes(f.ino()),
+        0,
+        "fsync wrote the dirty pages back"
+    );
     drop(m);
     drop(f);
     fs.close().expect("close");
@@ -323,7 +336,10 @@ fn dax_reader_of_a_mapped_hole_sees_the_write_once_it_returned() {
         seen = await_progress(&passes, seen, &reader);
     }
     let reads = reader.join().expect("reader");
-    assert!(reads >= PAGES * PAGES, "the reader ran alongside: {reads} reads");
+    assert!(
+        reads >= PAGES * PAGES,
+        "the reader ran alongside: {reads} reads"
+    );
     let mut b = vec![0u8; 4096];
     for p in 0..PAGES {
         m.read(p * 4096, &mut b).expect("read");
@@ -348,7 +364,10 @@ fn dax_truncate_and_punch_under_a_mapping() {
     assert!(b.iter().all(|&x| x == 0), "a punched page reads zeros");
     // SAFETY: page 5 is a zero page of the live mapping after the punch.
     let raw = unsafe { std::slice::from_raw_parts(m.as_ptr().expect("addr").add(5 * 4096), 4096) };
-    assert!(raw.iter().all(|&x| x == 0), "the raw page is a zero page too");
+    assert!(
+        raw.iter().all(|&x| x == 0),
+        "the raw page is a zero page too"
+    );
     f.set_len(2 * 4096 + 10).expect("truncate");
     assert!(m.read(3 * 4096, &mut b).is_err(), "past the EOF page");
     m.read(2 * 4096, &mut b).expect("the EOF page");
@@ -464,11 +483,13 @@ fn dax_one_fsync_flushes_mapping_stores_and_a_later_write() {
     f.set_len((4 << 20) + 2 * 4096).expect("holes at the end");
     let m = f.map(0, (4 << 20) + 2 * 4096).expect("map");
     fs.sync().expect("sync");
-    *sim.sim.lock().unwrap_or_else(|p| p.into_inner()) = Some(
-        rext4_testkit::pmem::PmemSim::new(std::fs::read(img.path()).expect("read image")),
-    );
-    m.write(4096 + 10, &[0xA1; 300]).expect("mapping store, page 1");
-    m.write(3 * 4096, &[0xA3; 4096]).expect("mapping store, page 3");
+    *sim.sim.lock().unwrap_or_else(|p| p.into_inner()) = Some(rext4_testkit::pmem::PmemSim::new(
+        std::fs::read(img.path()).expect("read image"),
+    ));
+    m.write(4096 + 10, &[0xA1; 300])
+        .expect("mapping store, page 1");
+    m.write(3 * 4096, &[0xA3; 4096])
+        .expect("mapping store, page 3");
     // Not durable yet: the negative control.
     let before = after_power_failure(&sim, "/d");
     assert_ne!(&before[4096 + 10..4096 + 310], &[0xA1; 300][..]);
@@ -477,11 +498,19 @@ fn dax_one_fsync_flushes_mapping_stores_and_a_later_write() {
         .expect("allocating write");
     // ...and the mapping goes.
     drop(m);
-    assert_eq!(fs.dax_dirty_bytes(f.ino()), 2 * 4096, "the record outlived both");
+    assert_eq!(
+        fs.dax_dirty_bytes(f.ino()),
+        2 * 4096,
+        "the record outlived both"
+    );
     let wb0 = sim.with(|s| s.stats().written_back_lines).expect("sim");
     f.sync_data().expect("fsync");
     let wb = sim.with(|s| s.stats().written_back_lines).expect("sim") - wb0;
-    assert_eq!(wb, 2 * 4096 / 64, "fsync wrote back exactly the two dirty pages");
+    assert_eq!(
+        wb,
+        2 * 4096 / 64,
+        "fsync wrote back exactly the two dirty pages"
+    );
     assert_eq!(fs.dax_dirty_bytes(f.ino()), 0);
     let after = after_power_failure(&sim, "/d");
     assert_eq!(&after[4096 + 10..4096 + 310], &[0xA1; 300][..]);

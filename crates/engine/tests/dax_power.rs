@@ -23,13 +23,27 @@ use rext4_testkit::{e2fsck_fn, mkfs, MkfsOptions, TempDir};
 
 /// What the recorder keeps, in order.
 enum Ev {
-    Store { first: u64, lines: Vec<u8>, nt: bool },
-    WriteBack { first: u64, lines: Vec<u8> },
+    Store {
+        first: u64,
+        lines: Vec<u8>,
+        nt: bool,
+    },
+    WriteBack {
+        first: u64,
+        lines: Vec<u8>,
+    },
     Fence,
     /// The test is about to change these bytes of file `f` (their promise lapses).
-    Touch { f: usize, from: u64, to: u64 },
+    Touch {
+        f: usize,
+        from: u64,
+        to: u64,
+    },
     /// An fsync of file `f` returned; its contents then were these.
-    Synced { f: usize, content: Vec<u8> },
+    Synced {
+        f: usize,
+        content: Vec<u8>,
+    },
 }
 
 #[derive(Default)]
@@ -106,10 +120,7 @@ fn record(seed: u64, ops: usize) -> (Vec<u8>, Vec<Ev>, u64) {
         files.push(f);
         model.push(d);
     }
-    let maps: Vec<_> = files
-        .iter()
-        .map(|f| f.map(0, SPAN).expect("map"))
-        .collect();
+    let maps: Vec<_> = files.iter().map(|f| f.map(0, SPAN).expect("map")).collect();
     fs.sync().expect("sync");
     let (_, jext) = fs.fiemap_ino(rext4::Ino(8), 1).expect("journal extents");
     let Some(&(0, rext4::Mapping::Mapped { physical, .. })) = jext.first() else {
@@ -423,8 +434,14 @@ fn ten_thousand_power_failures_lose_no_fsynced_byte() {
         }
     }
     assert_eq!(checked, FAILURES, "every failure point was checked");
-    assert!(adversarial > FAILURES / 3, "adversarial failures: {adversarial}");
-    assert!(fsck_runs > 10, "distinct metadata states checked: {fsck_runs}");
+    assert!(
+        adversarial > FAILURES / 3,
+        "adversarial failures: {adversarial}"
+    );
+    assert!(
+        fsck_runs > 10,
+        "distinct metadata states checked: {fsck_runs}"
+    );
     eprintln!(
         "{checked} power failures ({adversarial} adversarial) over {} events \
          ({fences} fences); e2fsck -fn on {fsck_runs} distinct metadata states",
