@@ -2,7 +2,8 @@
 //! of the memory behind it, in one run. IMAGE should live on tmpfs or hugetlbfs (or be
 //! a dax device); it is opened with `FsOptions::dax`.
 //!
-//! Limits: a scratch file beside IMAGE (same filesystem, as large as the test file),
+//! Limits (`rext4::dax::measure_copy_limits`): a scratch file beside IMAGE (same
+//! filesystem, as large as the test file),
 //! mapped shared, filled in `--chunk` requests with three copy strategies, in the
 //! order of the shared daxcopy.c — plain cached copy (`cached`, not persistent),
 //! cached copy + clwb + sfence (`cached_clwb`), the DAX device's non-temporal stores +
@@ -14,10 +15,9 @@
 //!
 //! Lines: `RESULT|label|dax|metric|value|unit`, GB/s in 10^9 bytes per second.
 
-use std::os::fd::AsRawFd;
 use std::time::Instant;
 
-use rext4::dax::{copy, write_back_kind};
+use rext4::dax::write_back_kind;
 use rext4::{Fs, FsOptions, OpenOptions};
 
 use crate::bench::BenchArgs;
@@ -28,55 +28,6 @@ fn out(label: &str, metric: &str, value: f64, unit: &str) {
 
 fn gbps(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / secs / 1e9
-}
-
-/// A shared mapping of a scratch file, removed on drop.
-struct Scratch {
-    path: std::path::PathBuf,
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl Scratch {
-    fn new(path: std::path::PathBuf, len: usize) -> Result<Scratch, String> {
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        f.set_len(len as u64)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        // SAFETY: a fresh shared mapping of the whole file; checked for MAP_FAILED.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                f.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            let e = std::io::Error::last_os_error();
-            let _ = std::fs::remove_file(&path);
-            return Err(format!("mmap {}: {e}", path.display()));
-        }
-        Ok(Scratch {
-            path,
-            ptr: p.cast(),
-            len,
-        })
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-        let _ = std::fs::remove_file(&self.path);
-    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -98,63 +49,23 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
     ));
     let src: Vec<u8> = (0..chunk).map(|i| (i * 31 % 251) as u8).collect();
     let mut dst = vec![0u8; chunk];
-
-    // ---- limits on the same backing store ----
-    {
-        let mut p = a.image.clone().into_os_string();
-        p.push(".daxcopy");
-        let s = Scratch::new(p.into(), size as usize)?;
-        let total = size * passes;
-        // In daxcopy.c's order: the region is warm (every page touched) before the
-        // non-temporal pass.
-        for (name, mode) in [("cached", 2), ("cached_clwb", 1), ("limit_nt", 0)] {
-            let t = Instant::now();
-            for _ in 0..passes {
-                let mut off = 0usize;
-                while off < s.len {
-                    crate::bench::stop()?;
-                    // SAFETY: off+chunk <= len (size is a multiple of chunk); the
-                    // scratch mapping is ours alone.
-                    unsafe {
-                        let d = s.ptr.add(off);
-                        match mode {
-                            0 => {
-                                copy::copy_nt(wb, d, &src);
-                                copy::fence();
-                            }
-                            1 => {
-                                copy::copy_cached_wb(wb, d, &src);
-                                copy::fence();
-                            }
-                            _ => std::ptr::copy_nonoverlapping(src.as_ptr(), d, chunk),
-                        }
-                    }
-                    off += chunk;
-                }
-            }
-            out(
-                label,
-                &format!("{name}_GBps"),
-                gbps(total, t.elapsed().as_secs_f64()),
-                "GB/s",
-            );
-        }
-        let t = Instant::now();
-        for _ in 0..passes {
-            let mut off = 0usize;
-            while off < s.len {
-                // SAFETY: as above; the destination is our own buffer.
-                unsafe { std::ptr::copy_nonoverlapping(s.ptr.add(off), dst.as_mut_ptr(), chunk) };
-                off += chunk;
-            }
-        }
-        std::hint::black_box(&dst);
-        out(
-            label,
-            "memcpy_read_GBps",
-            gbps(total, t.elapsed().as_secs_f64()),
-            "GB/s",
-        );
+    let mut scratch = a.image.clone().into_os_string();
+    scratch.push(".daxcopy");
+    let l = rext4::dax::measure_copy_limits(
+        std::path::Path::new(&scratch),
+        usize::try_from(size).map_err(|_| "--size too large")?,
+        chunk,
+        passes as u32,
+        &|| crate::bench::stop().is_err(),
+    )
+    .map_err(|e| format!("{}: {e}", std::path::Path::new(&scratch).display()))?;
+    for (name, v) in [
+        ("cached", l.cached),
+        ("cached_clwb", l.cached_clwb),
+        ("limit_nt", l.nt),
+        ("memcpy_read", l.memcpy_read),
+    ] {
+        out(label, &format!("{name}_GBps"), v, "GB/s");
     }
 
     let fs = Fs::open_with(

@@ -103,8 +103,8 @@ pub fn write_back_kind() -> WriteBack {
     }
 }
 
-/// Copy primitives on raw memory, public for the benchmark.
-pub mod copy {
+/// Copy primitives on raw memory.
+pub(crate) mod copy {
     use super::{WriteBack, LINE};
 
     /// Write back the cache lines covering `[p, p+len)` (no fence).
@@ -523,9 +523,131 @@ impl BlockDevice for DaxDevice {
     }
 }
 
+/// Copy bandwidths of a backing store in GB/s (10^9 bytes per second), for
+/// `rext4 bench dax`.
+#[derive(Debug, Clone, Copy)]
+pub struct CopyLimits {
+    /// Plain cached copy (not persistent).
+    pub cached: f64,
+    /// Cached copy, clwb of every line, sfence, per request.
+    pub cached_clwb: f64,
+    /// The device's non-temporal copy, sfence per request.
+    pub nt: f64,
+    /// memcpy out of the mapping.
+    pub memcpy_read: f64,
+}
+
+/// Measure the copy strategies on a scratch file created at `scratch` (removed
+/// again; on the same filesystem as the image to compare with): `size` bytes mapped
+/// shared, filled `passes` times in `chunk`-byte requests per strategy, in the
+/// order of the shared daxcopy.c (cached, cached+clwb, then non-temporal, so the
+/// region is warm), then read back. `stop` is polled between requests.
+pub fn measure_copy_limits(
+    scratch: &Path,
+    size: usize,
+    chunk: usize,
+    passes: u32,
+    stop: &dyn Fn() -> bool,
+) -> io::Result<CopyLimits> {
+    if chunk == 0 || size == 0 || !size.is_multiple_of(chunk) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "size must be a positive multiple of the request size",
+        ));
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(scratch)?;
+    struct Cleanup<'a>(&'a Path);
+    impl Drop for Cleanup<'_> {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(self.0);
+        }
+    }
+    let _cleanup = Cleanup(scratch);
+    file.set_len(size as u64)?;
+    // SAFETY: a fresh shared mapping of the whole scratch file; checked below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_POPULATE,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let region = Region {
+        ptr: p.cast(),
+        len: size,
+    };
+    let wb = write_back_kind();
+    let src: Vec<u8> = (0..chunk).map(|i| (i * 31 % 251) as u8).collect();
+    let mut dst = vec![0u8; chunk];
+    let total = (size as u64 * u64::from(passes)) as f64;
+    let mut rates = [0f64; 4];
+    for (k, rate) in rates.iter_mut().enumerate() {
+        let t = std::time::Instant::now();
+        for _ in 0..passes {
+            let mut off = 0usize;
+            while off < size {
+                if stop() {
+                    return Err(io::Error::new(io::ErrorKind::Interrupted, "stopped"));
+                }
+                // SAFETY: off + chunk <= size (size is a multiple of chunk): inside
+                // the scratch mapping, which nobody else uses; `src`/`dst` are ours.
+                unsafe {
+                    let d = region.ptr.add(off);
+                    match k {
+                        0 => core::ptr::copy_nonoverlapping(src.as_ptr(), d, chunk),
+                        1 => {
+                            copy::copy_cached_wb(wb, d, &src);
+                            copy::fence();
+                        }
+                        2 => {
+                            copy::copy_nt(wb, d, &src);
+                            copy::fence();
+                        }
+                        _ => core::ptr::copy_nonoverlapping(d, dst.as_mut_ptr(), chunk),
+                    }
+                }
+                off += chunk;
+            }
+        }
+        std::hint::black_box(&dst);
+        *rate = total / t.elapsed().as_secs_f64() / 1e9;
+    }
+    drop(region);
+    Ok(CopyLimits {
+        cached: rates[0],
+        cached_clwb: rates[1],
+        nt: rates[2],
+        memcpy_read: rates[3],
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copy_limits_measure_and_clean_up() {
+        let p = std::path::PathBuf::from(format!(
+            "{}/rext4-dax-limits-{}",
+            std::env::temp_dir().display(),
+            std::process::id()
+        ));
+        let l = measure_copy_limits(&p, 1 << 20, 64 << 10, 1, &|| false).expect("measure");
+        assert!(l.nt > 0.0 && l.cached > 0.0 && l.cached_clwb > 0.0 && l.memcpy_read > 0.0);
+        assert!(!p.exists(), "the scratch file is removed");
+        assert!(measure_copy_limits(&p, 1000, 64, 1, &|| false).is_err());
+        assert!(!p.exists());
+    }
 
     fn tmp_image(name: &str, len: usize) -> std::path::PathBuf {
         let dir = if Path::new("/dev/shm").is_dir() {

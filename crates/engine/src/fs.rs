@@ -625,7 +625,9 @@ impl Fs {
         let data = if self.inner.read_only || self.live().closed {
             Ok(())
         } else {
-            self.writeback_all()
+            // DAX: stores through mappings are written back; the close's commit
+            // fences them (as the kernel syncs a DAX filesystem at unmount).
+            self.writeback_all().and(self.dax_write_back_dirty(None))
         };
         self.inner.pagecache.stop_writeback();
         let _w = self.write_lock();

@@ -517,8 +517,15 @@ fn dax_one_fsync_flushes_mapping_stores_and_a_later_write() {
     assert_eq!(&after[3 * 4096..4 * 4096], &[0xA3; 4096][..]);
     assert_eq!(&after[(4 << 20) + 4096..], &[0xB9; 4096][..]);
     assert_eq!(after.len(), (4 << 20) + 2 * 4096);
+    // Closing the filesystem (unmount) writes back what mappings stored, like fsync.
+    let m = f.map(0, 4 << 20).expect("map again");
+    m.write(2 * 4096, &[0xC2; 64])
+        .expect("mapping store, page 2");
+    drop(m);
     drop(f);
     fs.close().expect("close");
+    let closed = after_power_failure(&sim, "/d");
+    assert_eq!(&closed[2 * 4096..2 * 4096 + 64], &[0xC2; 64][..]);
     let r = e2fsck_fn(img.path());
     assert!(r.clean, "{}", r.output);
 }
