@@ -315,63 +315,78 @@ impl Fs {
             .map_or(0, |f| lock(&f.state).dirty.len() as u64 * page_size())
     }
 
-    /// What each page of `[offset, offset+span)` of `ino` shows now. Caller holds the
-    /// mapping lock (either way).
-    fn dax_pages(&self, ino: Ino, offset: u64, span: usize) -> Result<Vec<Show>> {
+    /// What the pages of `[offset, offset+span)` of `ino` show now, as runs of
+    /// (what the first page shows, pages; a `Block` run's pages are consecutive
+    /// blocks): one run per extent, hole or EOF tail, so the work follows the extents,
+    /// not the length. Caller holds the mapping lock (either way).
+    fn dax_runs(&self, ino: Ino, offset: u64, span: u64) -> Result<Vec<(Show, u64)>> {
         let _t = self.tree_shared(ino);
         let inode = self.read_inode(ino)?;
         let size = if inode.mode == 0 { 0 } else { inode.size };
         let bs = u64::from(self.inner.block_size);
         let ps = page_size();
-        let npages = span as u64 / ps;
-        let mut out = Vec::with_capacity(npages as usize);
+        let npages = span / ps;
+        let eof_page = size.div_ceil(ps);
+        let mut out: Vec<(Show, u64)> = Vec::new();
         let mut p = 0;
         while p < npages {
             let pos = offset + p * ps;
-            if pos >= size.div_ceil(ps) * ps {
-                out.push(Show::Nothing);
-                p += 1;
-                continue;
+            let page = pos / ps;
+            if page >= eof_page {
+                out.push((Show::Nothing, npages - p));
+                break;
             }
             let lblk = pos / bs;
             let (run, phys) = self.map_block(ino, &inode, lblk)?.data_run();
             let run_pages = (run.saturating_mul(bs) - pos % bs) / ps;
-            let eof_pages = (size.div_ceil(ps) * ps - pos) / ps;
-            let n = run_pages.max(1).min(npages - p).min(eof_pages.max(1));
-            for k in 0..n {
-                out.push(match phys {
-                    Some(ph) => Show::Block(ph * bs + pos % bs + k * ps),
-                    None => Show::Zeros,
-                });
+            let n = run_pages.max(1).min(npages - p).min(eof_page - page);
+            let show = match phys {
+                Some(ph) => Show::Block(ph * bs + pos % bs),
+                None => Show::Zeros,
+            };
+            match out.last_mut() {
+                Some((Show::Zeros, k)) if show == Show::Zeros => *k += n,
+                Some((Show::Block(a), k)) if show == Show::Block(*a + *k * ps) => *k += n,
+                _ => out.push((show, n)),
             }
             p += n;
         }
         Ok(out)
     }
 
-    /// Map the pages of one live mapping as `shows` says (under the mapping lock).
-    fn dax_establish(&self, slot: &Slot, shows: &[Show]) -> Result<()> {
+    /// What each page of `[offset, offset+span)` shows (for ranges as small as one
+    /// access).
+    fn dax_pages(&self, ino: Ino, offset: u64, span: usize) -> Result<Vec<Show>> {
+        let ps = page_size();
+        let mut out = Vec::with_capacity(span / ps as usize);
+        for (show, n) in self.dax_runs(ino, offset, span as u64)? {
+            for k in 0..n {
+                out.push(match show {
+                    Show::Block(a) => Show::Block(a + k * ps),
+                    other => other,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Map the pages of one live mapping as `runs` says (under the mapping lock).
+    fn dax_establish(&self, slot: &Slot, runs: &[(Show, u64)]) -> Result<()> {
         let fd = self.dax_dev()?.backing_fd();
         let ps = page_size() as usize;
-        let mut i = 0;
-        while i < shows.len() {
-            // A run of pages with the same kind (and consecutive blocks).
-            let mut e = i + 1;
-            while e < shows.len()
-                && match (shows[i], shows[e]) {
-                    (Show::Block(a), Show::Block(b)) => b == a + ((e - i) * ps) as u64,
-                    (x, y) => x == y,
-                }
-            {
-                e += 1;
+        let mut page = 0usize;
+        for &(show, n) in runs {
+            let n = n as usize;
+            if (page + n) * ps > slot.span {
+                return Err(Error::InvalidInput("mapping runs past its range".into()));
             }
-            let addr = (slot.base + i * ps) as *mut libc::c_void;
-            let len = (e - i) * ps;
+            let addr = (slot.base + page * ps) as *mut libc::c_void;
+            let len = n * ps;
             // SAFETY: addr..addr+len lies inside the range this mapping reserved
-            // (shows has span/ps entries); MAP_FIXED replaces only those pages, which
-            // belong to this mapping alone.
+            // (checked against span just above); MAP_FIXED replaces only those pages,
+            // which belong to this mapping alone.
             let r = unsafe {
-                match shows[i] {
+                match show {
                     Show::Block(dev_off) => libc::mmap(
                         addr,
                         len,
@@ -408,7 +423,7 @@ impl Fs {
             if r == libc::MAP_FAILED {
                 return Err(Error::Io(std::io::Error::last_os_error()));
             }
-            i = e;
+            page += n;
         }
         Ok(())
     }
@@ -420,10 +435,10 @@ impl Fs {
         let mut first_err = None;
         for s in slots {
             let r = self
-                .dax_pages(ino, s.offset, s.span)
-                .and_then(|shows| self.dax_establish(&s, &shows));
+                .dax_runs(ino, s.offset, s.span as u64)
+                .and_then(|runs| self.dax_establish(&s, &runs));
             if let Err(e) = r {
-                let none = vec![Show::Nothing; s.span / page_size() as usize];
+                let none = [(Show::Nothing, s.span as u64 / page_size())];
                 let _ = self.dax_establish(&s, &none);
                 first_err.get_or_insert(e);
             }
@@ -455,8 +470,14 @@ impl Fs {
         let span = len
             .checked_next_multiple_of(ps)
             .and_then(|s| usize::try_from(s).ok())
-            .filter(|_| offset.checked_add(len).is_some())
-            .ok_or_else(|| Error::InvalidInput("mapping too large".into()))?;
+            .filter(|_| {
+                offset
+                    .checked_add(len)
+                    .is_some_and(|end| end <= self.max_file_size().next_multiple_of(ps))
+            })
+            .ok_or_else(|| {
+                Error::InvalidInput("mapping reaches past ext4's largest file size".into())
+            })?;
         // SAFETY: a fresh reservation, no fixed address; checked below.
         let base = unsafe {
             libc::mmap(
@@ -481,8 +502,8 @@ impl Fs {
         let built = {
             let _m = file.map_lock.shared();
             let r = self
-                .dax_pages(ino, offset, span)
-                .and_then(|shows| self.dax_establish(&slot, &shows));
+                .dax_runs(ino, offset, span as u64)
+                .and_then(|runs| self.dax_establish(&slot, &runs));
             r.map(|()| {
                 let mut st = lock(&file.state);
                 st.next_id += 1;

@@ -173,9 +173,17 @@ fn dax_refuses_bad_setups_and_a_shrunk_backing_file() {
     let e = f.read_at(&mut back, 0).expect_err("read past the cut");
     assert!(e.to_string().contains("shrank"), "{e}");
     assert!(f.write_at(&d, 0).is_err(), "a write past the cut fails");
-    // Mapping a file with an absurd range is refused.
+    // Mapping a file with an absurd range is refused; a huge one costs what its
+    // extents cost (one run past EOF), not its length.
     assert!(f.map(0, u64::MAX).is_err());
+    assert!(f.map(1 << 60, 4096).is_err(), "past ext4's largest file");
     assert!(f.map(4096 * 3 + 1, 4096).is_err());
+    let t = std::time::Instant::now();
+    let huge = f.map(0, 1 << 40).expect("a 1 TiB mapping of a 1 MiB file");
+    assert!(t.elapsed() < std::time::Duration::from_secs(5));
+    let mut b = [0u8; 16];
+    assert!(huge.read((1 << 30) + 8, &mut b).is_err(), "past EOF");
+    drop(huge);
     drop(f);
     drop(fs);
     // 1 KiB blocks: the data path works, mappings of blocks cannot (a block is not a
