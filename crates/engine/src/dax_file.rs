@@ -5,8 +5,9 @@
 //! What it owns, per file with live mappings or dirty data ([`DaxFile`]):
 //! - the **mapping lock** (the kernel's invalidate lock): shared by every access
 //!   through a mapping's methods and by setting a mapping up; exclusive around every
-//!   change of which blocks back the file — an allocating write, truncate, fallocate
-//!   (punch, zero, collapse, insert, unwritten allocation) — and, before the lock is
+//!   change of which blocks back the file — an allocating write, truncate (also by
+//!   setattr), fallocate (punch, zero, collapse, insert, unwritten allocation) — and,
+//!   before the lock is
 //!   released, every live mapping of the file is rebuilt from the new extent tree
 //!   ([`DaxChange`]). So no access through a mapping's methods sees a block after it
 //!   was freed, or zeros of a hole after the write that filled it returned;
@@ -28,7 +29,10 @@
 //! (docs/ARCHITECTURE.md). A `DaxFile`'s state mutex is taken under any of these, for
 //! bookkeeping and the mmap calls of a rebuild only; the registry mutex is a leaf.
 //!
-//! Mappings need blocks that are whole memory pages (block size a multiple of 4 KiB).
+//! Mappings need blocks that are whole memory pages (block size a multiple of 4 KiB)
+//! and a backing store that maps at that granularity: tmpfs, a file on a disk
+//! filesystem, devdax with 4 KiB alignment. hugetlbfs maps only whole huge pages, so
+//! there `File::map` fails with the kernel's EINVAL (the read/write path works).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Condvar, Mutex};

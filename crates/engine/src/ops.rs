@@ -848,6 +848,7 @@ impl Fs {
     /// chmod/chown/utimens/truncate in one call (like FUSE setattr).
     pub fn setattr_ino(&self, ino: Ino, a: &SetAttr) -> Result<crate::Metadata> {
         let _io = a.size.map(|_| self.io_exclusive(ino));
+        let _dax = a.size.and_then(|_| self.dax_change(ino));
         if let Some(size) = a.size {
             self.check_writable()?;
             self.prepare_size_change(ino, size)?;

@@ -376,6 +376,38 @@ fn dax_truncate_and_punch_under_a_mapping() {
         raw.iter().all(|&x| x == 0),
         "the raw page is a zero page too"
     );
+    // Truncate as the mount does it (setattr), then as the API does.
+    fs.setattr_ino(
+        f.ino(),
+        &rext4::SetAttr {
+            size: Some(3 * 4096),
+            ..Default::default()
+        },
+    )
+    .expect("setattr size");
+    assert!(
+        m.read(3 * 4096, &mut b).is_err(),
+        "past the EOF page after setattr"
+    );
+    // The freed blocks go to another file; grown back, the range is holes, not that
+    // file's blocks.
+    f.sync_all().expect("commit: the freed blocks are free");
+    let other = create(&fs, "/other");
+    other.write_all_at(&[0xEE; 13 * 4096], 0).expect("reuse");
+    fs.setattr_ino(
+        f.ino(),
+        &rext4::SetAttr {
+            size: Some(16 * 4096),
+            ..Default::default()
+        },
+    )
+    .expect("setattr grow");
+    for p in 3..16 {
+        m.read(p * 4096, &mut b).expect("read grown");
+        assert!(b.iter().all(|&x| x == 0), "page {p} after shrink and grow");
+    }
+    drop(other);
+    fs.remove_file("/other").expect("unlink");
     f.set_len(2 * 4096 + 10).expect("truncate");
     assert!(m.read(3 * 4096, &mut b).is_err(), "past the EOF page");
     m.read(2 * 4096, &mut b).expect("the EOF page");
