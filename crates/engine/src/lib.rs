@@ -14,7 +14,9 @@
 //! - `fs`: superblock, feature gate, group descriptors, inode records;
 //! - `cache`: metadata buffers, verified on read;
 //! - `device`: the `BlockDevice` seam (file, memory); `dax`: a memory-mapped image
-//!   (DAX: file data copied straight between the caller and the mapping);
+//!   (DAX: file data copied straight between the caller and the mapping), and
+//!   `dax_file`: DAX file I/O, mappings of file blocks, the mapping lock, dirty
+//!   records;
 //! - `claim`: keeps other users away from an image opened by path (loop devices,
 //!   mounts, other rext4 processes).
 //!
