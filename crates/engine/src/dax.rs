@@ -413,6 +413,23 @@ impl DaxDevice {
         Ok(offset as usize)
     }
 
+    /// The backing file still covers the whole mapping (mappings of file blocks check
+    /// it before touching them: a page past a cut would fault).
+    pub(crate) fn check_intact(&self) -> io::Result<()> {
+        if !self.regular {
+            return Ok(());
+        }
+        let now = self.file.metadata()?.len();
+        if now < self.region.len as u64 {
+            return Err(io::Error::other(format!(
+                "the DAX backing file shrank to {now} bytes under the filesystem \
+                 (mapped {})",
+                self.region.len
+            )));
+        }
+        Ok(())
+    }
+
     /// Tell the observer about the lines covering `[off, off+len)`.
     fn observe(&self, off: usize, len: usize, f: impl FnOnce(&dyn PersistObserver, u64, &[u8])) {
         let Some(obs) = &self.observer else { return };

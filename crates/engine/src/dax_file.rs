@@ -19,7 +19,9 @@
 //! - the live mappings: each a reserved range of address space, with every file page
 //!   mapped MAP_FIXED onto its block of the backing store (MAP_SHARED, so stores are
 //!   the very bytes `read_at` reads), holes and unwritten extents onto read-only zero
-//!   pages, and pages wholly past EOF inaccessible (PROT_NONE).
+//!   pages, and pages wholly past EOF inaccessible (PROT_NONE). Accesses through the
+//!   methods first check that the backing file was not cut under the mapping (a page
+//!   past the cut would fault).
 //!
 //! `write_at` itself stores non-temporally (durable at the next fence; no dirty
 //! record needed); a pure overwrite of written blocks takes only the shared I/O lock,
@@ -580,6 +582,7 @@ impl DaxMap {
         let _m = self.shared();
         let pos = self.slot.offset + at;
         let size = self.size_for(pos, buf.len())?;
+        self.fs.dax_dev()?.check_intact()?;
         // SAFETY: at..at+len is inside this mapping's reservation (checked by the
         // caller against len <= span); under the shared mapping lock every page of it
         // is mapped readable (file pages up to the EOF page, checked above).
@@ -617,6 +620,7 @@ impl DaxMap {
                 ((last - first + 1) * ps) as usize,
             )?;
             if shows.iter().all(|s| matches!(s, Show::Block(_))) {
+                self.fs.dax_dev()?.check_intact()?;
                 if n > 0 {
                     // SAFETY: at..at+n is inside the reservation, and every page of
                     // it maps a written block read-write (shows, under the mapping

@@ -158,6 +158,7 @@ fn dax_refuses_bad_setups_and_a_shrunk_backing_file() {
     // Put data near the end of the device so a cut can reach it.
     let d = pattern(9, 1 << 20);
     f.write_all_at(&d, 0).expect("write");
+    let pre = f.map(0, 1 << 20).expect("a mapping made before the cut");
     let ext = f.extents().expect("extents");
     let (_, m) = ext.last().expect("an extent");
     let rext4::Mapping::Mapped { physical, .. } = *m else {
@@ -173,6 +174,15 @@ fn dax_refuses_bad_setups_and_a_shrunk_backing_file() {
     let e = f.read_at(&mut back, 0).expect_err("read past the cut");
     assert!(e.to_string().contains("shrank"), "{e}");
     assert!(f.write_at(&d, 0).is_err(), "a write past the cut fails");
+    let e = pre
+        .read(0, &mut back)
+        .expect_err("a mapping read after the cut");
+    assert!(e.to_string().contains("shrank"), "{e}");
+    assert!(
+        pre.write(0, &d[..10]).is_err(),
+        "a mapping write after the cut"
+    );
+    drop(pre);
     // Mapping a file with an absurd range is refused; a huge one costs what its
     // extents cost (one run past EOF), not its length.
     assert!(f.map(0, u64::MAX).is_err());
