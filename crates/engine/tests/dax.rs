@@ -158,7 +158,25 @@ fn dax_refuses_bad_setups_and_a_shrunk_backing_file() {
     // Put data near the end of the device so a cut can reach it.
     let d = pattern(9, 1 << 20);
     f.write_all_at(&d, 0).expect("write");
+    // Absurd offsets: errors or EOF, never a fault.
+    let mut small = [0u8; 16];
+    assert_eq!(
+        f.read_at(&mut small, u64::MAX)
+            .expect("read at the end of time"),
+        0
+    );
+    assert!(matches!(
+        f.write_at(&small, u64::MAX - 1),
+        Err(Error::FileTooLarge)
+    ));
     let pre = f.map(0, 1 << 20).expect("a mapping made before the cut");
+    assert!(pre.read(u64::MAX - 2, &mut small).is_err());
+    assert!(pre.write(u64::MAX - 2, &small).is_err());
+    assert!(pre.mark_dirty(u64::MAX, 10).is_err());
+    assert!(
+        pre.read(1 << 20, &mut small).is_err(),
+        "past the mapping's end"
+    );
     let ext = f.extents().expect("extents");
     let (_, m) = ext.last().expect("an extent");
     let rext4::Mapping::Mapped { physical, .. } = *m else {
