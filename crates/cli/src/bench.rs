@@ -11,6 +11,7 @@
 //! fallocate 0..32 KiB first in each iteration), `churn` (SEEDS lesson C, like the anchors' seedC script:
 //! create+unlink of one name in a tight loop for `--secs`, alone, then while
 //! `--threads` threads stat a 16-deep path and a symlink to it; and the lookups alone).
+//! `dax` (SEEDS lesson E) is in `bench_dax`.
 //! mdtest phases, like the anchors' mdtest.c on a mount, do not sync (the kernel's
 //! figures are page-cache figures too); seqwrite includes its fsync.
 
@@ -35,6 +36,9 @@ pub enum Workload {
     Pwtrunc,
     /// create+unlink of one name against --threads lookups, --secs per phase.
     Churn,
+    /// DAX (IMAGE on tmpfs/hugetlbfs): copy limits, write/read bandwidth, fsync cost
+    /// against dirty bytes and file size (see bench_dax).
+    Dax,
 }
 
 #[derive(clap::Args)]
@@ -56,6 +60,9 @@ pub struct BenchArgs {
     /// Lookup threads for churn (default 1).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Request size for dax (suffixes k, m, g; default 1m).
+    #[arg(long)]
+    pub chunk: Option<String>,
     /// Label for RESULT lines.
     #[arg(long, default_value = "rext4-api")]
     pub label: String,
@@ -63,14 +70,14 @@ pub struct BenchArgs {
 
 /// Err once SIGINT/SIGTERM/SIGHUP asked to stop: the workload ends, the image is
 /// closed as usual.
-fn stop() -> Result<(), String> {
+pub(crate) fn stop() -> Result<(), String> {
     match crate::interrupt::requested() {
         Some(_) => Err("stopped".into()),
         None => Ok(()),
     }
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim().to_ascii_lowercase();
     let (num, mult) = match s.chars().last() {
         Some('k') => (&s[..s.len() - 1], 1u64 << 10),
@@ -96,6 +103,9 @@ fn phase(label: &str, workload: &str, name: &str, ops: u64, secs: f64) {
 }
 
 pub fn run(a: BenchArgs) -> Result<(), String> {
+    if matches!(a.workload, Workload::Dax) {
+        return crate::bench_dax::run(&a);
+    }
     let fs = Fs::open_with(
         &a.image,
         FsOptions {
@@ -218,6 +228,7 @@ fn workload(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
             );
         }
         Workload::Churn => churn(fs, a)?,
+        Workload::Dax => return Err("dax runs on its own open".into()),
         Workload::Pwtrunc => {
             let n = a.count.unwrap_or(50_000);
             let f = fs.create("/pwtrunc").map_err(e)?;

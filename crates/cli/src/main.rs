@@ -10,6 +10,7 @@
 //! that signal (see `interrupt`).
 
 mod bench;
+mod bench_dax;
 mod extract;
 mod info;
 mod interrupt;
@@ -201,7 +202,7 @@ enum Cmd {
     /// not reach a FUSE server): `rext4 sync MOUNTPOINT...`.
     Sync(mount_cmd::SyncArgs),
     /// Run a benchmark workload through the API: `rext4 bench WORKLOAD IMAGE`
-    /// (mdtest, seqwrite, seqread, smallfsync, pwtrunc, churn).
+    /// (mdtest, seqwrite, seqread, smallfsync, pwtrunc, churn, dax).
     Bench(bench::BenchArgs),
 }
 

@@ -1199,3 +1199,70 @@ fn sigterm_stops_the_io_shell_cleanly() {
         );
     }
 }
+
+/// `rext4 bench dax` on an image in memory: every RESULT line of the run, the
+/// scratch file gone, the image closed clean; a size that is not a multiple of the
+/// request size is a usage error before anything is written.
+#[test]
+fn bench_dax_reports_and_leaves_the_image_clean() {
+    let d = TempDir::new_in(&rext4_testkit::memory_dir(), "edges-dax").expect("tempdir");
+    let img = d.join("dax.img");
+    // 4 KiB blocks: mappings of file blocks need whole memory pages.
+    run(
+        &[
+            s("mkfs"),
+            s("-q"),
+            s("-b"),
+            s("4096"),
+            img.as_os_str(),
+            s("64M"),
+        ],
+        0,
+    );
+    let r = run(
+        &[
+            s("bench"),
+            s("dax"),
+            img.as_os_str(),
+            s("-s"),
+            s("4m"),
+            s("--chunk"),
+            s("256k"),
+        ],
+        0,
+    );
+    for metric in [
+        "cached_GBps",
+        "cached_clwb_GBps",
+        "limit_nt_GBps",
+        "memcpy_read_GBps",
+        "first_write_GBps",
+        "write_GBps",
+        "read_GBps",
+        "fsync_us_dirty_4k",
+        "fsync_us_dirty_1024k",
+        "fsync_us_size_1m",
+    ] {
+        assert!(
+            r.stdout_str()
+                .contains(&format!("RESULT|rext4-api|dax|{metric}|")),
+            "{metric} missing:\n{}",
+            r.stdout_str()
+        );
+    }
+    let mut scratch = img.clone().into_os_string();
+    scratch.push(".daxcopy");
+    assert!(!Path::new(&scratch).exists(), "the scratch file is removed");
+    assert_closed_clean(&img, "after bench dax");
+    let r = rext4(&[
+        s("bench"),
+        s("dax"),
+        img.as_os_str(),
+        s("-s"),
+        s("1000k"),
+        s("--chunk"),
+        s("1m"),
+    ]);
+    assert_ne!(r.code, 0, "a size below the request size");
+    assert!(r.stderr.contains("--size"), "{}", r.stderr);
+}

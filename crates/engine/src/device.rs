@@ -2,7 +2,9 @@
 //! tests can wrap it (latency, faults, crash recording).
 //!
 //! Backends: [`FileDevice`] (pread/pwrite on an image file or block device, optionally
-//! O_DIRECT through an aligned bounce buffer) and [`MemDevice`] (a byte vector).
+//! O_DIRECT through an aligned bounce buffer), [`MemDevice`] (a byte vector) and
+//! [`crate::dax::DaxDevice`] (a memory-mapped backing store, copies with persistent
+//! stores; `BlockDevice::dax` tells the file data path to bypass the page cache).
 //! Offsets and lengths are bytes; callers stay inside [`BlockDevice::size_bytes`], and
 //! backends refuse anything outside it so no request can write past the image.
 
@@ -21,6 +23,11 @@ pub trait BlockDevice: Send + Sync {
     fn flush(&self) -> io::Result<()>;
     fn size_bytes(&self) -> u64;
     fn is_read_only(&self) -> bool;
+    /// The device as memory the process maps (`crate::dax`), when it is one: file data
+    /// then bypasses the page cache.
+    fn dax(&self) -> Option<&crate::dax::DaxDevice> {
+        None
+    }
 }
 
 fn check_range(offset: u64, len: usize, size: u64) -> io::Result<()> {

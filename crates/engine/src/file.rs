@@ -207,6 +207,10 @@ impl Fs {
         if inode.mode == 0 {
             return Err(Error::NotFound);
         }
+        if inode.is_reg() && self.inner.dax {
+            let _t = self.tree_shared(ino);
+            return self.read_device(ino, &inode, buf, offset);
+        }
         if inode.is_reg() {
             return self.pc_read(ino, &inode, buf, offset, true);
         }
@@ -362,7 +366,9 @@ impl File {
         if inode.is_dir() {
             return Err(Error::IsADirectory);
         }
-        let n = if self.direct {
+        let n = if self.fs.is_dax() && inode.is_reg() {
+            self.fs.dax_read(self.ino, buf, offset)?
+        } else if self.direct {
             self.fs.read_direct_ino(self.ino, buf, offset)?
         } else {
             self.fs.read_ino_at(self.ino, &inode, buf, offset)?
@@ -387,6 +393,10 @@ impl File {
         // A file made immutable (or append-only) after it was opened takes no more
         // writes (appends only), as on ext4.
         crate::ops::may_change(&self.fs.read_live_inode(self.ino)?, "write", self.append)?;
+        if self.fs.is_dax() {
+            let off = (!self.append).then_some(offset);
+            return self.fs.dax_write(self.ino, buf, off, true);
+        }
         if self.append {
             return self.fs.append_ino(self.ino, buf, self.direct);
         }
@@ -414,7 +424,9 @@ impl File {
         }
         self.fs.truncate_ino(self.ino, size)
     }
-    /// Flush the file's data and the journal to the device (`File::sync_all`).
+    /// Flush the file's data and the journal to the device (`File::sync_all`). In DAX
+    /// mode: the pages stored into through mappings are written back, the journal
+    /// commits, and a fence makes every earlier store durable.
     pub fn sync_all(&self) -> Result<()> {
         self.fs.fsync_ino(self.ino)
     }

@@ -72,6 +72,12 @@ pub struct FsOptions {
     /// it, and only an open in the same boot replays them; tests pass another one to
     /// act as after a restart.
     pub boot_id: Option<[u8; 16]>,
+    /// DAX (`crate::dax`): map the image (a file on tmpfs or hugetlbfs, a dax device)
+    /// and read and write file data straight between the caller's buffer and the
+    /// mapping, without the page cache; metadata still goes through the buffer cache
+    /// and the journal. [`Fs::open_with`] maps the path; [`Fs::open_device`] needs a
+    /// device that is a [`crate::dax::DaxDevice`]. Not with `direct_io`.
+    pub dax: bool,
 }
 
 impl Default for FsOptions {
@@ -88,6 +94,7 @@ impl Default for FsOptions {
             keep_writers_out: false,
             early_commit_ms: 0,
             boot_id: None,
+            dax: false,
         }
     }
 }
@@ -217,6 +224,12 @@ pub(crate) struct Inner {
     pub(crate) boot_id: Option<[u8; 16]>,
     /// The image claimed against other users (opens by path), released by `close`.
     pub(crate) claim: Mutex<Option<crate::claim::Claim>>,
+    /// File data bypasses the page cache (`FsOptions::dax`; the device is a
+    /// `DaxDevice`).
+    pub(crate) dax: bool,
+    /// DAX mode: per file, the mapping lock, live mappings and dirty ranges
+    /// (`dax_file`).
+    pub(crate) dax_files: crate::dax_file::DaxFiles,
 }
 
 /// An open ext4 filesystem. Cheap to clone; shareable across threads.
@@ -254,8 +267,17 @@ impl Fs {
         } else {
             (crate::claim::Claim::write(path)?, None)
         };
-        let dev = FileDevice::open(path, opts.read_only, opts.direct_io)?;
-        Self::open_claimed(Arc::new(dev), opts, Some(claim), note.into_iter().collect())
+        let dev: Arc<dyn BlockDevice> = if opts.dax {
+            if opts.direct_io {
+                return Err(Error::InvalidInput(
+                    "DAX and O_DIRECT exclude each other (DAX has no page cache to bypass)".into(),
+                ));
+            }
+            Arc::new(crate::dax::DaxDevice::open(path, opts.read_only)?)
+        } else {
+            Arc::new(FileDevice::open(path, opts.read_only, opts.direct_io)?)
+        };
+        Self::open_claimed(dev, opts, Some(claim), note.into_iter().collect())
     }
 
     /// Open a filesystem on `dev` (not claimed: the caller keeps others away).
@@ -269,6 +291,11 @@ impl Fs {
         claim: Option<crate::claim::Claim>,
         mut warnings: Vec<String>,
     ) -> Result<Fs> {
+        if opts.dax && dev.dax().is_none() {
+            return Err(Error::InvalidInput(
+                "FsOptions::dax needs a DAX device (a mapped image: crate::dax::DaxDevice)".into(),
+            ));
+        }
         let mut raw = vec![0u8; SB_SIZE];
         if dev.size_bytes() < SB_OFFSET + SB_SIZE as u64 {
             return Err(Error::NotExt4(
@@ -344,6 +371,9 @@ impl Fs {
                 Some(SB_OFFSET / u64::from(bs)),
             ));
         }
+        // A read-only open that replayed into an overlay reads file data through the
+        // page cache: the overlay is not memory that can be mapped.
+        let dax = opts.dax && dev.dax().is_some();
         let cache = BufferCache::new(dev, bs as usize, sb.blocks_count, opts.cache_blocks);
         let csum_seed = sb.csum_seed();
         let metadata_csum = sb.metadata_csum();
@@ -406,6 +436,8 @@ impl Fs {
                 system_zone,
                 claim: Mutex::new(claim),
                 boot_id,
+                dax,
+                dax_files: crate::dax_file::DaxFiles::default(),
             }),
         };
         {
@@ -555,8 +587,12 @@ impl Fs {
             return Ok(());
         }
         let data = self.writeback_all();
+        let dax = self.dax_write_back_dirty(None);
         self.sync_metadata()?;
-        data
+        if self.is_dax() {
+            self.cache().device().flush()?;
+        }
+        data.and(dax)
     }
 
     /// Commit the metadata changes made so far (what jbd2's periodic commit does):
@@ -589,7 +625,9 @@ impl Fs {
         let data = if self.inner.read_only || self.live().closed {
             Ok(())
         } else {
-            self.writeback_all()
+            // DAX: stores through mappings are written back; the close's commit
+            // fences them (as the kernel syncs a DAX filesystem at unmount).
+            self.writeback_all().and(self.dax_write_back_dirty(None))
         };
         self.inner.pagecache.stop_writeback();
         let _w = self.write_lock();

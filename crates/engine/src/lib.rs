@@ -13,7 +13,10 @@
 //! - `pagecache`: file data pages, delayed allocation, read-ahead, writeback;
 //! - `fs`: superblock, feature gate, group descriptors, inode records;
 //! - `cache`: metadata buffers, verified on read;
-//! - `device`: the `BlockDevice` seam (file, memory);
+//! - `device`: the `BlockDevice` seam (file, memory); `dax`: a memory-mapped image
+//!   (DAX: file data copied straight between the caller and the mapping), and
+//!   `dax_file`: DAX file I/O, mappings of file blocks, the mapping lock, dirty
+//!   records;
 //! - `claim`: keeps other users away from an image opened by path (loop devices,
 //!   mounts, other rext4 processes).
 //!
@@ -34,6 +37,8 @@ pub mod atime;
 pub mod cache;
 pub mod check;
 pub mod claim;
+pub mod dax;
+mod dax_file;
 pub mod device;
 pub mod dir;
 pub mod dir_write;

@@ -848,6 +848,7 @@ impl Fs {
     /// chmod/chown/utimens/truncate in one call (like FUSE setattr).
     pub fn setattr_ino(&self, ino: Ino, a: &SetAttr) -> Result<crate::Metadata> {
         let _io = a.size.map(|_| self.io_exclusive(ino));
+        let _dax = a.size.and_then(|_| self.dax_change(ino));
         if let Some(size) = a.size {
             self.check_writable()?;
             self.prepare_size_change(ino, size)?;
@@ -1046,6 +1047,7 @@ impl Fs {
     /// Change the size of a regular file (ftruncate).
     pub fn truncate_ino(&self, ino: Ino, size: u64) -> Result<()> {
         let _io = self.io_exclusive(ino);
+        let _dax = self.dax_change(ino);
         self.check_writable()?;
         self.prepare_size_change(ino, size)?;
         let _w = self.write_lock();
@@ -1221,16 +1223,22 @@ impl Fs {
     /// a millisecond of it (as the kernel's coarse clock makes back-to-back writes
     /// change nothing).
     pub(crate) fn touch_times(&self, ino: Ino) -> Result<()> {
-        let _w = self.write_lock();
-        self.check_writable()?;
-        let mut inode = self.read_live_inode(ino)?;
-        let t = self.now();
-        let near = |x: Timestamp| {
+        let near = |x: Timestamp, t: Timestamp| {
             let a = i128::from(x.sec) * 1_000_000_000 + i128::from(x.nsec);
             let b = i128::from(t.sec) * 1_000_000_000 + i128::from(t.nsec);
             (b - a).abs() < 1_000_000
         };
-        if near(inode.mtime) && near(inode.ctime) {
+        // Lockless first look: back-to-back writes (the common case) need no lock.
+        let i = self.read_live_inode(ino)?;
+        let t = self.now();
+        if near(i.mtime, t) && near(i.ctime, t) {
+            return Ok(());
+        }
+        let _w = self.write_lock();
+        self.check_writable()?;
+        let mut inode = self.read_live_inode(ino)?;
+        let t = self.now();
+        if near(inode.mtime, t) && near(inode.ctime, t) {
             return Ok(());
         }
         inode.mtime = t;
@@ -1254,6 +1262,8 @@ impl Fs {
         for _ in 0..100 {
             self.writeback_ino(ino, 0, u64::MAX, true)?;
             let _io = self.io_exclusive(ino);
+            // DAX: live mappings of the file are rebuilt before this lock goes.
+            let _dax = self.dax_change(ino);
             // A buffered writer may have dirtied pages between the writeback and the
             // lock, and the writeback thread may be writing some: let them finish
             // first (without the lock), then try again. A pass still running could
@@ -1295,7 +1305,7 @@ impl Fs {
     /// (the caller takes the full path). The shared I/O lock keeps the mapping fixed:
     /// everything that changes it holds the lock exclusively, except writeback, which
     /// the tree lock keeps out.
-    fn try_overwrite(&self, ino: Ino, buf: &[u8], offset: u64) -> Result<Option<usize>> {
+    pub(crate) fn try_overwrite(&self, ino: Ino, buf: &[u8], offset: u64) -> Result<Option<usize>> {
         self.check_writable()?;
         let _io = self.io_shared(ino);
         let _t = self.tree_shared(ino);
@@ -1413,13 +1423,16 @@ impl Fs {
                     // Write whole blocks (zeros around the data), then mark them written.
                     let run_end_blk = (lblk + len).min(end.div_ceil(bs));
                     let nblk = run_end_blk - lblk;
-                    let mut data = vec![0u8; (nblk * bs) as usize];
                     let run_end = (run_end_blk * bs).min(end);
                     let start_in = (pos_now - lblk * bs) as usize;
                     let n = (run_end - pos_now) as usize;
-                    data[start_in..start_in + n]
-                        .copy_from_slice(&buf[(pos_now - offset) as usize..][..n]);
-                    dev.write_at(&data, physical * bs)?;
+                    write_zero_padded(
+                        dev.as_ref(),
+                        &buf[(pos_now - offset) as usize..][..n],
+                        start_in,
+                        (nblk * bs) as usize,
+                        physical * bs,
+                    )?;
                     {
                         // The conversion's extent splits may use the pool.
                         let _c = crate::space::claim_as(crate::space::Claim::NoFail);
@@ -1437,12 +1450,15 @@ impl Fs {
                     let (p, got) = self.alloc_blocks(goal, want_blk as u32)?;
                     let got = u64::from(got);
                     let run_end = ((lblk + got) * bs).min(end);
-                    let mut data = vec![0u8; (got * bs) as usize];
                     let start_in = (pos_now - lblk * bs) as usize;
                     let n = (run_end - pos_now) as usize;
-                    data[start_in..start_in + n]
-                        .copy_from_slice(&buf[(pos_now - offset) as usize..][..n]);
-                    dev.write_at(&data, p * bs)?;
+                    write_zero_padded(
+                        dev.as_ref(),
+                        &buf[(pos_now - offset) as usize..][..n],
+                        start_in,
+                        (got * bs) as usize,
+                        p * bs,
+                    )?;
                     let ext = Extent {
                         logical: lblk as u32,
                         len: got as u16,
@@ -1464,6 +1480,7 @@ impl Fs {
     /// fallocate(2).
     pub fn fallocate_ino(&self, ino: Ino, mode: FallocMode, offset: u64, len: u64) -> Result<()> {
         let _io = self.io_exclusive(ino);
+        let _dax = self.dax_change(ino);
         self.check_writable()?;
         if len == 0 {
             return Err(Error::InvalidInput("fallocate of length 0".into()));
@@ -1713,4 +1730,22 @@ impl FsDir<'_> {
     fn append_block_checked(&mut self) -> Result<u64> {
         crate::store::DirStore::append_block(self)
     }
+}
+
+/// Write `data` at byte `start_in` of the `whole` fresh bytes at device offset `at`,
+/// zeros around it: straight from the caller's buffer when it fills them all (a DAX
+/// device then copies once), else through one zero-padded buffer (one device write).
+fn write_zero_padded(
+    dev: &dyn crate::device::BlockDevice,
+    data: &[u8],
+    start_in: usize,
+    whole: usize,
+    at: u64,
+) -> Result<()> {
+    if start_in == 0 && data.len() == whole {
+        return Ok(dev.write_at(data, at)?);
+    }
+    let mut v = vec![0u8; whole];
+    v[start_in..start_in + data.len()].copy_from_slice(data);
+    Ok(dev.write_at(&v, at)?)
 }

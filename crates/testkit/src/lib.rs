@@ -15,6 +15,7 @@
 pub mod crash;
 pub mod fixture;
 pub mod mount;
+pub mod pmem;
 pub mod skip;
 pub mod tmp;
 pub mod tools;
@@ -25,7 +26,7 @@ pub use fixture::{
 };
 pub use mount::{can_loop_mount, LoopMount};
 pub use skip::{require_all, skip, skip_without_capability, CAP_SYS_RESOURCE};
-pub use tmp::{Image, TempDir};
+pub use tmp::{memory_dir, Image, TempDir};
 pub use tools::{
     debugfs_r, debugfs_r_raw, debugfs_script, debugfs_w, debugfs_w_checked, dumpe2fs_h, e2fsck_fn,
     e2fsck_fy, e2fsck_with, extent_depth, htree_levels, image_block_size, mkfs, mkfs_at,

@@ -24,7 +24,11 @@ pub struct TempDir {
 impl TempDir {
     /// Creates `$TMPDIR/rext4-<prefix>-<pid>-<n>-<nanos>`.
     pub fn new(prefix: &str) -> io::Result<TempDir> {
-        let base = std::env::temp_dir();
+        Self::new_in(&std::env::temp_dir(), prefix)
+    }
+
+    /// Creates `<base>/rext4-<prefix>-<pid>-<n>-<nanos>`.
+    pub fn new_in(base: &Path, prefix: &str) -> io::Result<TempDir> {
         loop {
             let n = COUNTER.fetch_add(1, Ordering::Relaxed);
             let nanos = SystemTime::now()
@@ -64,6 +68,17 @@ impl Drop for TempDir {
         if !self.keep {
             let _ = std::fs::remove_dir_all(&self.path);
         }
+    }
+}
+
+/// Where files that must live in memory go (DAX backing stores): /dev/shm (tmpfs)
+/// when it exists, else the temporary directory.
+pub fn memory_dir() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
     }
 }
 
@@ -108,6 +123,14 @@ impl Image {
                 String::from_utf8_lossy(&out.stderr)
             )));
         }
+        Ok(Image { path, dir })
+    }
+
+    /// A copy of this image in memory (`memory_dir`, tmpfs), for DAX tests.
+    pub fn copy_to_memory(&self) -> io::Result<Image> {
+        let dir = TempDir::new_in(&memory_dir(), "shm")?;
+        let path = dir.join("fs.img");
+        std::fs::copy(&self.path, &path)?;
         Ok(Image { path, dir })
     }
 

@@ -12,6 +12,11 @@
 //! Locks: each access takes the inode's I/O lock shared, like a read, so it is
 //! ordered with truncate (exclusive) — a truncate that cuts the mapping makes later
 //! accesses past the new end fail, and the EOF page's tail reads zeros at once.
+//!
+//! In DAX mode (`FsOptions::dax`) a mapping is instead a real mapping of the file's
+//! blocks in the backing store (`dax_file`): the same methods, plus
+//! [`MappedRange::as_ptr`] for loads and stores in place and
+//! [`MappedRange::mark_dirty`] to record such stores for fsync.
 
 use crate::error::{Error, Result};
 use crate::fs::{Fs, Ino};
@@ -24,6 +29,8 @@ pub struct MappedRange {
     offset: u64,
     len: u64,
     writable: bool,
+    /// DAX mode: the mapping of the file's blocks.
+    dax: Option<crate::dax_file::DaxMap>,
 }
 
 /// The memory page size mappings behave as if they had (the x86-64 page).
@@ -49,6 +56,11 @@ impl crate::File {
                 "only regular files can be mapped".into(),
             ));
         }
+        let dax = if self.fs.is_dax() {
+            Some(self.fs.dax_map(self.ino, offset, len, self.write)?)
+        } else {
+            None
+        };
         self.fs.pin(self.ino);
         Ok(MappedRange {
             fs: self.fs.clone(),
@@ -56,6 +68,7 @@ impl crate::File {
             offset,
             len,
             writable: self.write,
+            dax,
         })
     }
 }
@@ -92,6 +105,9 @@ impl MappedRange {
         if buf.is_empty() {
             return Ok(());
         }
+        if let Some(d) = &self.dax {
+            return d.read(at, buf);
+        }
         let fs = &self.fs;
         let _io = fs.io_shared(self.ino);
         let inode = fs.read_inode(self.ino)?;
@@ -119,6 +135,9 @@ impl MappedRange {
         }
         let fs = &self.fs;
         fs.check_writable()?;
+        if let Some(d) = &self.dax {
+            return d.write(at, data);
+        }
         {
             let _io = fs.io_shared(self.ino);
             let inode = fs.read_inode(self.ino)?;
@@ -148,8 +167,36 @@ impl MappedRange {
             len
         };
         let pos = self.span(at, len as usize)?;
+        if self.dax.is_some() {
+            // The file's dirty record is per file: its fsync covers this range.
+            return self.fs.fsync_ino(self.ino);
+        }
         self.fs.sync_range_ino(self.ino, pos, len.max(1))?;
         self.fs.sync_metadata()
+    }
+
+    /// DAX mode: the address of mapping offset 0 (`None` over the page cache). Pages
+    /// of the file map its blocks in the backing store, holes and unwritten extents
+    /// read-only zero pages, pages wholly past EOF nothing.
+    ///
+    /// Loads and stores through it bypass the mapping lock: a store into a hole page
+    /// or a load past EOF faults (SIGSEGV), and a truncate, punch or allocating write
+    /// may replace the pages under a caller that did not order itself with them.
+    /// Stores must be reported with [`MappedRange::mark_dirty`], or fsync will not
+    /// write them back. [`MappedRange::read`] and [`MappedRange::write`] do all this.
+    pub fn as_ptr(&self) -> Option<*mut u8> {
+        self.dax.as_ref().map(|d| d.base())
+    }
+
+    /// DAX mode: record stores made through [`MappedRange::as_ptr`] into
+    /// `[at, at+len)`, so the next fsync writes them back (no-op over the page cache,
+    /// whose writes go through `write`).
+    pub fn mark_dirty(&self, at: u64, len: u64) -> Result<()> {
+        self.span(at, len as usize)?;
+        match &self.dax {
+            Some(d) => d.mark_dirty(at, len),
+            None => Ok(()),
+        }
     }
 }
 

@@ -341,6 +341,9 @@ impl Fs {
         update_times: bool,
     ) -> Result<usize> {
         self.check_writable()?;
+        if self.is_dax() {
+            return self.dax_write(ino, buf, offset, update_times);
+        }
         let len = buf.len() as u64;
         let ps = self.page_size();
         // A large page-aligned write under a frontend that caches and delays writes

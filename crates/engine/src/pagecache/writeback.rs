@@ -550,6 +550,14 @@ impl Fs {
                 return Err(e.to_error());
             }
         }
+        if self.is_dax() {
+            // Stores through mappings are written back; the commit's flushes fence
+            // them before its commit block, and the last flush fences the file's own
+            // non-temporal stores even when there was nothing to commit.
+            self.dax_write_back_dirty(Some(ino))?;
+            self.sync_metadata()?;
+            return Ok(self.cache().device().flush()?);
+        }
         self.sync_metadata()
     }
 
