@@ -673,7 +673,7 @@ class FileSystem:
         owners, times, xattrs, symlinks, hard links within the copy, devices and
         fifos. An existing file is replaced, an existing directory merged.
         ``progress(path, done_bytes, total_bytes)`` is called after each file and
-        each 1 MiB."""
+        each 1 MiB; the bytes are file sizes (holes count, hard links once)."""
         src_b = _b(src).rstrip(b"/") or b"/"
         dst_b = _b(dst)
         if self.isdir(dst_b):
@@ -694,16 +694,17 @@ class FileSystem:
             name = posixpath.basename(src_b.rstrip(b"/"))
             if name:
                 dst_b = posixpath.join(dst_b, name)
-        total = 0
+        sizes = {}
         st = self.lstat(src_b)
         if _stat.S_ISDIR(st.st_mode):
             for dirpath, _dirs, files in self.walk(src_b):
                 for f in files:
                     s = self.lstat(posixpath.join(dirpath, f))
                     if _stat.S_ISREG(s.st_mode):
-                        total += s.st_size
+                        sizes[s.st_ino] = s.st_size
         elif _stat.S_ISREG(st.st_mode):
-            total = st.st_size
+            sizes[st.st_ino] = st.st_size
+        total = sum(sizes.values())
         _CopyOut(self, progress, total).copy(src_b, dst_b)
 
     # --- durability -------------------------------------------------------------------
@@ -718,17 +719,19 @@ class FileSystem:
 
 
 def _host_bytes(path: bytes) -> int:
+    """Bytes of the regular files under ``path`` (hard links counted once): what
+    copy_in's progress counts to."""
     st = os.lstat(path)
     if _stat.S_ISREG(st.st_mode):
         return st.st_size
-    total = 0
+    sizes = {}
     if _stat.S_ISDIR(st.st_mode):
         for dirpath, _dirs, files in os.walk(path):
             for f in files:
                 s = os.lstat(os.path.join(dirpath, f))
                 if _stat.S_ISREG(s.st_mode):
-                    total += s.st_size
-    return total
+                    sizes[(s.st_dev, s.st_ino)] = s.st_size
+    return sum(sizes.values())
 
 
 def _data_runs(fd: int, size: int) -> Iterator[Tuple[int, int]]:
@@ -787,6 +790,7 @@ class _CopyIn:
     def copy_data(self, src: bytes, dst: bytes, st: os.stat_result) -> None:
         fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
         try:
+            base = self.done
             with self.fs.open(dst, "wb", perm=_stat.S_IMODE(st.st_mode)) as out:
                 for start, length in _data_runs(fd, st.st_size):
                     off = start
@@ -797,9 +801,10 @@ class _CopyIn:
                         out.seek(off)
                         out.write(data)
                         off += len(data)
-                        self.done += len(data)
+                        self.done = base + off
                         self.tick(src)
                 out.truncate(st.st_size)
+            self.done = base + st.st_size
         finally:
             os.close(fd)
 
@@ -874,6 +879,7 @@ class _CopyOut:
             pass
         fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
+            base = self.done
             with self.fs.open(src, "rb") as f:
                 pos = 0
                 while pos < st.st_size:
@@ -890,10 +896,11 @@ class _CopyOut:
                             break
                         os.pwrite(fd, data, off)
                         off += len(data)
-                        self.done += len(data)
+                        self.done = base + off
                         self.tick(src)
                     pos = end
             os.ftruncate(fd, st.st_size)
+            self.done = base + st.st_size
         finally:
             os.close(fd)
 
