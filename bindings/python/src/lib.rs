@@ -92,14 +92,15 @@ fn message(e: &Error) -> String {
         None => strerror,
     };
     match e {
-        Error::Io(_)
-        | Error::NotExt4(_)
-        | Error::Corrupted { .. }
-        | Error::Unsupported(_)
-        | Error::InvalidInput(_)
-        | Error::NotPermitted(_)
-        | Error::ShutDown(_)
-        | Error::InUse(_) => format!("{strerror}: {e}"),
+        Error::Unsupported(d)
+        | Error::InvalidInput(d)
+        | Error::NotPermitted(d)
+        | Error::InUse(d) => {
+            format!("{strerror}: {d}")
+        }
+        Error::Io(_) | Error::NotExt4(_) | Error::Corrupted { .. } | Error::ShutDown(_) => {
+            format!("{strerror}: {e}")
+        }
         _ => strerror,
     }
 }
@@ -253,6 +254,11 @@ impl PyFs {
                     // Read-only opens refuse directories, as open(2) with O_RDONLY
                     // does not but Python's open() does (IsADirectoryError).
                     return fs.open_file(path_of(path));
+                }
+                if fs.is_read_only() {
+                    // open(2) for writing on a read-only filesystem is EROFS at once
+                    // (the engine's OpenOptions leaves it to the first write).
+                    return Err(Error::ReadOnly);
                 }
                 let f = OpenOptions::new()
                     .read(read)
