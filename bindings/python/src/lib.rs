@@ -495,7 +495,8 @@ impl PyFile {
         let f = self.get()?;
         let mut size = size;
         if size > READ_CLAMP_BYTES {
-            let len = py.allow_threads(|| f.len()).map_err(|e| to_py(e, None))?;
+            // The inode of an open file is cached: no I/O worth releasing the GIL for.
+            let len = f.len().map_err(|e| to_py(e, None))?;
             size = size.min(usize::try_from(len.saturating_sub(offset)).unwrap_or(usize::MAX));
         }
         let mut got = 0;
