@@ -24,7 +24,8 @@ use std::sync::{Arc, RwLock};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::sync::GILOnceCell;
+use pyo3::types::{PyBytes, PyDict, PyString, PyTuple, PyType};
 
 use rext4::mkfs::{FeatureSet, MkfsOptions};
 use rext4::{Error, FsOptions, Ino, Metadata, OpenOptions, SetAttr, Timestamp, XattrFlags};
@@ -109,6 +110,116 @@ fn bytes_name(f: &[u8]) -> String {
     String::from_utf8_lossy(f).into_owned()
 }
 
+/// An image path given as `str`, `bytes` or `os.PathLike`, as bytes (`os.fsencode`).
+fn path_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    if let Ok(b) = obj.downcast::<PyBytes>() {
+        return Ok(b.as_bytes().to_vec());
+    }
+    if let Ok(s) = obj.downcast::<PyString>() {
+        if let Ok(c) = s.to_cow() {
+            return Ok(c.as_bytes().to_vec());
+        }
+    }
+    // Surrogate-escaped str, PathLike: os.fsencode decides, as os functions do.
+    let os = obj.py().import("os")?;
+    let b = os.call_method1("fsencode", (obj,))?;
+    Ok(b.downcast::<PyBytes>()?.as_bytes().to_vec())
+}
+
+/// A name from the image as `str` (`os.fsdecode`: UTF-8, surrogateescape) or `bytes`.
+fn name_obj<'py>(py: Python<'py>, name: &[u8], as_str: bool) -> PyResult<Bound<'py, PyAny>> {
+    if !as_str {
+        return Ok(PyBytes::new(py, name).into_any());
+    }
+    match std::str::from_utf8(name) {
+        Ok(s) => Ok(PyString::new(py, s).into_any()),
+        Err(_) => Ok(
+            PyString::from_object(&PyBytes::new(py, name), "utf-8", "surrogateescape")?.into_any(),
+        ),
+    }
+}
+
+/// (dirnames, filenames, the dirnames that are symlinks), as `walk_step` returns them.
+type WalkStep<'py> = (
+    Vec<Bound<'py, PyAny>>,
+    Vec<Bound<'py, PyAny>>,
+    Vec<Bound<'py, PyAny>>,
+);
+
+static STAT_RESULT: GILOnceCell<Py<PyType>> = GILOnceCell::new();
+/// Whether `os.stat_result` has CPython-on-Linux's 19 fields (see `stat_result`).
+static STAT_RESULT_FLAT: GILOnceCell<bool> = GILOnceCell::new();
+
+/// `m` as an `os.stat_result` (st_dev 0), built here: `stat` is the hot call of a walk.
+fn stat_result<'py>(py: Python<'py>, m: &Metadata) -> PyResult<Bound<'py, PyAny>> {
+    let ty = STAT_RESULT.import(py, "os", "stat_result")?;
+    let secs = |t: &Timestamp| t.sec as f64 + f64::from(t.nsec) * 1e-9;
+    let ns = |t: &Timestamp| i128::from(t.sec) * 1_000_000_000 + i128::from(t.nsec);
+    let (maj, min) = m.rdev.unwrap_or((0, 0));
+    let rdev = libc::makedev(maj, min);
+    let visible = (
+        m.mode,
+        m.ino.0,
+        0u32,
+        m.nlink,
+        m.uid,
+        m.gid,
+        m.size,
+        m.atime.sec,
+        m.mtime.sec,
+        m.ctime.sec,
+    )
+        .into_pyobject(py)?;
+    let hidden: [(&str, PyObject); 9] = [
+        (
+            "st_atime",
+            secs(&m.atime).into_pyobject(py)?.into_any().unbind(),
+        ),
+        (
+            "st_mtime",
+            secs(&m.mtime).into_pyobject(py)?.into_any().unbind(),
+        ),
+        (
+            "st_ctime",
+            secs(&m.ctime).into_pyobject(py)?.into_any().unbind(),
+        ),
+        (
+            "st_atime_ns",
+            ns(&m.atime).into_pyobject(py)?.into_any().unbind(),
+        ),
+        (
+            "st_mtime_ns",
+            ns(&m.mtime).into_pyobject(py)?.into_any().unbind(),
+        ),
+        (
+            "st_ctime_ns",
+            ns(&m.ctime).into_pyobject(py)?.into_any().unbind(),
+        ),
+        (
+            "st_blksize",
+            m.block_size.into_pyobject(py)?.into_any().unbind(),
+        ),
+        ("st_blocks", m.blocks.into_pyobject(py)?.into_any().unbind()),
+        ("st_rdev", rdev.into_pyobject(py)?.into_any().unbind()),
+    ];
+    let ty = ty.as_any();
+    // CPython on Linux: 10 visible fields, then these 9 in this order: one tuple
+    // fills them all. Another layout gets them by name.
+    let flat = *STAT_RESULT_FLAT.get_or_try_init(py, || -> PyResult<bool> {
+        Ok(ty.getattr("n_fields")?.extract::<usize>()? == 19)
+    })?;
+    if flat {
+        let mut all: Vec<PyObject> = visible.iter().map(|o| o.unbind()).collect();
+        all.extend(hidden.into_iter().map(|(_, v)| v));
+        return ty.call1((PyTuple::new(py, all)?,));
+    }
+    let extra = PyDict::new(py);
+    for (k, v) in hidden {
+        extra.set_item(k, v)?;
+    }
+    ty.call1((visible, extra))
+}
+
 fn ts(sec: i64, nsec: u32) -> Timestamp {
     Timestamp { sec, nsec }
 }
@@ -188,6 +299,76 @@ impl PyFs {
 
     fn is_read_only(&self) -> PyResult<bool> {
         Ok(self.get()?.is_read_only())
+    }
+
+    /// `os.stat`/`os.lstat` of `path` (str, bytes or PathLike) as an `os.stat_result`.
+    fn stat_result<'py>(
+        &self,
+        py: Python<'py>,
+        path: &Bound<'py, PyAny>,
+        follow: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let fs = self.get()?;
+        let path = path_arg(path)?;
+        let m = py
+            .allow_threads(|| {
+                if follow {
+                    fs.metadata(path_of(&path))
+                } else {
+                    fs.symlink_metadata(path_of(&path))
+                }
+            })
+            .map_err(|e| to_py(e, Some(&path)))?;
+        stat_result(py, &m)
+    }
+
+    /// One step of `os.walk`: the names in directory `path` split as os.walk splits
+    /// them (a symlink to a directory is a dirname), and which dirnames are symlinks.
+    fn walk_step<'py>(
+        &self,
+        py: Python<'py>,
+        path: &[u8],
+        as_str: bool,
+    ) -> PyResult<WalkStep<'py>> {
+        let fs = self.get()?;
+        let split = py
+            .allow_threads(|| {
+                let list = fs.read_dir(path_of(path))?;
+                let mut out = Vec::with_capacity(list.len());
+                for e in list {
+                    let (is_dir, is_link) = match e.file_type {
+                        rext4::FileType::Dir => (true, false),
+                        rext4::FileType::Symlink | rext4::FileType::Unknown => {
+                            let mut full = path.to_vec();
+                            full.push(b'/');
+                            full.extend_from_slice(&e.name);
+                            let link = e.file_type == rext4::FileType::Symlink
+                                || fs
+                                    .symlink_metadata(path_of(&full))
+                                    .is_ok_and(|m| m.is_symlink());
+                            // os.walk: DirEntry.is_dir() follows; a dangling link is not one.
+                            (fs.metadata(path_of(&full)).is_ok_and(|m| m.is_dir()), link)
+                        }
+                        _ => (false, false),
+                    };
+                    out.push((e.name, is_dir, is_link));
+                }
+                Ok(out)
+            })
+            .map_err(|e| to_py(e, Some(path)))?;
+        let (mut dirs, mut files, mut links) = (Vec::new(), Vec::new(), Vec::new());
+        for (name, is_dir, is_link) in split {
+            let n = name_obj(py, &name, as_str)?;
+            if is_dir {
+                if is_link {
+                    links.push(n.clone());
+                }
+                dirs.push(n);
+            } else {
+                files.push(n);
+            }
+        }
+        Ok((dirs, files, links))
     }
 
     fn stat(&self, py: Python<'_>, path: &[u8], follow: bool) -> PyResult<StatTuple> {

@@ -405,10 +405,10 @@ class FileSystem:
 
     def stat(self, path: PathArg, *, follow_symlinks: bool = True) -> os.stat_result:
         """``os.stat`` inside the image (``st_dev`` is 0)."""
-        return _stat_result(self._fs.stat(_b(path), follow_symlinks))
+        return self._fs.stat_result(path, follow_symlinks)
 
     def lstat(self, path: PathArg) -> os.stat_result:
-        return self.stat(path, follow_symlinks=False)
+        return self._fs.stat_result(path, False)
 
     def birthtime_ns(self, path: PathArg, *, follow_symlinks: bool = True) -> Optional[int]:
         """The inode's creation time (ext4's crtime) in ns, None where it has none."""
@@ -471,6 +471,7 @@ class FileSystem:
         """``os.walk``: yields ``(dirpath, dirnames, filenames)``; with ``topdown``
         the caller may prune ``dirnames`` in place."""
         top = os.fspath(top)
+        as_str = not isinstance(top, bytes)
         stack: list = [top]
         while stack:
             item = stack.pop()
@@ -478,34 +479,22 @@ class FileSystem:
                 yield item
                 continue
             try:
-                it = self.scandir(item)
+                dirs, files, links = self._fs.walk_step(_b(item), as_str)
             except OSError as e:
                 if onerror is not None:
                     onerror(e)
                 continue
-            dirs, files, walk_into = [], [], []
-            with it:
-                for entry in it:
-                    try:
-                        is_dir = entry.is_dir()
-                    except OSError:
-                        is_dir = False
-                    if is_dir:
-                        dirs.append(entry.name)
-                        if not topdown and (followlinks or not entry.is_symlink()):
-                            walk_into.append(entry.path)
-                    else:
-                        files.append(entry.name)
             if topdown:
                 yield item, dirs, files
+                # The caller may have pruned dirs; links says which are symlinks.
                 for name in reversed(dirs):
-                    path = posixpath.join(item, name)
-                    if followlinks or not self.islink(path):
-                        stack.append(path)
+                    if followlinks or name not in links:
+                        stack.append(posixpath.join(item, name))
             else:
                 stack.append((item, dirs, files))
-                for path in reversed(walk_into):
-                    stack.append(path)
+                for name in reversed(dirs):
+                    if followlinks or name not in links:
+                        stack.append(posixpath.join(item, name))
 
     def mkdir(self, path: PathArg, mode: int = 0o755) -> None:
         """``os.mkdir`` (no umask: ``mode`` is what the directory gets)."""
