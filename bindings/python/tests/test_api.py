@@ -294,3 +294,25 @@ def test_copy_in_progress_and_replace(fs, tmp):
     assert fs.read_bytes("/tree/b") == b"new"
     fs.copy_in(os.path.join(src, "b"), "/single")
     assert fs.read_bytes("/single") == b"new"
+
+
+def test_stubs_name_what_the_native_module_has():
+    """_rext4.pyi declares exactly the native module's functions, classes and methods."""
+    import ast
+
+    stub = os.path.join(os.path.dirname(rext4.__file__), "_rext4.pyi")
+    tree = ast.parse(open(stub).read())
+    declared = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            declared[node.name] = None
+        elif isinstance(node, ast.ClassDef):
+            declared[node.name] = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+    native = rext4._rext4
+    public = {n for n in dir(native) if not n.startswith("__")}
+    assert set(declared) == public
+    for name, methods in declared.items():
+        if methods is None or name.endswith("Error"):
+            continue
+        have = {m for m in dir(getattr(native, name)) if not m.startswith("__")}
+        assert methods == have, name

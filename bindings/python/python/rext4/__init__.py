@@ -164,8 +164,8 @@ class DirEntry:
         self._ino = ino
         self._dtype = dtype
         self._fs = fs
-        self._stat = None
-        self._lstat = None
+        self._stat: Optional[os.stat_result] = None
+        self._lstat: Optional[os.stat_result] = None
 
     def inode(self) -> int:
         return self._ino
@@ -276,7 +276,7 @@ class File(io.RawIOBase):
 
     def readall(self) -> bytes:
         self._check_readable()
-        chunks = []
+        chunks: List[bytes] = []
         while True:
             want = max(_CHUNK, self._f.len() - self._pos)
             data = self._f.read_at(want, self._pos)
@@ -636,6 +636,7 @@ class FileSystem:
         raw = File(native, os.fspath(path), mode if binary else mode + "b", read, write, append)
         if binary:
             return raw
+        buffered: io.BufferedIOBase
         if read and write:
             buffered = io.BufferedRandom(raw)
         elif write:
@@ -845,7 +846,8 @@ class _CopyOut:
                 if not _stat.S_ISDIR(os.lstat(dst).st_mode):
                     raise
             for name in fs.listdir(src):
-                self.copy(posixpath.join(src, name), os.path.join(dst, name))
+                raw = os.fsencode(name)
+                self.copy(posixpath.join(src, raw), os.path.join(dst, raw))
         else:
             if _stat.S_ISREG(st.st_mode):
                 self.copy_data(src, dst, st)
