@@ -67,6 +67,9 @@ int main(int argc, char **argv) {
     EXPECT(rext4_rmdir(fs, "/tmp") == -ENOTEMPTY);
     EXPECT(rext4_unlink(fs, "/etc") == -EISDIR);
     EXPECT(rext4_mkdir(fs, "/no/such/dir", 0755) == -ENOENT);
+    EXPECT(strlen(rext4_last_error()) > 0);              /* what failed, in words */
+    EXPECT(rext4_mkdir(fs, NULL, 0755) == -EINVAL);       /* NULL is refused, not read */
+    EXPECT(rext4_open("/nonexistent/image", 0, NULL) == -EINVAL);
     CHECK(rext4_sync(fs));
     CHECK(rext4_close(fs));
 
