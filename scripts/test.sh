@@ -72,6 +72,9 @@ echo "+ cargo fmt --check"
 cargo fmt --all -- --check
 echo "+ cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+# cargo test builds no cdylib: the C API's test links the example against it.
+echo "+ cargo build -p rext4-c"
+cargo build -q -p rext4-c
 echo "+ cargo test"
 cargo test --workspace -- --test-threads=2
 

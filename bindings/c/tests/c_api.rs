@@ -12,7 +12,7 @@ fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// target/<profile>/, where cargo put librext4.so before running this test.
+/// target/<profile>/, where `cargo build -p rext4-c` puts librext4.so.
 fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     // target/<profile>/deps/c_api-HASH
@@ -72,7 +72,8 @@ fn example_builds_and_runs_clean_under_valgrind() {
     let lib = lib_dir();
     assert!(
         lib.join("librext4.so").exists(),
-        "{} missing: cargo builds the cdylib before this test",
+        "{} missing: `cargo test` does not build the cdylib; run `cargo build -p rext4-c` \
+         first (scripts/test.sh does)",
         lib.join("librext4.so").display()
     );
     let dir = TempDir::new("rext4-c").expect("temp dir");
