@@ -88,6 +88,14 @@ fn fail(e: Error) -> i64 {
     -i64::from(e.errno())
 }
 
+/// 0, or the failure's negative errno (kept for `rext4_last_error`).
+fn status(r: Result<(), Error>) -> i64 {
+    match r {
+        Ok(()) => 0,
+        Err(e) => fail(e),
+    }
+}
+
 fn invalid(what: &str) -> i64 {
     set_last_error(format!("invalid argument: {what}"));
     -i64::from(libc::EINVAL)
@@ -228,10 +236,7 @@ pub unsafe extern "C" fn rext4_close(fs: *mut rext4_fs) -> c_int {
         }
         // SAFETY: the caller hands back ownership of a handle from rext4_open.
         let fs = unsafe { Box::from_raw(fs) };
-        match fs.fs.close() {
-            Ok(()) => 0,
-            Err(e) => fail(e),
-        }
+        status(fs.fs.close())
     })
 }
 
@@ -246,10 +251,7 @@ pub unsafe extern "C" fn rext4_sync(fs: *mut rext4_fs) -> c_int {
         let Some(fs) = (unsafe { fs.as_ref() }) else {
             return invalid("fs is NULL");
         };
-        match fs.fs.sync() {
-            Ok(()) => 0,
-            Err(e) => fail(e),
-        }
+        status(fs.fs.sync())
     })
 }
 
@@ -491,10 +493,7 @@ pub unsafe extern "C" fn rext4_file_truncate(file: *mut rext4_file, size: u64) -
         let Some(f) = (unsafe { file.as_ref() }) else {
             return invalid("file is NULL");
         };
-        match f.file.set_len(size) {
-            Ok(()) => 0,
-            Err(e) => fail(e),
-        }
+        status(f.file.set_len(size))
     })
 }
 
@@ -509,10 +508,7 @@ pub unsafe extern "C" fn rext4_file_fsync(file: *mut rext4_file) -> c_int {
         let Some(f) = (unsafe { file.as_ref() }) else {
             return invalid("file is NULL");
         };
-        match f.file.sync_all() {
-            Ok(()) => 0,
-            Err(e) => fail(e),
-        }
+        status(f.file.sync_all())
     })
 }
 
@@ -584,10 +580,7 @@ pub unsafe extern "C" fn rext4_unlink(fs: *mut rext4_fs, path: *const c_char) ->
         let (Some(fs), Some(p)) = (unsafe { fs.as_ref() }, unsafe { self::path(path) }) else {
             return invalid("NULL argument");
         };
-        match fs.fs.remove_file(p) {
-            Ok(()) => 0,
-            Err(e) => fail(e),
-        }
+        status(fs.fs.remove_file(p))
     })
 }
 
@@ -602,10 +595,7 @@ pub unsafe extern "C" fn rext4_rmdir(fs: *mut rext4_fs, path: *const c_char) -> 
         let (Some(fs), Some(p)) = (unsafe { fs.as_ref() }, unsafe { self::path(path) }) else {
             return invalid("NULL argument");
         };
-        match fs.fs.remove_dir(p) {
-            Ok(()) => 0,
-            Err(e) => fail(e),
-        }
+        status(fs.fs.remove_dir(p))
     })
 }
 
@@ -628,9 +618,6 @@ pub unsafe extern "C" fn rext4_rename(
         ) else {
             return invalid("NULL argument");
         };
-        match fs.fs.rename(a, b) {
-            Ok(()) => 0,
-            Err(e) => fail(e),
-        }
+        status(fs.fs.rename(a, b))
     })
 }
