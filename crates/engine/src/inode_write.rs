@@ -348,13 +348,9 @@ impl DirStore for FsDir<'_> {
         // The directory code built this leaf from verified ones; checking it again on
         // every write (and on the next read) was a quarter of a create's time. Debug
         // builds (the tests) still check it.
-        let verify = self.fs.leaf_verifier(self.ino, &self.inode);
+        let verify = cfg!(debug_assertions).then(|| self.fs.leaf_verifier(self.ino, &self.inode));
         self.fs.cache().write(p, Kind::DirLeaf, data.to_vec(), |b| {
-            if cfg!(debug_assertions) {
-                verify(b)
-            } else {
-                Ok(())
-            }
+            verify.map_or(Ok(()), |v| v(b))
         })
     }
     fn append_block(&mut self) -> Result<u64> {
