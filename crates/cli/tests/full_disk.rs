@@ -131,6 +131,8 @@ fn run(opts: &[&str], writers: usize) {
             assert!(late_acked < 64 * MIB, "the late writer does not stop");
         });
     assert!(m.unmount().success(), "{}", m.stderr());
+    // The server's log, for the messages below (what it refused, and when).
+    let log = m.stderr();
     let r = e2fsck_fn(img.path());
     assert!(r.clean, "{opts:?} x{writers}: e2fsck -fn:\n{}", r.output);
 
@@ -183,7 +185,7 @@ fn run(opts: &[&str], writers: usize) {
                 over,
                 0,
                 "{opts:?}: fsync succeeded but acknowledged data is gone: writer {i} acked {} \
-                 image {} bytes, other bytes at {:?}..{:?}",
+                 image {} bytes, other bytes at {:?}..{:?}\nserver log:\n{log}",
                 o.acked,
                 data.len(),
                 bad.first(),
@@ -250,6 +252,8 @@ fn dd_stops_with_enospc() {
     let len = fs::metadata(m.join("fill")).expect("stat").len();
     assert!(len <= 32 * MIB, "the file grew past the disk: {len}");
     assert!(m.unmount().success(), "{}", m.stderr());
+    // The server's log, for the messages below (what it refused, and when).
+    let log = m.stderr();
     let r = e2fsck_fn(img.path());
     assert!(r.clean, "{}", r.output);
     let _ = bin();

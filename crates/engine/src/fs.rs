@@ -680,6 +680,14 @@ impl Fs {
         Ok(inode)
     }
 
+    /// The size in the inode record of `ino` (no copy of the record when cached).
+    pub(crate) fn record_size(&self, ino: Ino) -> Result<u64> {
+        if let Some(i) = self.inner.caches.inodes.get(&ino.0) {
+            return Ok(i.size);
+        }
+        Ok(self.read_inode(ino)?.size)
+    }
+
     /// Begin a lockless read that goes from a name to an inode (path walk, FUSE
     /// lookup): no inode number freed while the guard lives is handed out again
     /// before it is dropped (SEEDS lesson C; see `grace.rs`).

@@ -51,11 +51,29 @@ impl Fs {
     }
 
     /// The size of `ino` as readers see it: the inode's, or the larger size in memory
-    /// when buffered writes ran past it. `inode` must be the current record.
+    /// when buffered writes ran past it. `inode` is the record as the caller read it,
+    /// under a lock that keeps the size from shrinking (the I/O lock); writeback may
+    /// still raise the record and then drop the in-memory size, after the caller's
+    /// read: with no in-memory size the record is read again (cheaply, from the inode
+    /// cache), else a size from before the last writes would come back (a reader
+    /// cut short; a writer zeroing written data as a stale tail past EOF).
     pub(crate) fn vfs_size(&self, ino: Ino, inode: &Inode) -> u64 {
-        self.pc()
-            .size_override(ino)
-            .map_or(inode.size, |s| s.max(inode.size))
+        match self.pc().size_override(ino) {
+            Some(s) => s.max(inode.size),
+            None => self
+                .record_size(ino)
+                .map_or(inode.size, |r| r.max(inode.size)),
+        }
+    }
+
+    /// The record of `ino` and the size readers see, read in the order the module
+    /// note gives (in-memory size first), so the two agree: the size equals the
+    /// record's exactly when nothing runs ahead of it.
+    pub(crate) fn inode_and_vfs_size(&self, ino: Ino) -> Result<(Inode, u64)> {
+        let o = self.pc().size_override(ino);
+        let inode = self.read_live_inode(ino)?;
+        let size = o.map_or(inode.size, |s| s.max(inode.size));
+        Ok((inode, size))
     }
 
     /// The inode as `stat` shows it (size from memory when it runs ahead). Reads the
@@ -366,11 +384,10 @@ impl Fs {
                 _ => break IoGuard::Exclusive(self.io_exclusive(ino)),
             }
         };
-        let inode = self.read_live_inode(ino)?;
+        let (inode, size) = self.inode_and_vfs_size(ino)?;
         if inode.is_dir() {
             return Err(Error::IsADirectory);
         }
-        let size = self.vfs_size(ino, &inode);
         let append = offset.is_none();
         let offset = offset.unwrap_or(size);
         if buf.is_empty() {
@@ -451,19 +468,18 @@ impl Fs {
             self.writeback_ino(ino, disk_page, last, true)?;
         }
         let disk = self.read_inode(ino)?.size;
-        let (bound, before) = {
+        let before = {
             let mut st = fc.lock();
             let before = st.size;
             if new_size > disk {
                 st.size = Some(before.map_or(new_size, |s| s.max(new_size)));
             }
-            // Dirty pages past this write keep the on-disk size below them.
-            let after = st.dirty_idx.range(last + 1..).next();
-            (after.map_or(u64::MAX, |&i| i * ps), before)
+            before
         };
         self.pin(ino);
+        // Dirty pages past this write keep the on-disk size below them (`finish_chunk`).
         let runs = [(offset / ps, buf.len() as u64 / ps)];
-        let r = self.write_chunk(fc.arc(), ino, &runs, buf, bound, false);
+        let r = self.write_chunk(fc.arc(), ino, &runs, buf, false);
         if r.is_err() {
             // The write did not happen: the file keeps the size it had.
             let mut st = fc.lock();

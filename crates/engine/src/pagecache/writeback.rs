@@ -11,7 +11,8 @@
 //!    blocks); then, without locks, write the data where the piece maps;
 //! 3. under the tree and write locks again: mark the pieces written, and raise the
 //!    on-disk size up to the in-memory size, but not past the first dirty page that is
-//!    still unwritten — so the i_size that commits covers only written data;
+//!    still unwritten (looked for at this step: pages dirtied while the chunk was on
+//!    its way count) — so the i_size that commits covers only written data;
 //! 4. clear `dirty` on the pages whose `seq` did not move (a write during the pass
 //!    leaves its page dirty for the next one), release their reservations, wake
 //!    waiters.
@@ -159,7 +160,7 @@ impl Fs {
         let mut scratch: Vec<u8> = Vec::with_capacity(chunk_pages * ps as usize);
         loop {
             // 1. Snapshot.
-            let (snaps, runs, bound) = {
+            let (snaps, runs) = {
                 let mut st = fc.lock();
                 if st.dead {
                     return Ok(written);
@@ -196,24 +197,11 @@ impl Fs {
                     snaps.push((i, p.clone(), d.seq));
                 }
                 st.writeback += snaps.len();
-                let after = idxs.last().map_or(from, |&l| l + 1);
-                // The first page still dirty outside this chunk past the on-disk size
-                // (after it, or before it under another pass): the on-disk size must
-                // not pass it.
-                let chunk_first = idxs.first().copied().unwrap_or(from);
-                let before = if disk_page < chunk_first {
-                    st.dirty_idx.range(disk_page..chunk_first).next().copied()
-                } else {
-                    None
-                };
-                let bound = before
-                    .or_else(|| st.dirty_idx.range(after..).next().copied())
-                    .map_or(u64::MAX, |i| i * ps);
-                from = after;
-                (snaps, runs, bound)
+                from = idxs.last().map_or(from, |&l| l + 1);
+                (snaps, runs)
             };
             // 2 and 3.
-            let r = self.write_chunk(fc, ino, &runs, &scratch, bound, true);
+            let r = self.write_chunk(fc, ino, &runs, &scratch, true);
             // 4. Completion.
             let mut st = fc.lock();
             let drop_data = matches!(r, Err(Error::NoSpace));
@@ -284,7 +272,6 @@ impl Fs {
         ino: Ino,
         runs: &[(u64, u64)],
         scratch: &[u8],
-        bound: u64,
         delayed: bool,
     ) -> Result<()> {
         let ps = self.inner.pagecache.page_size as u64;
@@ -321,7 +308,7 @@ impl Fs {
                 i += len;
             }
         }
-        self.finish_chunk(fc, ino, &converts, bound)
+        self.finish_chunk(fc, ino, runs, &converts)
     }
 
     /// Step 2's metadata part for logical block `lblk` (at most `max` blocks): the
@@ -465,13 +452,21 @@ impl Fs {
         pc.settle_tree(&mut st);
     }
 
-    /// Step 3: mark the converted pieces written and raise the on-disk size.
+    /// Step 3: mark the converted pieces written and raise the on-disk size: up to
+    /// the in-memory size, not past the first page that is dirty now, past the
+    /// on-disk size, and not one this chunk wrote (`runs`). That page is looked for
+    /// now, not when the chunk was snapshotted: pages dirtied meanwhile (a writer
+    /// appending while the chunk was on its way) are not on the device, and a size
+    /// raised over them would commit zeros for their data — and leave the on-disk
+    /// size inside a page that a later chunk writes without being allowed to raise
+    /// the size over it, so that `settle_size` would take its written tail for a
+    /// shrink's stale bytes and zero it on the device.
     fn finish_chunk(
         &self,
         fc: &Arc<FileCache>,
         ino: Ino,
+        runs: &[(u64, u64)],
         converts: &[(u64, u64)],
-        bound: u64,
     ) -> Result<()> {
         // Splitting an unwritten extent to mark part of it written takes tree blocks
         // the file's promise covers, or the pool: it must not fail.
@@ -497,7 +492,20 @@ impl Fs {
                 at += k;
             }
         }
-        let vfs = fc.lock().size.map_or(inode.size, |s| s.max(inode.size));
+        let ps = self.inner.pagecache.page_size as u64;
+        let ours = |i: u64| runs.iter().any(|&(first, n)| first <= i && i < first + n);
+        let (vfs, bound) = {
+            let st = fc.lock();
+            let unwritten = st
+                .dirty_idx
+                .range(inode.size / ps..)
+                .copied()
+                .find(|&i| !ours(i));
+            (
+                st.size.map_or(inode.size, |s| s.max(inode.size)),
+                unwritten.map_or(u64::MAX, |i| i * ps),
+            )
+        };
         let new_disk = inode.size.max(vfs.min(bound));
         inode.size = new_disk;
         if inode != before {
