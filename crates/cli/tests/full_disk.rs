@@ -252,8 +252,6 @@ fn dd_stops_with_enospc() {
     let len = fs::metadata(m.join("fill")).expect("stat").len();
     assert!(len <= 32 * MIB, "the file grew past the disk: {len}");
     assert!(m.unmount().success(), "{}", m.stderr());
-    // The server's log, for the messages below (what it refused, and when).
-    let log = m.stderr();
     let r = e2fsck_fn(img.path());
     assert!(r.clean, "{}", r.output);
     let _ = bin();

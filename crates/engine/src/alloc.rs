@@ -114,7 +114,10 @@ impl Fs {
                 return Ok(r);
             }
         }
-        self.alloc_pass(goal, want, 1)?.ok_or(Error::NoSpace)
+        self.alloc_pass(goal, want, 1)?.ok_or_else(|| {
+            crate::space::note_refusal("the allocator found no free block that is not busy");
+            Error::NoSpace
+        })
     }
 
     /// One block for file metadata (extent tree nodes), taken from the end of the group
@@ -153,6 +156,7 @@ impl Fs {
             live.dirty = true;
             return Ok(first + x);
         }
+        crate::space::note_refusal("no free tree block that is not busy");
         Err(Error::NoSpace)
     }
 

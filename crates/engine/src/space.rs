@@ -46,6 +46,18 @@ pub(crate) enum Claim {
 thread_local! {
     static CLAIM: RefCell<Claim> = const { RefCell::new(Claim::Fresh) };
     static UNPRIVILEGED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static REFUSED: std::cell::Cell<&'static str> = const { std::cell::Cell::new("") };
+}
+
+/// Remember why this thread's last allocation was refused (for the message of a
+/// writeback that runs out of space, which the module note says must not happen).
+pub(crate) fn note_refusal(why: &'static str) {
+    REFUSED.with(|r| r.set(why));
+}
+
+/// Why this thread's last allocation was refused ("" if none was).
+pub(crate) fn last_refusal() -> &'static str {
+    REFUSED.with(|r| r.get())
 }
 
 /// Restores the previous claim of this thread when dropped.
@@ -204,6 +216,12 @@ impl Space {
             }
         };
         if got == 0 {
+            note_refusal(match current_claim() {
+                Claim::Fresh => "a fresh claim found nothing unpromised past the pool",
+                Claim::NoFail => "a no-fail claim found nothing unpromised",
+                Claim::Reserved => "a reserved claim found no data promise left",
+                Claim::Writeback(_) => "a writeback tree claim found no promise and no pool",
+            });
             return Err(Error::NoSpace);
         }
         Ok(got)

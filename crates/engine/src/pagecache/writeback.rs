@@ -201,6 +201,7 @@ impl Fs {
                 (snaps, runs)
             };
             // 2 and 3.
+            crate::space::note_refusal("");
             let r = self.write_chunk(fc, ino, &runs, &scratch, true);
             // 4. Completion.
             let mut st = fc.lock();
@@ -238,11 +239,17 @@ impl Fs {
             if let Err(e) = &r {
                 let we = match e {
                     Error::NoSpace => {
+                        let (unpromised, data, tree) = self.inner.space.figures();
                         log::warn!(
                             "writeback of inode {} ran out of space: {} dirty pages \
-                             dropped",
+                             dropped ({}; blocks unpromised {unpromised}, promised to \
+                             data {data}, to tree blocks {tree})",
                             ino.0,
-                            snaps.len()
+                            snaps.len(),
+                            match crate::space::last_refusal() {
+                                "" => "no refusal recorded",
+                                why => why,
+                            }
                         );
                         WbError::NoSpace
                     }
