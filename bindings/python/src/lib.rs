@@ -17,6 +17,7 @@
 //! `OSError` subclasses so that a plain `except OSError` still catches them.
 
 use std::ffi::OsStr;
+use std::mem::MaybeUninit;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
@@ -680,17 +681,39 @@ impl PyFile {
             let len = f.len().map_err(|e| to_py(e, None))?;
             size = size.min(usize::try_from(len.saturating_sub(offset)).unwrap_or(usize::MAX));
         }
-        let mut got = 0;
-        let b = PyBytes::new_with(py, size, |buf| {
-            got = py
-                .allow_threads(|| f.read_at(buf, offset))
-                .map_err(|e| to_py(e, None))?;
-            Ok(())
-        })?;
+        if size == 0 {
+            return Ok(PyBytes::new(py, b""));
+        }
+        // A `bytes` object left uninitialized (as CPython's own FileIO.read makes
+        // them) and filled by the read: no pass to zero it first.
+        let len = pyo3::ffi::Py_ssize_t::try_from(size)
+            .map_err(|_| PyValueError::new_err("read size too large"))?;
+        // SAFETY: a NULL source asks CPython for an uninitialized object of `len`
+        // bytes; it is ours alone until returned.
+        let b = unsafe {
+            let ptr = pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), len);
+            Bound::from_owned_ptr_or_err(py, ptr)?.downcast_into_unchecked::<PyBytes>()
+        };
+        // SAFETY: the object's buffer holds `size` bytes (plus CPython's NUL), seen as
+        // possibly uninitialized memory, which `read_at_uninit` only writes.
+        let buf = unsafe {
+            let data = pyo3::ffi::PyBytes_AsString(b.as_ptr()).cast::<MaybeUninit<u8>>();
+            std::slice::from_raw_parts_mut(data, size)
+        };
+        let got = py
+            .allow_threads(|| f.read_at_uninit(buf, offset))
+            .map_err(|e| to_py(e, None))?;
         if got == size {
             Ok(b)
         } else {
-            Ok(PyBytes::new(py, &b.as_bytes()[..got]))
+            // SAFETY: the read initialized the first `got` bytes.
+            let done = unsafe {
+                std::slice::from_raw_parts(
+                    pyo3::ffi::PyBytes_AsString(b.as_ptr()).cast::<u8>(),
+                    got,
+                )
+            };
+            Ok(PyBytes::new(py, done))
         }
     }
 

@@ -7,6 +7,8 @@
 //! against ext4's maximum file size so a corrupt i_size cannot make a reader loop for
 //! ever.
 
+use std::mem::MaybeUninit;
+
 use rext4_format::inode::{mode, Inode, Timestamp};
 use rext4_format::superblock::feature;
 
@@ -242,6 +244,19 @@ impl Fs {
         buf: &mut [u8],
         offset: u64,
     ) -> Result<usize> {
+        // SAFETY: `read_device_into` writes only initialized bytes.
+        self.read_device_into(ino, inode, unsafe { as_uninit(buf) }, offset)
+    }
+
+    /// [`Fs::read_device`] into a buffer that need not be initialized: the bytes it
+    /// returns the count of are.
+    pub(crate) fn read_device_into(
+        &self,
+        ino: Ino,
+        inode: &Inode,
+        buf: &mut [MaybeUninit<u8>],
+        offset: u64,
+    ) -> Result<usize> {
         if offset >= inode.size {
             return Ok(0);
         }
@@ -261,8 +276,8 @@ impl Fs {
             let n = n.min(want - done);
             let dst = &mut buf[done..done + n];
             match phys {
-                None => dst.fill(0),
-                Some(p) => dev.read_at(dst, p * bs + in_blk)?,
+                None => dst.fill(MaybeUninit::new(0)),
+                Some(p) => dev.read_at_uninit(dst, p * bs + in_blk)?,
             }
             done += n;
         }
@@ -376,6 +391,24 @@ impl File {
         self.fs.accessed(self.ino);
         Ok(n)
     }
+
+    /// [`File::read_at`] into a buffer that need not be initialized (a fresh
+    /// allocation, such as a Python `bytes` object being filled): returns the count
+    /// `n`, and `buf[..n]` is initialized. Large reads of a file go from the device
+    /// (or the cached pages) straight into it, with no pass to zero it first.
+    pub fn read_at_uninit(&self, buf: &mut [MaybeUninit<u8>], offset: u64) -> Result<usize> {
+        if !self.read {
+            return Err(Error::InvalidInput("file not open for reading".into()));
+        }
+        if !self.direct && !self.fs.is_dax() {
+            if let Some(n) = self.fs.pc_read_around_into(self.ino, buf, offset)? {
+                self.fs.accessed(self.ino);
+                return Ok(n);
+            }
+        }
+        self.read_at(crate::device::zeroed(buf), offset)
+    }
+
     /// Read exactly `buf.len()` bytes or fail with `InvalidInput` at EOF.
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let n = self.read_at(buf, offset)?;
@@ -455,4 +488,14 @@ impl File {
     pub fn seek(&self, offset: u64, whence: crate::Whence) -> Result<Option<u64>> {
         self.fs.seek_ino(self.ino, offset, whence)
     }
+}
+
+/// See initialized bytes as possibly uninitialized ones, for a path that fills either.
+///
+/// # Safety
+/// Only initialized bytes may be written through the result (it aliases `buf`, whose
+/// bytes must stay valid `u8`s).
+pub(crate) unsafe fn as_uninit(buf: &mut [u8]) -> &mut [MaybeUninit<u8>] {
+    // SAFETY: same layout; the caller writes only initialized bytes.
+    unsafe { &mut *(buf as *mut [u8] as *mut [MaybeUninit<u8>]) }
 }

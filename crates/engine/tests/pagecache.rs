@@ -644,3 +644,70 @@ fn appends_survive_writeback_passes_racing_them() {
     let r = e2fsck_fn(img.path());
     assert!(r.clean, "{}", r.output);
 }
+
+/// `File::read_at_uninit` (what the Python binding fills fresh `bytes` with) returns
+/// what `read_at` does, byte for byte, and writes every byte it counts: large reads
+/// around the cache over dirty pages, holes, the EOF and past it; small reads through
+/// the cache; from an image file and from a memory device. The buffer starts as
+/// 0xAA, a byte the file never holds.
+#[test]
+fn reads_into_uninitialized_buffers_match_read_at() {
+    use std::mem::MaybeUninit;
+    // An image file (pread straight into the buffer) and a memory device (the
+    // trait's default: zero, then read).
+    for (cache_clean, on_file) in [(true, true), (false, true), (true, false)] {
+        let opts = FsOptions {
+            read_only: false,
+            cache_clean,
+            ..FsOptions::default()
+        };
+        let img = mkfs(&MkfsOptions::new(4096, 64 << 20)).expect("mkfs");
+        let fs = if on_file {
+            Fs::open_with(img.path(), opts).expect("open")
+        } else {
+            mem_fs(4096, 64 << 20, opts).1
+        };
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .open(&fs, "/r")
+            .expect("create");
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 161) as u8).collect();
+        f.write_all_at(&data[..1_000_000], 0).expect("write");
+        f.sync_all().expect("fsync");
+        // A hole, then data left dirty in the cache, ending off a page boundary.
+        f.write_all_at(&data[2_000_000..2_999_999], 2_000_000)
+            .expect("write");
+        let size = f.len().expect("len");
+        assert_eq!(size, 2_999_999);
+        for (off, len) in [
+            (0u64, 1usize << 20),
+            (4095, 300_000),
+            (900_000, 1_500_000),
+            (1_999_000, 1 << 20),
+            (2_900_000, 1 << 20),
+            (size, 4096),
+            (size + 10, 1 << 20),
+            (100, 1000),
+            (2_000_100, 5000),
+        ] {
+            let mut want = vec![0u8; len];
+            let n = f.read_at(&mut want, off).expect("read_at");
+            let mut buf = vec![MaybeUninit::new(0xAAu8); len];
+            let got = f.read_at_uninit(&mut buf, off).expect("read_at_uninit");
+            assert_eq!(got, n, "cache_clean {cache_clean}: count at {off}+{len}");
+            let got: Vec<u8> = buf[..got]
+                .iter()
+                // SAFETY: every element was initialized (to 0xAA, then by the read).
+                .map(|b| unsafe { b.assume_init() })
+                .collect();
+            assert!(
+                got == want[..n],
+                "cache_clean {cache_clean}: bytes differ at {off}+{len}"
+            );
+        }
+        drop(f);
+        fs.close().expect("close");
+    }
+}

@@ -7,6 +7,7 @@
 //! extent tree since the caller read it.
 
 use std::collections::BTreeSet;
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 use rext4_format::inode::{flags, Inode};
@@ -245,17 +246,60 @@ impl Fs {
             return Ok(0);
         }
         let want = (buf.len() as u64).min(size - offset) as usize;
-        if !self.pc().keep_clean || want as u64 >= READ_AROUND_BYTES {
-            return self.read_around(ino, &mut buf[..want], offset, size);
+        if self.reads_around(want) {
+            // SAFETY: `read_around` writes only initialized bytes.
+            let b = unsafe { crate::file::as_uninit(&mut buf[..want]) };
+            return self.read_around(ino, b, offset, size);
         }
         self.copy_from_pages(ino, &mut buf[..want], offset, size, readahead)
+    }
+
+    /// Whether a read of `want` bytes goes around the cache (`read_around`).
+    fn reads_around(&self, want: usize) -> bool {
+        !self.pc().keep_clean || want as u64 >= READ_AROUND_BYTES
+    }
+
+    /// A buffered read of regular file `ino` into a buffer that need not be
+    /// initialized, when it goes around the cache (`read_around`, which fills any
+    /// buffer); `None` when it would go through the cache (the caller reads into
+    /// an initialized buffer instead). Takes the I/O lock as `read_ino_at` does.
+    pub(crate) fn pc_read_around_into(
+        &self,
+        ino: Ino,
+        buf: &mut [MaybeUninit<u8>],
+        offset: u64,
+    ) -> Result<Option<usize>> {
+        let _io = self.io_shared(ino);
+        let inode = self.read_inode(ino)?;
+        if inode.mode == 0 {
+            return Err(Error::NotFound);
+        }
+        if !inode.is_reg() {
+            return Ok(None);
+        }
+        let size = self.vfs_size(ino, &inode);
+        if offset >= size || buf.is_empty() {
+            return Ok(Some(0));
+        }
+        let want = (buf.len() as u64).min(size - offset) as usize;
+        if !self.reads_around(want) {
+            return Ok(None);
+        }
+        self.read_around(ino, &mut buf[..want], offset, size)
+            .map(Some)
     }
 
     /// A read that does not fill the cache: what is cached (dirty or not) is copied,
     /// the gaps are read straight from the device. For large reads (they are their own
     /// read-ahead, and would only push other pages out) and for frontends that cache
     /// clean data themselves. Caller holds the I/O lock; `size` is the file's size.
-    fn read_around(&self, ino: Ino, buf: &mut [u8], offset: u64, size: u64) -> Result<usize> {
+    fn read_around(
+        &self,
+        ino: Ino,
+        buf: &mut [MaybeUninit<u8>],
+        offset: u64,
+        size: u64,
+    ) -> Result<usize> {
         let ps = self.page_size();
         let len = buf.len() as u64;
         let (first, last) = pages_spanned(offset, len, ps);
@@ -287,14 +331,14 @@ impl Fs {
                     let upto = end.min((idx + 1) * ps);
                     let from = (pos - idx * ps) as usize;
                     let n = (upto - pos) as usize;
-                    buf[at..at + n].copy_from_slice(&p.lock().buf[from..from + n]);
+                    copy_into(&mut buf[at..at + n], &p.lock().buf[from..from + n]);
                     pos = upto;
                 }
                 other => {
                     let upto = other.map_or(end, |(i, _)| (i * ps).min(end));
                     let n = (upto - pos) as usize;
-                    let got = self.read_device(ino, &dev_inode, &mut buf[at..at + n], pos)?;
-                    buf[at + got..at + n].fill(0);
+                    let got = self.read_device_into(ino, &dev_inode, &mut buf[at..at + n], pos)?;
+                    buf[at + got..at + n].fill(MaybeUninit::new(0));
                     pos = upto;
                 }
             }
@@ -946,4 +990,12 @@ enum IoGuard<'a> {
 /// Whether `inode` is a regular, extent-mapped file (what the page cache writes).
 pub(crate) fn cacheable(inode: &Inode) -> bool {
     inode.is_reg() && inode.has_flag(flags::EXTENTS)
+}
+
+/// `dst.copy_from_slice(src)` for a destination that need not be initialized.
+fn copy_into(dst: &mut [MaybeUninit<u8>], src: &[u8]) {
+    assert_eq!(dst.len(), src.len());
+    // SAFETY: lengths are equal, `src` and `dst` cannot overlap (one is borrowed
+    // shared, the other exclusively), and `MaybeUninit<u8>` has the layout of `u8`.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast(), src.len()) }
 }
