@@ -451,12 +451,26 @@ mod tests {
             assert!(note.contains("in use by a writer"), "{note}");
         }
         drop(w);
+        // A flock goes with the open file description, which a child that another
+        // test thread of this process is forking holds until its exec closes it
+        // (O_CLOEXEC): a lock given up here may outlive the drop by that moment.
+        let released = |hold: bool| {
+            let t0 = std::time::Instant::now();
+            loop {
+                let (r, note) = Claim::read(&p, hold).expect("read claim");
+                if note.is_none() || t0.elapsed() > std::time::Duration::from_secs(10) {
+                    return (r, note);
+                }
+                drop(r);
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        };
         // A plain reader keeps no writer out; a holding one does.
-        let (r, note) = Claim::read(&p, false).expect("read claim");
+        let (r, note) = released(false);
         assert!(note.is_none(), "{note:?}");
         let w = Claim::write(&p).expect("writer beside a plain reader");
         drop((r, w));
-        let (_r1, note) = Claim::read(&p, true).expect("read claim");
+        let (_r1, note) = released(true);
         assert!(note.is_none(), "{note:?}");
         let _r2 = lock_path(&p, false).expect("second reader");
         let e = Claim::write(&p).expect_err("writer while holding readers");
