@@ -124,6 +124,8 @@ def test_errors_of_real_calls(image):
         raises(OSError, errno.EFBIG, fs.truncate, "/d/f", 1 << 50)
         # user.* xattrs only on files and directories, as on Linux.
         raises(PermissionError, errno.EPERM, fs.setxattr, "/d/link", "user.x", b"1", follow_symlinks=False)
+        # link(2) of a directory: EPERM, as os.link gives on Linux.
+        raises(PermissionError, errno.EPERM, fs.link, "/d/sub", "/d/sub-link")
         raises(OSError, errno.EOPNOTSUPP, fs.setxattr, "/d/f", "nonsense.name", b"1")
 
 

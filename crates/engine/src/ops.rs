@@ -469,7 +469,8 @@ impl Fs {
         self.check_writable()?;
         let mut inode = self.read_live_inode(ino)?;
         if inode.is_dir() {
-            return Err(Error::InvalidInput(
+            // link(2): EPERM.
+            return Err(Error::NotPermitted(
                 "hard links to directories are not allowed".into(),
             ));
         }

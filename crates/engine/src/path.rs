@@ -341,6 +341,11 @@ impl OpenOptions {
         if meta.is_dir() && writing {
             return Err(Error::IsADirectory);
         }
+        // As open(2): a regular file on a read-only filesystem is not opened for
+        // writing at all (EROFS now, not at the first write).
+        if (writing || self.truncate) && meta.is_file() {
+            fs.check_writable()?;
+        }
         if self.truncate && meta.is_file() && meta.size > 0 {
             fs.truncate_ino(ino, 0)?;
         }

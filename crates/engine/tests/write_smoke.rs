@@ -694,3 +694,42 @@ fn atime_policy_through_the_api() {
     let r = e2fsck_fn(img.path());
     assert!(r.clean, "e2fsck: {}", r.output);
 }
+
+/// As open(2) and link(2): a regular file of a read-only filesystem does not open for
+/// writing or truncation (EROFS at open, not at the first write), reading still does;
+/// a hard link to a directory is EPERM.
+#[test]
+fn read_only_opens_and_directory_links_fail_as_the_syscalls_do() {
+    let img = mkfs(&MkfsOptions::new(4096, 16 << 20)).expect("mkfs");
+    let fs = rw(img.path());
+    fs.write("/f", b"data").expect("write");
+    fs.create_dir("/d").expect("mkdir");
+    let e = fs.hard_link("/d", "/d2").expect_err("link of a directory");
+    assert_eq!(e.errno(), libc::EPERM, "{e}");
+    fs.close().expect("close");
+    let fs = rext4::Fs::open(img.path()).expect("open read-only");
+    for (write, append, truncate) in [
+        (true, false, false),
+        (false, true, false),
+        (true, false, true),
+    ] {
+        let r = rext4::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .append(append)
+            .truncate(truncate)
+            .open(&fs, "/f");
+        assert!(
+            matches!(r, Err(rext4::Error::ReadOnly)),
+            "write {write} append {append} truncate {truncate}: {:?}",
+            r.map(|_| ())
+        );
+    }
+    let f = rext4::OpenOptions::new()
+        .read(true)
+        .open(&fs, "/f")
+        .expect("open for reading");
+    let mut b = [0u8; 4];
+    f.read_exact_at(&mut b, 0).expect("read");
+    assert_eq!(&b, b"data");
+}
