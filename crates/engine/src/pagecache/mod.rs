@@ -193,6 +193,10 @@ pub(crate) struct FileState {
     pub(crate) delalloc: u64,
     /// Promises taken by writes that have not marked their pages yet.
     pub(crate) pending: u64,
+    /// Pages whose promised blocks a writeback chunk has allocated, until the chunk is
+    /// done: their extents are inserted and then converted, which may take tree
+    /// blocks, so the tree promise still counts them.
+    pub(crate) inflight: u64,
     /// Extent-tree blocks promised for the writeback of those pages, and the tree's
     /// (depth, root entries) they were reckoned for (`space::tree_blocks_for`).
     pub(crate) resv_tree: u64,
@@ -373,6 +377,7 @@ impl PageCache {
                         error: None,
                         delalloc: 0,
                         pending: 0,
+                        inflight: 0,
                         resv_tree: 0,
                         tree_shape: (0, 0),
                         dead: false,
@@ -487,8 +492,12 @@ impl PageCache {
     pub(crate) fn settle_tree(&self, st: &mut FileState) {
         let per_leaf = (self.page_size as u64 - 12) / 12;
         let (depth, entries) = st.tree_shape;
-        let need =
-            crate::space::tree_blocks_for(st.delalloc + st.pending, depth, entries, per_leaf);
+        let need = crate::space::tree_blocks_for(
+            st.delalloc + st.pending + st.inflight,
+            depth,
+            entries,
+            per_leaf,
+        );
         if st.resv_tree > need {
             self.space.unreserve(0, st.resv_tree - need);
             st.resv_tree = need;

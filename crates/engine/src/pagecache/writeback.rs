@@ -19,7 +19,10 @@
 //!
 //! Space: a dirty page over a hole holds a promised block (`space`), spent when step 2
 //! allocates it (`Claim::Reserved`); the tree blocks step 2 and 3 need come from the
-//! file's tree promise, then the pool (`Claim::Writeback`). So writeback does not run
+//! file's tree promise, then the pool (`Claim::Writeback`). The pages a chunk has
+//! allocated for still count toward the tree promise until the chunk is done
+//! (`FileState::inflight`): given back at the allocation, it would be gone before the
+//! insert and the conversion that need it. So writeback does not run
 //! out of space; should it anyway (a tree far more fragmented than the estimate), the
 //! chunk's dirty data is dropped with a message, as the kernel does, and ENOSPC is
 //! reported at fsync. A device write error shuts the filesystem down (as a failed
@@ -281,6 +284,28 @@ impl Fs {
         scratch: &[u8],
         delayed: bool,
     ) -> Result<()> {
+        // Pages whose promises this chunk's allocations spent (`FileState::inflight`):
+        // the tree promise counts them until the chunk is finished, whatever happens.
+        let mut inflight = 0u64;
+        let r = self.write_chunk_pieces(fc, ino, runs, scratch, delayed, &mut inflight);
+        if inflight > 0 {
+            let mut st = fc.lock();
+            st.inflight = st.inflight.saturating_sub(inflight);
+            self.inner.pagecache.settle_tree(&mut st);
+        }
+        r
+    }
+
+    /// `write_chunk`'s work; `inflight` counts the promises its allocations spent.
+    fn write_chunk_pieces(
+        &self,
+        fc: &Arc<FileCache>,
+        ino: Ino,
+        runs: &[(u64, u64)],
+        scratch: &[u8],
+        delayed: bool,
+        inflight: &mut u64,
+    ) -> Result<()> {
         let ps = self.inner.pagecache.page_size as u64;
         let dev = self.cache().device().clone();
         let mut converts: Vec<(u64, u64)> = Vec::new();
@@ -292,7 +317,7 @@ impl Fs {
             while i < n {
                 let lblk = start + i;
                 let Some((phys, len, piece)) =
-                    self.map_for_writeback(fc, ino, lblk, n - i, delayed)?
+                    self.map_for_writeback(fc, ino, lblk, n - i, delayed, inflight)?
                 else {
                     return Ok(()); // the inode was freed: nothing to write
                 };
@@ -320,6 +345,8 @@ impl Fs {
 
     /// Step 2's metadata part for logical block `lblk` (at most `max` blocks): the
     /// physical start, length and kind of the piece. `None` when the inode is gone.
+    /// Pages whose promises an allocation here spends are added to `inflight` (and to
+    /// the file's `FileState::inflight`, which the caller takes them out of).
     fn map_for_writeback(
         &self,
         fc: &Arc<FileCache>,
@@ -327,6 +354,7 @@ impl Fs {
         lblk: u64,
         max: u64,
         delayed: bool,
+        inflight: &mut u64,
     ) -> Result<Option<(u64, u64, Piece)>> {
         use crate::space::{claim_as, Claim};
         // Tree blocks of a writeback pass come from the file's promise (then the
@@ -378,6 +406,7 @@ impl Fs {
                         k += 1;
                     }
                     st.delalloc -= k;
+                    st.inflight += k;
                     if k == 0 {
                         want = (lblk..lblk + want)
                             .take_while(|i| st.pages.get(i).is_none_or(|p| !p.lock().delalloc))
@@ -417,6 +446,9 @@ impl Fs {
                     }
                 };
                 self.restore_promises(fc, lblk + u64::from(got).min(promised), lblk + promised);
+                // The spent ones stay in flight until the chunk is done (`write_chunk`).
+                let spent = u64::from(got).min(promised);
+                *inflight += spent;
                 let ext = Extent {
                     logical: lblk as u32,
                     len: got as u16,
@@ -426,8 +458,8 @@ impl Fs {
                 if let Err(e) = with_tree(self, ino, &mut inode, |t| t.insert(ext)) {
                     if self.free_blocks(p, u64::from(got)).is_ok() && promised > 0 {
                         // The blocks are back: so are the pages' promises.
-                        let spent = u64::from(got).min(promised);
                         self.inner.space.repromise(spent);
+                        *inflight -= spent;
                         self.restore_promises(fc, lblk, lblk + spent);
                     }
                     return Err(e);
@@ -441,10 +473,12 @@ impl Fs {
 
     /// Pages `[from, to)` of a writeback run spent their promises on an allocation
     /// that did not take them: they hold them again (a page dropped meanwhile gives
-    /// its promise back). Then the file's tree promise is settled.
+    /// its promise back), and are no longer in flight. Then the file's tree promise is
+    /// settled.
     fn restore_promises(&self, fc: &FileCache, from: u64, to: u64) {
         let pc = &self.inner.pagecache;
         let mut st = fc.lock();
+        st.inflight = st.inflight.saturating_sub(to - from);
         let mut gone = 0;
         for i in from..to {
             match st.pages.get(&i) {
