@@ -181,7 +181,7 @@ impl Fs {
             mtime: inode.mtime,
             ctime: inode.ctime,
             crtime: inode.crtime,
-            blocks: inode.blocks_512(huge, self.inner.block_size),
+            blocks: inode.blocks_512(huge, self.inner.block_size) + self.delalloc_blocks_512(ino),
             block_size: self.inner.block_size,
             rdev: matches!(ft, FileType::CharDevice | FileType::BlockDevice)
                 .then(|| inode.device()),

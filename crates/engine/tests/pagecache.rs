@@ -711,3 +711,24 @@ fn reads_into_uninitialized_buffers_match_read_at() {
         fs.close().expect("close");
     }
 }
+
+/// `stat` counts the blocks promised to dirty pages over holes, as ext4 counts its
+/// reserved data blocks: a file written and not yet written back shows its blocks
+/// (`du`), and the count is the same after writeback.
+#[test]
+fn stat_counts_delayed_allocations() {
+    let (_dev, fs) = mem_fs(4096, 64 << 20, rw_opts());
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .open(&fs, "/d")
+        .expect("create");
+    f.write_all_at(&[7u8; 64 << 10], 0).expect("write");
+    let before = f.metadata().expect("stat").blocks;
+    assert_eq!(before, 128, "64 KiB written, not yet written back");
+    f.sync_all().expect("fsync");
+    assert_eq!(f.metadata().expect("stat").blocks, 128, "after writeback");
+    drop(f);
+    fs.close().expect("close");
+}

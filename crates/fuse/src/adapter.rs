@@ -538,7 +538,8 @@ impl Shared {
         Ok(FileAttr {
             ino: to_fuse(ino),
             size: i.size,
-            blocks: i.blocks_512(self.huge_file, self.block_size),
+            blocks: i.blocks_512(self.huge_file, self.block_size)
+                + self.fs.delalloc_blocks_512(ino),
             atime: system_time(i.atime),
             mtime: system_time(i.mtime),
             ctime: system_time(i.ctime),

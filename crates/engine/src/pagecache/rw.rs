@@ -67,6 +67,15 @@ impl Fs {
         }
     }
 
+    /// 512-byte units of the blocks promised to dirty pages of `ino` over holes
+    /// (delayed allocation): `stat` counts them with the allocated ones, as ext4 counts
+    /// its reserved data blocks, so `du` sees a file's data before writeback.
+    pub fn delalloc_blocks_512(&self, ino: Ino) -> u64 {
+        self.pc()
+            .file(ino)
+            .map_or(0, |fc| fc.lock().delalloc * (self.page_size() / 512))
+    }
+
     /// The record of `ino` and the size readers see, read in the order the module
     /// note gives (in-memory size first), so the two agree: the size equals the
     /// record's exactly when nothing runs ahead of it.
