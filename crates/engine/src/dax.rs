@@ -493,12 +493,7 @@ impl BlockDevice for DaxDevice {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        if self.read_only {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                "device is read-only",
-            ));
-        }
+        crate::device::refuse_if_read_only(self.read_only)?;
         let o = self.check(offset, buf.len())?;
         // SAFETY: o..o+len is inside the writable mapping (checked; read-only devices
         // return above) and does not overlap the caller's buffer.

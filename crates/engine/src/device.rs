@@ -39,6 +39,17 @@ pub trait BlockDevice: Send + Sync {
     }
 }
 
+/// A write to a device opened read-only: refused, the same way by every backend.
+pub(crate) fn refuse_if_read_only(read_only: bool) -> io::Result<()> {
+    if read_only {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "device is read-only",
+        ));
+    }
+    Ok(())
+}
+
 fn check_range(offset: u64, len: usize, size: u64) -> io::Result<()> {
     match offset.checked_add(len as u64) {
         Some(end) if end <= size => Ok(()),
@@ -169,12 +180,7 @@ impl BlockDevice for FileDevice {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        if self.read_only {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                "device is read-only",
-            ));
-        }
+        refuse_if_read_only(self.read_only)?;
         check_range(offset, buf.len(), self.size)?;
         if self.direct && Self::direct_ok(buf.len(), offset) {
             let (mut v, s) = Self::aligned_bounce(buf.len());
@@ -237,12 +243,7 @@ impl BlockDevice for MemDevice {
         Ok(())
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        if self.read_only {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                "device is read-only",
-            ));
-        }
+        refuse_if_read_only(self.read_only)?;
         let mut d = self.data.write().unwrap_or_else(|p| p.into_inner());
         check_range(offset, buf.len(), d.len() as u64)?;
         let o = offset as usize;
