@@ -238,14 +238,6 @@ impl Fs {
         })
     }
 
-    /// DAX read of a regular file: straight from the mapped image.
-    pub(crate) fn dax_read(&self, ino: Ino, buf: &mut [u8], offset: u64) -> Result<usize> {
-        let _io = self.io_shared(ino);
-        let _t = self.tree_shared(ino);
-        let inode = self.read_live_inode(ino)?;
-        self.read_device(ino, &inode, buf, offset)
-    }
-
     /// DAX write (`offset` None: append): an overwrite of written blocks in place under
     /// the shared I/O lock, anything else through the allocating path under the
     /// exclusive I/O lock and the mapping lock.

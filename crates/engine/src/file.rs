@@ -381,9 +381,9 @@ impl File {
         if inode.is_dir() {
             return Err(Error::IsADirectory);
         }
-        let n = if self.fs.is_dax() && inode.is_reg() {
-            self.fs.dax_read(self.ino, buf, offset)?
-        } else if self.direct {
+        // DAX reads of regular files go straight to the mapping (`read_ino_at`),
+        // O_DIRECT or not: there is no page cache to go around.
+        let n = if self.direct && !(self.fs.is_dax() && inode.is_reg()) {
             self.fs.read_direct_ino(self.ino, buf, offset)?
         } else {
             self.fs.read_ino_at(self.ino, &inode, buf, offset)?
