@@ -98,6 +98,21 @@ def timed(fn, *args):
 WARM_PASSES = 3
 
 
+def one_then_two(jobs):
+    """Best of 3: the time to run `jobs` one after the other, and on a thread each."""
+    b1 = b2 = float("inf")
+    for _ in range(3):
+        t1, _ = timed(lambda: [job() for job in jobs])
+        threads = [threading.Thread(target=job) for job in jobs]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        b1, b2 = min(b1, t1), min(b2, time.perf_counter() - start)
+    return b1, b2
+
+
 def timed_read(fn, *args):
     t, n = timed(fn, *args)
     assert n == 1024 * MIB
@@ -160,19 +175,10 @@ def main():
 
     # 3. Thread scaling (warm: both files read once first), best of 3.
     def scale(opener, names):
-        for name in names:
-            read_file(opener, name)
-        b1 = b2 = float("inf")
-        for _ in range(3):
-            t1, _ = timed(lambda: [read_file(opener, n) for n in names])
-            threads = [threading.Thread(target=read_file, args=(opener, n)) for n in names]
-            start = time.perf_counter()
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            b1, b2 = min(b1, t1), min(b2, time.perf_counter() - start)
-        return b1, b2
+        jobs = [lambda n=n: read_file(opener, n) for n in names]
+        for job in jobs:
+            job()
+        return one_then_two(jobs)
 
     with rext4.open(img) as fs:
         best1, best2 = scale(lambda p: fs.open(p, "rb"), ("/t0", "/t1"))
@@ -186,16 +192,7 @@ def main():
         for _ in range(4):
             hashlib.sha256(data).digest()
 
-    base1 = base2 = float("inf")
-    for _ in range(3):
-        t1, _ = timed(lambda: [hash_it() for _ in range(2)])
-        threads = [threading.Thread(target=hash_it) for _ in range(2)]
-        start = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        base1, base2 = min(base1, t1), min(base2, time.perf_counter() - start)
+    base1, base2 = one_then_two([hash_it, hash_it])
     scaling = [
         (
             "rext4: 2 x 256 MiB read (warm), 1 thread vs 2 threads",
