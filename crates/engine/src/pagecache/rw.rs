@@ -250,17 +250,22 @@ impl Fs {
         offset: u64,
         readahead: bool,
     ) -> Result<usize> {
-        let size = self.vfs_size(ino, inode);
-        if offset >= size || buf.is_empty() {
+        let Some((size, want)) = self.read_span(ino, inode, buf.len(), offset) else {
             return Ok(0);
-        }
-        let want = (buf.len() as u64).min(size - offset) as usize;
+        };
         if self.reads_around(want) {
             // SAFETY: `read_around` writes only initialized bytes.
             let b = unsafe { crate::file::as_uninit(&mut buf[..want]) };
             return self.read_around(ino, b, offset, size);
         }
         self.copy_from_pages(ino, &mut buf[..want], offset, size, readahead)
+    }
+
+    /// What a read of `len` bytes at `offset` of regular file `ino` covers: the
+    /// file's size and the bytes to read (`None`: nothing, at or past the end).
+    fn read_span(&self, ino: Ino, inode: &Inode, len: usize, offset: u64) -> Option<(u64, usize)> {
+        let size = self.vfs_size(ino, inode);
+        (offset < size && len > 0).then(|| (size, (len as u64).min(size - offset) as usize))
     }
 
     /// Whether a read of `want` bytes goes around the cache (`read_around`).
@@ -286,11 +291,9 @@ impl Fs {
         if !inode.is_reg() {
             return Ok(None);
         }
-        let size = self.vfs_size(ino, &inode);
-        if offset >= size || buf.is_empty() {
+        let Some((size, want)) = self.read_span(ino, &inode, buf.len(), offset) else {
             return Ok(Some(0));
-        }
-        let want = (buf.len() as u64).min(size - offset) as usize;
+        };
         if !self.reads_around(want) {
             return Ok(None);
         }
