@@ -7,7 +7,8 @@
 # unaligned O_DIRECT overwrites, seedB: pwrite/truncate loop + stale-data check, seedC:
 # create/unlink with a lookup storm) on the same three mounts. KINDS may add "raw": the
 # fio workloads on a plain file in the host filesystem, the anchors' physical ceiling,
-# and "rext4-devfuse": rext4 over /dev/fuse alone (`-o nouring`), and "rext4-base":
+# and "rext4-devfuse": rext4 over /dev/fuse alone (`-o nouring`), "rext4-nowb" and
+# "rext4-nowb-devfuse": the same two without the kernel's writeback cache, and "rext4-base":
 # the `rext4` binary REXT4_BASE names (a build of an earlier commit, for before/after
 # ratios measured in the same run). `rext4` uses
 # FUSE-over-io_uring when the kernel offers it (set URING=Y to turn the fuse module's
@@ -50,6 +51,8 @@ for kind in ${KINDS:-kernel rext4 fuse2fs}; do
     kernel) mount -o loop "$img" "$mnt" ;;
     rext4) "$R" mount "$img" "$mnt" ;;
     rext4-devfuse) "$R" mount -o nouring "$img" "$mnt" ;;
+    rext4-nowb) "$R" mount -o nowriteback_cache "$img" "$mnt" ;;
+    rext4-nowb-devfuse) "$R" mount -o nowriteback_cache,nouring "$img" "$mnt" ;;
     rext4-base) "${REXT4_BASE:?REXT4_BASE names the rext4 binary to compare with}" mount "$img" "$mnt" ;;
     fuse2fs) fuse2fs -o fakeroot "$img" "$mnt"; sleep 1 ;;
   esac

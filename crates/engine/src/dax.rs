@@ -37,6 +37,7 @@
 
 use std::fs::OpenOptions;
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
@@ -483,11 +484,24 @@ impl DaxDevice {
 
 impl BlockDevice for DaxDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        // SAFETY: `MaybeUninit<u8>` has the layout of `u8`, and `read_at_uninit` only
+        // writes initialized bytes into it.
+        self.read_at_uninit(unsafe { crate::file::as_uninit(buf) }, offset)
+    }
+
+    /// The mapping is copied straight into `buf`: a DAX read is one pass over the
+    /// memory, with no zeroing pass before it (the reads of `File::read_at` and the
+    /// mount come here through `read_device_into`).
+    fn read_at_uninit(&self, buf: &mut [MaybeUninit<u8>], offset: u64) -> io::Result<()> {
         let o = self.check(offset, buf.len())?;
         // SAFETY: o..o+len is inside the mapping (checked) and the backing file;
         // `buf` is the caller's own memory, so the two do not overlap.
         unsafe {
-            core::ptr::copy_nonoverlapping(self.region.ptr.add(o), buf.as_mut_ptr(), buf.len())
+            core::ptr::copy_nonoverlapping(
+                self.region.ptr.add(o),
+                buf.as_mut_ptr().cast::<u8>(),
+                buf.len(),
+            )
         };
         Ok(())
     }
