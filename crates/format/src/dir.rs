@@ -313,8 +313,26 @@ pub fn check_block(block: &[u8], has_csum_tail: bool) -> Result<()> {
     entries(block, has_csum_tail).try_for_each(|e| e.map(|_| ()))
 }
 
-/// The live entry called `name`, if any.
+/// The live entry called `name`, if any; `Err` for the first bad entry before it (or
+/// a missing tail), as [`entries`] reports it.
+///
+/// Every create, unlink and lookup of a name scans one leaf block like this, so the
+/// walk is a tight loop over the fields it needs ([`lookup_fast`]); where that loop
+/// meets an entry it does not like, the checked walk over [`live_entries`] runs
+/// instead and names the problem.
 pub fn lookup<'a>(
+    block: &'a [u8],
+    name: &[u8],
+    has_csum_tail: bool,
+) -> Result<Option<DirEntry<'a>>> {
+    match lookup_fast(block, name, has_csum_tail) {
+        Some(found) => Ok(found),
+        None => lookup_checked(block, name, has_csum_tail),
+    }
+}
+
+/// [`lookup`] without the fast walk (the reference it must agree with).
+fn lookup_checked<'a>(
     block: &'a [u8],
     name: &[u8],
     has_csum_tail: bool,
@@ -326,6 +344,57 @@ pub fn lookup<'a>(
         }
     }
     Ok(None)
+}
+
+/// The walk of [`lookup`] when nothing is wrong: `Some(answer)` when every entry up to
+/// the answer passes the checks `DirEntries::parse_at` makes, in the same order; `None`
+/// at the first that does not (or a missing tail), and the checked walk takes over.
+fn lookup_fast<'a>(
+    block: &'a [u8],
+    name: &[u8],
+    has_csum_tail: bool,
+) -> Option<Option<DirEntry<'a>>> {
+    let end = if has_csum_tail {
+        if !tail_present(block) {
+            return None;
+        }
+        block.len() - TAIL_LEN
+    } else {
+        block.len()
+    };
+    let mut off = 0usize;
+    while off < end {
+        if off + DIRENT_HEADER_LEN > end {
+            return None;
+        }
+        let rec_len = rec_len_from_disk(le16(block, off + DIRENT_REC_LEN), block.len());
+        let name_len = u8_at(block, off + DIRENT_NAME_LEN);
+        let nl = usize::from(name_len);
+        if rec_len < MIN_REC_LEN
+            || rec_len & 3 != 0
+            || rec_len < rec_len_for(nl)
+            || off + rec_len > end
+        {
+            return None;
+        }
+        if nl == name.len() {
+            let inode = le32(block, off + DIRENT_INODE);
+            // In range: rec_len covers the name and off + rec_len <= end <= len.
+            let here = &block[off + DIRENT_NAME..off + DIRENT_NAME + nl];
+            if inode != 0 && here == name {
+                return Some(Some(DirEntry {
+                    inode,
+                    rec_len,
+                    name_len,
+                    file_type: u8_at(block, off + DIRENT_FILE_TYPE),
+                    name: here,
+                    offset: off,
+                }));
+            }
+        }
+        off += rec_len;
+    }
+    Some(None)
 }
 
 // ---------------------------------------------------------------- checksum tail
@@ -1252,6 +1321,128 @@ mod tests {
                 b[off] = v;
             }
             poke_everything(&b);
+        }
+    }
+
+    /// Every single header edit of every entry (inode cleared, rec_len or name_len
+    /// moved by -8..=8) of leaves with and without a tail: the fast walk answers what
+    /// the checked walk answers, for every name in the block and one that is not.
+    #[test]
+    fn fast_lookup_agrees_after_every_single_header_edit() {
+        for tail in [false, true] {
+            for empty in [false, true] {
+                let mut base = vec![0u8; 512];
+                if empty {
+                    init_empty_leaf(&mut base, tail);
+                } else {
+                    init_block(&mut base, 2, 2, tail);
+                }
+                for i in 0..12u32 {
+                    insert_entry(
+                        &mut base,
+                        20 + i,
+                        format!("name{i}").as_bytes(),
+                        FileType::Regular,
+                        tail,
+                    )
+                    .expect("fits");
+                }
+                remove_entry(&mut base, b"name3", tail).expect("present");
+                let offs: Vec<usize> = entries(&base, tail)
+                    .map(|e| e.expect("valid").offset)
+                    .collect();
+                let mut probes: Vec<Vec<u8>> =
+                    (0..12).map(|i| format!("name{i}").into_bytes()).collect();
+                probes.extend([b"absent".to_vec(), b".".to_vec(), b"..".to_vec()]);
+                for &off in &offs {
+                    for field in 0..3 {
+                        for d in -8i16..=8 {
+                            let mut b = base.clone();
+                            match field {
+                                0 => b[off..off + 4].fill(0),
+                                1 => {
+                                    let r = le16(&b, off + 4).wrapping_add_signed(d);
+                                    b[off + 4..off + 6].copy_from_slice(&r.to_le_bytes());
+                                }
+                                _ => b[off + 6] = b[off + 6].wrapping_add_signed(d as i8),
+                            }
+                            for p in &probes {
+                                assert_eq!(
+                                    answer(lookup(&b, p, tail)),
+                                    answer(lookup_checked(&b, p, tail)),
+                                    "tail {tail}, empty leaf {empty}, entry at {off}, field {field}, delta {d}, name {:?}",
+                                    String::from_utf8_lossy(p)
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// What a lookup answers, comparable across the two walks (errors by message).
+    fn answer(
+        r: Result<Option<DirEntry<'_>>>,
+    ) -> std::result::Result<Option<(u32, usize, Vec<u8>)>, String> {
+        r.map(|o| o.map(|e| (e.inode, e.offset, e.name.to_vec())))
+            .map_err(|e| e.to_string())
+    }
+
+    proptest! {
+        /// The fast walk of `lookup` gives what the checked walk gives — the entry, or
+        /// the same error — on leaves built by inserts and removals, with and without
+        /// a tail, then with bytes overwritten anywhere.
+        #[test]
+        fn fast_lookup_agrees_with_the_checked_walk(
+            tail in any::<bool>(),
+            empty_leaf in any::<bool>(),
+            names in proptest::collection::vec(0u32..60, 0..40),
+            removed in proptest::collection::vec(0u32..60, 0..10),
+            header_edits in proptest::collection::vec((0usize..48, 0u8..3, -8i8..9), 0..3),
+            edits in proptest::collection::vec((0usize..1024, any::<u8>()), 0..3),
+            probe in 0u32..48,
+        ) {
+            let mut b = vec![0u8; 1024];
+            // An empty leaf's first entry keeps its name when removed (inode 0).
+            if empty_leaf {
+                init_empty_leaf(&mut b, tail);
+            } else {
+                init_block(&mut b, 2, 2, tail);
+            }
+            for (i, n) in names.iter().enumerate() {
+                let _ = insert_entry(&mut b, 20 + i as u32, format!("n{n}").as_bytes(), FileType::Regular, tail);
+            }
+            for n in &removed {
+                let _ = remove_entry(&mut b, format!("n{n}").as_bytes(), tail);
+            }
+            // The k-th entry's header: its inode cleared, its rec_len or name_len
+            // moved by a few bytes; then any byte.
+            for (k, field, d) in header_edits {
+                let offs: Vec<usize> = entries(&b, tail).map_while(|e| e.ok()).map(|e| e.offset).collect();
+                if let Some(&off) = offs.get(k % offs.len().max(1)) {
+                    match field {
+                        0 => b[off..off + 4].fill(0),
+                        1 => {
+                            let r = le16(&b, off + 4).wrapping_add_signed(i16::from(d));
+                            b[off + 4..off + 6].copy_from_slice(&r.to_le_bytes());
+                        }
+                        _ => b[off + 6] = b[off + 6].wrapping_add_signed(d),
+                    }
+                }
+            }
+            for (off, v) in edits {
+                b[off] = v;
+            }
+            // Mostly a name that was inserted.
+            let pick = match names.get(probe as usize) {
+                Some(n) => format!("n{n}"),
+                None => format!("n{probe}"),
+            };
+            for name in [pick, ".".into(), "..".into()] {
+                let want = answer(lookup_checked(&b, name.as_bytes(), tail));
+                prop_assert_eq!(answer(lookup(&b, name.as_bytes(), tail)), want);
+            }
         }
     }
 
