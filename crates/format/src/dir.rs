@@ -346,14 +346,28 @@ fn lookup_checked<'a>(
     Ok(None)
 }
 
-/// The walk of [`lookup`] when nothing is wrong: `Some(answer)` when every entry up to
-/// the answer passes the checks `DirEntries::parse_at` makes, in the same order; `None`
-/// at the first that does not (or a missing tail), and the checked walk takes over.
-fn lookup_fast<'a>(
+/// One entry as the fast walk sees it.
+#[derive(Clone, Copy)]
+struct Raw<'a> {
+    off: usize,
+    rec_len: usize,
+    name_len: u8,
+    inode: u32,
+    name: &'a [u8],
+}
+
+/// The entry walk of [`lookup`], [`insert_entry`] and [`remove_entry`] when nothing is
+/// wrong: `visit` sees each entry in order until it returns `Some`; the result is
+/// `Some(answer)` when every entry up to the answer passes the checks
+/// `DirEntries::parse_at` makes, in the same order, and `None` at the first that does
+/// not (or a missing tail): the caller's checked walk over [`entries`] then takes over
+/// and names the problem. Every create, unlink and lookup of a name walks one leaf, so
+/// this is a tight loop over the fields it needs.
+fn fast_walk<'a, T>(
     block: &'a [u8],
-    name: &[u8],
     has_csum_tail: bool,
-) -> Option<Option<DirEntry<'a>>> {
+    mut visit: impl FnMut(Raw<'a>) -> Option<T>,
+) -> Option<Option<T>> {
     let end = if has_csum_tail {
         if !tail_present(block) {
             return None;
@@ -377,24 +391,38 @@ fn lookup_fast<'a>(
         {
             return None;
         }
-        if nl == name.len() {
-            let inode = le32(block, off + DIRENT_INODE);
+        let e = Raw {
+            off,
+            rec_len,
+            name_len,
+            inode: le32(block, off + DIRENT_INODE),
             // In range: rec_len covers the name and off + rec_len <= end <= len.
-            let here = &block[off + DIRENT_NAME..off + DIRENT_NAME + nl];
-            if inode != 0 && here == name {
-                return Some(Some(DirEntry {
-                    inode,
-                    rec_len,
-                    name_len,
-                    file_type: u8_at(block, off + DIRENT_FILE_TYPE),
-                    name: here,
-                    offset: off,
-                }));
-            }
+            name: &block[off + DIRENT_NAME..off + DIRENT_NAME + nl],
+        };
+        if let Some(t) = visit(e) {
+            return Some(Some(t));
         }
         off += rec_len;
     }
     Some(None)
+}
+
+/// [`lookup`]'s fast walk (see [`fast_walk`]).
+fn lookup_fast<'a>(
+    block: &'a [u8],
+    name: &[u8],
+    has_csum_tail: bool,
+) -> Option<Option<DirEntry<'a>>> {
+    fast_walk(block, has_csum_tail, |e| {
+        (e.inode != 0 && e.name == name).then(|| DirEntry {
+            inode: e.inode,
+            rec_len: e.rec_len,
+            name_len: e.name_len,
+            file_type: u8_at(block, e.off + DIRENT_FILE_TYPE),
+            name: e.name,
+            offset: e.off,
+        })
+    })
 }
 
 // ---------------------------------------------------------------- checksum tail
@@ -529,16 +557,7 @@ pub fn insert_entry(
         format!("insert_entry: name length {} outside 1..=255", name.len())
     })?;
     let need_len = rec_len_for(name.len());
-    let mut spot = None;
-    for e in entries(block, has_tail) {
-        let e = e?;
-        let used = e.used_len();
-        if e.rec_len - used >= need_len {
-            spot = Some((e.offset, used, e.rec_len));
-            break;
-        }
-    }
-    let Some((off, used, rec_len)) = spot else {
+    let Some((off, used, rec_len)) = insert_spot(block, need_len, has_tail)? else {
         return Ok(None);
     };
     let bs = block.len();
@@ -551,21 +570,80 @@ pub fn insert_entry(
     Ok(Some(new_off))
 }
 
+/// Where [`insert_entry`] puts a record of `need_len` bytes: the first entry with that
+/// much slack, as (offset, bytes it keeps, its rec_len).
+fn insert_spot(
+    block: &[u8],
+    need_len: usize,
+    has_tail: bool,
+) -> Result<Option<(usize, usize, usize)>> {
+    let fast = fast_walk(block, has_tail, |e| {
+        let used = if e.inode != 0 {
+            rec_len_for(usize::from(e.name_len))
+        } else {
+            0
+        };
+        (e.rec_len - used >= need_len).then_some((e.off, used, e.rec_len))
+    });
+    match fast {
+        Some(spot) => Ok(spot),
+        None => insert_spot_checked(block, need_len, has_tail),
+    }
+}
+
+/// [`insert_spot`] without the fast walk.
+fn insert_spot_checked(
+    block: &[u8],
+    need_len: usize,
+    has_tail: bool,
+) -> Result<Option<(usize, usize, usize)>> {
+    for e in entries(block, has_tail) {
+        let e = e?;
+        let used = e.used_len();
+        if e.rec_len - used >= need_len {
+            return Ok(Some((e.offset, used, e.rec_len)));
+        }
+    }
+    Ok(None)
+}
+
+/// The live entry [`remove_entry`] removes, as ((offset, rec_len, inode), the
+/// previous entry's (offset, rec_len)).
+type Removal = ((usize, usize, u32), Option<(usize, usize)>);
+
+fn removal(block: &[u8], name: &[u8], has_tail: bool) -> Result<Option<Removal>> {
+    let mut prev = None;
+    let fast = fast_walk(block, has_tail, |e| {
+        if e.inode != 0 && e.name == name {
+            return Some(((e.off, e.rec_len, e.inode), prev));
+        }
+        prev = Some((e.off, e.rec_len));
+        None
+    });
+    match fast {
+        Some(found) => Ok(found),
+        None => removal_checked(block, name, has_tail),
+    }
+}
+
+/// [`removal`] without the fast walk.
+fn removal_checked(block: &[u8], name: &[u8], has_tail: bool) -> Result<Option<Removal>> {
+    let mut prev = None;
+    for e in entries(block, has_tail) {
+        let e = e?;
+        if e.is_live() && e.name == name {
+            return Ok(Some(((e.offset, e.rec_len, e.inode), prev)));
+        }
+        prev = Some((e.offset, e.rec_len));
+    }
+    Ok(None)
+}
+
 /// Remove the live entry called `name`, kernel-style: the previous entry's record
 /// absorbs it, or, if it is the first in the block, its inode becomes 0. Returns the
 /// inode it named, `None` if absent. The checksum is not updated.
 pub fn remove_entry(block: &mut [u8], name: &[u8], has_tail: bool) -> Result<Option<u32>> {
-    let mut prev: Option<(usize, usize)> = None;
-    let mut found = None;
-    for e in entries(block, has_tail) {
-        let e = e?;
-        if e.is_live() && e.name == name {
-            found = Some((e.offset, e.rec_len, e.inode));
-            break;
-        }
-        prev = Some((e.offset, e.rec_len));
-    }
-    let Some((off, rec_len, ino)) = found else {
+    let Some(((off, rec_len, ino), prev)) = removal(block, name, has_tail)? else {
         return Ok(None);
     };
     let bs = block.len();
@@ -1325,10 +1403,11 @@ mod tests {
     }
 
     /// Every single header edit of every entry (inode cleared, rec_len or name_len
-    /// moved by -8..=8) of leaves with and without a tail: the fast walk answers what
-    /// the checked walk answers, for every name in the block and one that is not.
+    /// moved by -8..=8) of leaves with and without a tail: the fast walks answer what
+    /// the checked walks answer — lookup and removal of every name in the block and of
+    /// one that is not, and where records of several sizes would be inserted.
     #[test]
-    fn fast_lookup_agrees_after_every_single_header_edit() {
+    fn fast_walks_agree_after_every_single_header_edit() {
         for tail in [false, true] {
             for empty in [false, true] {
                 let mut base = vec![0u8; 512];
@@ -1366,12 +1445,26 @@ mod tests {
                                 }
                                 _ => b[off + 6] = b[off + 6].wrapping_add_signed(d as i8),
                             }
+                            let at = format!("tail {tail}, empty leaf {empty}, entry at {off}, field {field}, delta {d}");
                             for p in &probes {
                                 assert_eq!(
                                     answer(lookup(&b, p, tail)),
                                     answer(lookup_checked(&b, p, tail)),
-                                    "tail {tail}, empty leaf {empty}, entry at {off}, field {field}, delta {d}, name {:?}",
+                                    "{at}, name {:?}",
                                     String::from_utf8_lossy(p)
+                                );
+                                assert_eq!(
+                                    errs(removal(&b, p, tail)),
+                                    errs(removal_checked(&b, p, tail)),
+                                    "{at}, removing {:?}",
+                                    String::from_utf8_lossy(p)
+                                );
+                            }
+                            for need in [12, 16, 20, 24, 64, 200, 400] {
+                                assert_eq!(
+                                    errs(insert_spot(&b, need, tail)),
+                                    errs(insert_spot_checked(&b, need, tail)),
+                                    "{at}, inserting {need} bytes"
                                 );
                             }
                         }
@@ -1379,6 +1472,11 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A result with its error as its message, comparable across the two walks.
+    fn errs<T>(r: Result<T>) -> std::result::Result<T, String> {
+        r.map_err(|e| e.to_string())
     }
 
     /// What a lookup answers, comparable across the two walks (errors by message).
@@ -1390,11 +1488,11 @@ mod tests {
     }
 
     proptest! {
-        /// The fast walk of `lookup` gives what the checked walk gives — the entry, or
-        /// the same error — on leaves built by inserts and removals, with and without
-        /// a tail, then with bytes overwritten anywhere.
+        /// The fast walks (lookup, removal, insert spot) give what the checked walks
+        /// give — the answer, or the same error — on leaves built by inserts and
+        /// removals, with and without a tail, then with headers and bytes changed.
         #[test]
-        fn fast_lookup_agrees_with_the_checked_walk(
+        fn fast_walks_agree_with_the_checked_walks(
             tail in any::<bool>(),
             empty_leaf in any::<bool>(),
             names in proptest::collection::vec(0u32..60, 0..40),
@@ -1442,6 +1540,11 @@ mod tests {
             for name in [pick, ".".into(), "..".into()] {
                 let want = answer(lookup_checked(&b, name.as_bytes(), tail));
                 prop_assert_eq!(answer(lookup(&b, name.as_bytes(), tail)), want);
+                let want = errs(removal_checked(&b, name.as_bytes(), tail));
+                prop_assert_eq!(errs(removal(&b, name.as_bytes(), tail)), want);
+            }
+            for need in [12, 20, 64, 300] {
+                prop_assert_eq!(errs(insert_spot(&b, need, tail)), errs(insert_spot_checked(&b, need, tail)));
             }
         }
     }
