@@ -220,6 +220,47 @@ impl ReplyData {
         self.reply.send_ll(&ll::ResponseSlice(data));
     }
 
+    /// Reply with at most `max` bytes that `fill` writes into the buffer it is given
+    /// and counts (or an error to reply with instead). Through a FUSE-over-io_uring
+    /// entry the buffer is the entry's own payload buffer, so the data is not copied
+    /// again; otherwise it is a buffer this thread keeps for such replies (rext4
+    /// addition).
+    pub fn data_with<F>(mut self, max: usize, fill: F)
+    where
+        F: FnOnce(&mut [u8]) -> Result<usize, Errno>,
+    {
+        let fill = |b: &mut [u8]| fill(b).map_err(|e| e.code());
+        #[cfg(target_os = "linux")]
+        let fill = match &self.reply.sender {
+            Some(ReplySender::Ring(ring, _)) => match ring.fill(self.reply.unique.0, max, fill) {
+                Ok(r) => {
+                    self.reply.sender = None;
+                    if let Err(err) = r {
+                        error!("Failed to send FUSE reply: {err}");
+                    }
+                    return;
+                }
+                Err(fill) => fill,
+            },
+            _ => fill,
+        };
+        thread_local! {
+            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        BUF.with(|b| {
+            let mut b = b.borrow_mut();
+            if b.len() < max {
+                b.resize(max, 0);
+            }
+            match fill(&mut b[..max]) {
+                Ok(n) => self.reply.send_ll_mut(&ll::ResponseSlice(&b[..n.min(max)])),
+                Err(e) => self
+                    .reply
+                    .send_ll_mut(&ll::ResponseErrno(Errno::from_i32(e))),
+            }
+        });
+    }
+
     /// Reply to a request with the given error code
     pub fn error(self, err: Errno) {
         self.reply.error(err);

@@ -762,6 +762,43 @@ impl RingReply {
     }
 }
 
+impl RingReply {
+    /// Replies with a body that `fill` writes straight into the entry's payload buffer
+    /// (at most `max` bytes; `fill` returns how many it wrote, or the error to reply
+    /// with), so a READ's data is copied once, from the filesystem into the buffer the
+    /// kernel reads. `Err(fill)` when the buffer cannot take it (the request kept a
+    /// payload, the reply is too large, or it was answered already): the caller then
+    /// fills a buffer of its own.
+    pub(crate) fn fill<F>(&self, unique: u64, max: usize, fill: F) -> Result<io::Result<()>, F>
+    where
+        F: FnOnce(&mut [u8]) -> Result<usize, i32>,
+    {
+        let slot = &*self.slot;
+        let mut st = slot.state.lock();
+        if st.generation != self.generation || st.replied || !st.direct || max > slot.cap {
+            return Err(fill);
+        }
+        // SAFETY: the payload buffer holds `cap` >= max bytes, initialized at
+        // allocation; the request borrows none of it (it had no payload), and nothing
+        // else touches it until this reply is committed (the state lock is held).
+        let body = unsafe { std::slice::from_raw_parts_mut(slot.payload(), max) };
+        let (error, body_len) = match fill(body) {
+            Ok(n) => (0, n.min(max)),
+            Err(errno) => (-errno.abs(), 0),
+        };
+        let mut out = [0u8; OUT_HEADER];
+        out[0..4].copy_from_slice(&((OUT_HEADER + body_len) as u32).to_ne_bytes());
+        out[4..8].copy_from_slice(&error.to_ne_bytes());
+        out[8..16].copy_from_slice(&unique.to_ne_bytes());
+        slot.write_hdr(0, &out);
+        st.body_len = body_len;
+        st.replied = true;
+        drop(st);
+        slot.replied.notify_all();
+        Ok(Ok(()))
+    }
+}
+
 /// Copies bytes `skip..skip + out.len()` of the concatenation of `data` into `out`;
 /// returns how many were copied.
 fn copy_out(data: &[IoSlice<'_>], mut skip: usize, out: &mut [u8]) -> usize {
@@ -1185,6 +1222,83 @@ mod tests {
         );
         // Once committed, the request is over: a second reply is refused.
         assert!(reply.send(&[IoSlice::new(&header)]).is_err());
+    }
+
+    /// A reply filled in place (a READ's data) is written by the filler into the
+    /// payload buffer itself, with a header counting what it wrote; an error from the
+    /// filler is the reply's error, with no body; once replied, a fill is refused.
+    #[test]
+    fn a_reply_filled_in_place() {
+        let slot = Arc::new(Slot::new(4096));
+        put_request(&slot, 15, &[0; 24], &[], 41);
+        let reply = RingReply {
+            slot: slot.clone(),
+            generation: begin(&slot),
+        };
+        let r = reply.fill(7, 4096, |b| {
+            assert_eq!(
+                b.as_ptr(),
+                slot.payload().cast_const(),
+                "the payload buffer"
+            );
+            assert_eq!(b.len(), 4096);
+            b[..100].copy_from_slice(&[0xA5; 100]);
+            Ok(100)
+        });
+        assert!(matches!(r, Ok(Ok(()))));
+        assert_eq!(
+            hdr_bytes(&slot, 0, OUT_HEADER),
+            out_header(OUT_HEADER + 100, 0, 7)
+        );
+        assert_eq!(payload_bytes(&slot, 100), [0xA5; 100]);
+        assert_eq!(finish(&slot, 41), 41);
+        assert_eq!(
+            hdr_bytes(&slot, HDR_ENT_IN_OUT + 16, 4),
+            100u32.to_ne_bytes()
+        );
+        assert!(
+            reply.fill(7, 10, |_| Ok(1)).is_err(),
+            "one reply per request"
+        );
+
+        put_request(&slot, 15, &[0; 24], &[], 42);
+        let reply = RingReply {
+            slot: slot.clone(),
+            generation: begin(&slot),
+        };
+        assert!(
+            reply.fill(8, 4097, |_| Ok(1)).is_err(),
+            "larger than the buffer: the caller fills its own"
+        );
+        assert!(matches!(reply.fill(8, 10, |_| Err(libc::EIO)), Ok(Ok(()))));
+        assert_eq!(
+            hdr_bytes(&slot, 0, OUT_HEADER),
+            out_header(OUT_HEADER, -libc::EIO, 8)
+        );
+        assert_eq!(finish(&slot, 42), 42);
+        assert_eq!(hdr_bytes(&slot, HDR_ENT_IN_OUT + 16, 4), 0u32.to_ne_bytes());
+    }
+
+    /// A request that brought a payload (a WRITE) keeps its buffer: a fill is refused
+    /// and the payload is untouched.
+    #[test]
+    fn a_fill_leaves_a_request_payload_alone() {
+        let slot = Arc::new(Slot::new(4096));
+        put_request(&slot, 16, &[0; 40], b"request data", 5);
+        let reply = RingReply {
+            slot: slot.clone(),
+            generation: begin(&slot),
+        };
+        assert!(
+            reply
+                .fill(9, 8, |b| {
+                    b.fill(0);
+                    Ok(8)
+                })
+                .is_err()
+        );
+        assert_eq!(payload_bytes(&slot, 12), b"request data");
+        assert!(!slot.state.lock().replied);
     }
 
     /// While the request's payload is still borrowed the reply body is staged, and
