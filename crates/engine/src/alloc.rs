@@ -140,7 +140,7 @@ impl Fs {
             let n = sb.blocks_in_group(g as u64);
             let mut b = self.load_block_bitmap(g, &mut grp)?;
             let found = {
-                let busy = self.inner.busy.lock().unwrap_or_else(|p| p.into_inner());
+                let busy = self.inner.busy();
                 (0..n).rev().find(|&x| {
                     !bitmap::test(&b, x) && busy.first_in(first + x, first + x + 1).is_none()
                 })
@@ -170,7 +170,7 @@ impl Fs {
             return Ok(None);
         }
         let b = self.load_block_bitmap(g, &mut grp)?;
-        let busy = self.inner.busy.lock().unwrap_or_else(|p| p.into_inner());
+        let busy = self.inner.busy();
         let mut x = 0;
         while x < n {
             if x % 8 == 0 && x + 8 <= n && b.get((x / 8) as usize) == Some(&0xFF) {
@@ -208,7 +208,7 @@ impl Fs {
                 _ if i == ngroups => (0, (goal - first).min(n)),
                 _ => (0, n),
             };
-            let busy = self.inner.busy.lock().unwrap_or_else(|p| p.into_inner());
+            let busy = self.inner.busy();
             let usable =
                 |x: u64| !bitmap::test(&b, x) && busy.first_in(first + x, first + x + 1).is_none();
             let mut x = from;
@@ -277,7 +277,7 @@ impl Fs {
         }
         self.cache().forget(start, len);
         if self.journaling() {
-            let mut busy = self.inner.busy.lock().unwrap_or_else(|p| p.into_inner());
+            let mut busy = self.inner.busy();
             busy.add(start, len);
         }
         while blk < end {
@@ -342,7 +342,7 @@ impl Fs {
                 return Ok(ino);
             }
             let cooling = {
-                let busy = self.inner.busy.lock().unwrap_or_else(|p| p.into_inner());
+                let busy = self.inner.busy();
                 busy.cooling.values().copied().max()
             };
             match cooling {
@@ -400,7 +400,7 @@ impl Fs {
                 self.store_block_bitmap(&mut grp, bb)?;
             }
             let lo = if g == 0 { u64::from(sb.first_ino) } else { 0 };
-            let busy = self.inner.busy.lock().unwrap_or_else(|p| p.into_inner());
+            let busy = self.inner.busy();
             let base = g as u32 * ipg + 1;
             let free_now = |x: u64| {
                 let ino = base + x as u32;

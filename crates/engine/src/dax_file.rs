@@ -41,6 +41,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use crate::error::{Error, Result};
 use crate::fs::{Fs, Ino};
+use crate::lockdep::{Held, Rank};
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -98,8 +99,8 @@ impl MapLock {
     }
 }
 
-/// The mapping lock held shared.
-struct Shared<'a>(&'a MapLock);
+/// The mapping lock held shared (and the lock-order record of it, dropped after).
+struct Shared<'a>(&'a MapLock, #[allow(dead_code)] Held);
 
 impl Drop for Shared<'_> {
     fn drop(&mut self) {
@@ -108,9 +109,12 @@ impl Drop for Shared<'_> {
 }
 
 impl MapLock {
-    fn shared(&self) -> Shared<'_> {
+    /// Shared, for filesystem `fs_id` (`Fs::lock_id`).
+    #[track_caller]
+    fn shared(&self, fs_id: usize) -> Shared<'_> {
+        let held = Held::acquire(fs_id, Rank::DaxMap);
         self.read();
-        Shared(self)
+        Shared(self, held)
     }
 }
 
@@ -180,6 +184,8 @@ pub(crate) struct DaxChange<'a> {
     fs: &'a Fs,
     ino: Ino,
     file: Option<Arc<DaxFile>>,
+    /// The lock-order record (dropped after `drop` released the lock).
+    _held: Held,
 }
 
 impl Drop for DaxChange<'_> {
@@ -229,12 +235,14 @@ impl Fs {
         if !self.inner.dax {
             return None;
         }
+        let held = Held::acquire(self.lock_id(), Rank::DaxMap);
         let file = self.inner.dax_files.get(ino);
         file.map_lock.write();
         Some(DaxChange {
             fs: self,
             ino,
             file: Some(file),
+            _held: held,
         })
     }
 
@@ -498,7 +506,7 @@ impl Fs {
         };
         let file = self.inner.dax_files.get(ino);
         let built = {
-            let _m = file.map_lock.shared();
+            let _m = file.map_lock.shared(self.lock_id());
             let r = self
                 .dax_runs(ino, offset, span as u64)
                 .and_then(|runs| self.dax_establish(&slot, &runs));
@@ -551,8 +559,9 @@ impl DaxMap {
         self.slot.base as *mut u8
     }
 
+    #[track_caller]
     fn shared(&self) -> Shared<'_> {
-        self.file.map_lock.shared()
+        self.file.map_lock.shared(self.fs.lock_id())
     }
 
     /// The file size now, and the check that `[pos, pos+n)` is not wholly past the

@@ -27,6 +27,7 @@ use rext4_format::superblock::{feature, Superblock, SB_OFFSET, SB_SIZE, STATE_VA
 use crate::cache::{BufferCache, Kind};
 use crate::device::{BlockDevice, FileDevice};
 use crate::error::{AtBlock, Error, Result};
+use crate::lockdep::{Held, Rank, Ranked};
 
 /// How to open a filesystem.
 #[derive(Debug, Clone)]
@@ -456,16 +457,20 @@ impl Fs {
         }
         if !read_only {
             let journal = crate::jwrite::Journal::load(&fs)?;
-            let mut live = fs.live();
-            match journal {
+            let journaled = match journal {
                 Some(mut j) => {
                     let is64 = fs.inner.sb.has_incompat(feature::INCOMPAT_64BIT);
                     j.prepare_rw(fs.cache().device().as_ref(), metadata_csum, is64)?;
-                    *fs.inner.journal.lock().unwrap_or_else(|p| p.into_inner()) = Some(j);
-                    // As the kernel: RECOVER marks the journal as in use while open.
-                    live.sb.feature_incompat |= feature::INCOMPAT_RECOVER;
+                    *fs.inner.journal() = Some(j);
+                    true
                 }
-                None => {
+                None => false,
+            };
+            let mut live = fs.live();
+            match journaled {
+                // As the kernel: RECOVER marks the journal as in use while open.
+                true => live.sb.feature_incompat |= feature::INCOMPAT_RECOVER,
+                false => {
                     // No journal: marked not clean on disk while open, as fuse2fs does,
                     // so an interrupted session is caught by e2fsck.
                     live.sb.state &= !STATE_VALID;
@@ -496,30 +501,43 @@ impl Fs {
         Ok(fs)
     }
 
-    pub(crate) fn live(&self) -> MutexGuard<'_, Live> {
-        self.inner.live.lock().unwrap_or_else(|p| p.into_inner())
+    #[track_caller]
+    pub(crate) fn live(&self) -> Ranked<MutexGuard<'_, Live>> {
+        self.inner.live()
     }
 
-    pub(crate) fn group(&self, g: usize) -> Result<MutexGuard<'_, Group>> {
-        self.inner
-            .groups
-            .get(g)
-            .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()))
-            .ok_or_else(|| Error::corrupted(format!("group {g} does not exist"), None))
+    #[track_caller]
+    pub(crate) fn group(&self, g: usize) -> Result<Ranked<MutexGuard<'_, Group>>> {
+        self.inner.group(g)
+    }
+
+    /// The identity the lock-order check (`lockdep`) knows this filesystem by.
+    pub(crate) fn lock_id(&self) -> usize {
+        self.inner.lock_id()
     }
 
     /// The I/O lock of `ino`, shared (reads, in-place overwrites).
-    pub(crate) fn io_shared(&self, ino: Ino) -> RwLockReadGuard<'_, ()> {
-        self.io_stripe(ino)
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+    #[track_caller]
+    pub(crate) fn io_shared(&self, ino: Ino) -> Ranked<RwLockReadGuard<'_, ()>> {
+        let held = Held::acquire(self.lock_id(), Rank::Io);
+        Ranked::new(
+            held,
+            self.io_stripe(ino)
+                .read()
+                .unwrap_or_else(|p| p.into_inner()),
+        )
     }
 
     /// The I/O lock of `ino`, exclusive (mapping changes); before `write_lock`.
-    pub(crate) fn io_exclusive(&self, ino: Ino) -> RwLockWriteGuard<'_, ()> {
-        self.io_stripe(ino)
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
+    #[track_caller]
+    pub(crate) fn io_exclusive(&self, ino: Ino) -> Ranked<RwLockWriteGuard<'_, ()>> {
+        let held = Held::acquire(self.lock_id(), Rank::Io);
+        Ranked::new(
+            held,
+            self.io_stripe(ino)
+                .write()
+                .unwrap_or_else(|p| p.into_inner()),
+        )
     }
 
     fn io_stripe(&self, ino: Ino) -> &RwLock<()> {
@@ -528,23 +546,35 @@ impl Fs {
 
     /// The tree lock of `ino`, shared: a lockless reader of its extent tree (not
     /// under the write lock) keeps writeback from changing it meanwhile.
-    pub(crate) fn tree_shared(&self, ino: Ino) -> RwLockReadGuard<'_, ()> {
-        self.inner.tree_locks[ino.0 as usize % IO_LOCK_STRIPES]
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+    #[track_caller]
+    pub(crate) fn tree_shared(&self, ino: Ino) -> Ranked<RwLockReadGuard<'_, ()>> {
+        let held = Held::acquire(self.lock_id(), Rank::Tree);
+        Ranked::new(
+            held,
+            self.inner.tree_locks[ino.0 as usize % IO_LOCK_STRIPES]
+                .read()
+                .unwrap_or_else(|p| p.into_inner()),
+        )
     }
 
     /// The tree lock of `ino`, exclusive (writeback, before the write lock).
-    pub(crate) fn tree_exclusive(&self, ino: Ino) -> RwLockWriteGuard<'_, ()> {
-        self.inner.tree_locks[ino.0 as usize % IO_LOCK_STRIPES]
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
+    #[track_caller]
+    pub(crate) fn tree_exclusive(&self, ino: Ino) -> Ranked<RwLockWriteGuard<'_, ()>> {
+        let held = Held::acquire(self.lock_id(), Rank::Tree);
+        Ranked::new(
+            held,
+            self.inner.tree_locks[ino.0 as usize % IO_LOCK_STRIPES]
+                .write()
+                .unwrap_or_else(|p| p.into_inner()),
+        )
     }
 
     /// Take the write lock. When the guard goes and too many metadata blocks are
     /// dirty, they are written back (background-style writeback; errors surface at the
     /// next `sync`, whose flush retries them).
+    #[track_caller]
     pub(crate) fn write_lock(&self) -> WriteGuard<'_> {
+        let held = Held::acquire(self.lock_id(), Rank::Write);
         let g = WriteGuard {
             inner: &self.inner,
             _g: self
@@ -552,6 +582,7 @@ impl Fs {
                 .write_lock
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()),
+            _held: held,
         };
         HOLDS_WRITE_LOCK.with(|h| h.set(true));
         g
@@ -760,21 +791,48 @@ impl Inner {
         if self.cache.wants_writeback() {
             return true;
         }
-        let j = self.journal.lock().unwrap_or_else(|p| p.into_inner());
+        let j = self.journal();
         let Some(j) = j.as_ref() else { return false };
         if self.cache.dirty_count() + self.groups.len() / 8 + 2 > j.max_blocks() / 2 {
             return true;
         }
-        let busy = self
-            .busy
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .block_count;
+        let busy = self.busy().block_count;
         busy > 0 && self.live().sb.free_blocks_count < 2 * busy + 1024
     }
 
-    fn live(&self) -> MutexGuard<'_, Live> {
-        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    #[track_caller]
+    fn live(&self) -> Ranked<MutexGuard<'_, Live>> {
+        let held = Held::acquire(self.lock_id(), Rank::Live);
+        Ranked::new(held, self.live.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    #[track_caller]
+    fn group(&self, g: usize) -> Result<Ranked<MutexGuard<'_, Group>>> {
+        let m = self
+            .groups
+            .get(g)
+            .ok_or_else(|| Error::corrupted(format!("group {g} does not exist"), None))?;
+        let held = Held::acquire(self.lock_id(), Rank::Group);
+        Ok(Ranked::new(
+            held,
+            m.lock().unwrap_or_else(|p| p.into_inner()),
+        ))
+    }
+
+    #[track_caller]
+    pub(crate) fn journal(&self) -> Ranked<MutexGuard<'_, Option<crate::jwrite::Journal>>> {
+        let held = Held::acquire(self.lock_id(), Rank::Journal);
+        Ranked::new(held, self.journal.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    #[track_caller]
+    pub(crate) fn busy(&self) -> Ranked<MutexGuard<'_, Busy>> {
+        let held = Held::acquire(self.lock_id(), Rank::Busy);
+        Ranked::new(held, self.busy.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn lock_id(&self) -> usize {
+        self as *const Inner as usize
     }
 
     /// Encode the live superblock and write it to byte 1024 (the primary copy).
@@ -797,8 +855,8 @@ impl Inner {
         let kind = desc_csum_kind(sb, self.csum_seed);
         let mut by_block: std::collections::BTreeMap<u64, Vec<(usize, GroupDesc)>> =
             Default::default();
-        for (g, m) in self.groups.iter().enumerate() {
-            let mut grp = m.lock().unwrap_or_else(|p| p.into_inner());
+        for g in 0..self.groups.len() {
+            let mut grp = self.group(g)?;
             if grp.dirty {
                 grp.dirty = false;
                 let blk = sb.desc_block_location(g as u64 / per_block);
@@ -835,7 +893,7 @@ impl Inner {
     /// down: nothing more is written, and what was committed stays committed.
     pub(crate) fn sync_locked(&self) -> Result<()> {
         self.not_shut_down()?;
-        let mut jguard = self.journal.lock().unwrap_or_else(|p| p.into_inner());
+        let mut jguard = self.journal();
         let Some(j) = jguard.as_mut() else {
             drop(jguard);
             self.write_group_descs()?;
@@ -860,7 +918,7 @@ impl Inner {
             return Ok(());
         };
         self.not_shut_down()?;
-        let mut jguard = self.journal.lock().unwrap_or_else(|p| p.into_inner());
+        let mut jguard = self.journal();
         let Some(j) = jguard.as_mut() else {
             return Ok(());
         };
@@ -901,7 +959,7 @@ impl Inner {
             }
             dev.flush()?;
         }
-        let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        let mut busy = self.busy();
         busy.blocks.clear();
         busy.block_count = 0;
         Ok(())
@@ -955,6 +1013,8 @@ impl Inner {
 pub(crate) struct WriteGuard<'a> {
     inner: &'a Inner,
     _g: MutexGuard<'a, ()>,
+    /// Dropped after the lock (fields drop in order).
+    _held: Held,
 }
 
 thread_local! {

@@ -18,7 +18,8 @@
 //!   `dax_file`: DAX file I/O, mappings of file blocks, the mapping lock, dirty
 //!   records;
 //! - `claim`: keeps other users away from an image opened by path (loop devices,
-//!   mounts, other rext4 processes).
+//!   mounts, other rext4 processes);
+//! - `lockdep`: the lock order, checked in debug builds.
 //!
 //! Warnings the engine cannot return to a caller (a writeback that failed in the
 //! background) go through the `log` crate; the embedding program routes them.
@@ -51,6 +52,7 @@ pub mod icache;
 pub mod inode_write;
 pub mod journal;
 mod jwrite;
+mod lockdep;
 pub mod map;
 pub mod mkfs;
 pub mod ops;

@@ -995,8 +995,8 @@ impl Fs {
 /// The inode I/O lock a buffered write holds (kept for its `Drop`).
 #[allow(dead_code)]
 enum IoGuard<'a> {
-    Shared(std::sync::RwLockReadGuard<'a, ()>),
-    Exclusive(std::sync::RwLockWriteGuard<'a, ()>),
+    Shared(crate::lockdep::Ranked<std::sync::RwLockReadGuard<'a, ()>>),
+    Exclusive(crate::lockdep::Ranked<std::sync::RwLockWriteGuard<'a, ()>>),
 }
 
 /// Whether `inode` is a regular, extent-mapped file (what the page cache writes).

@@ -1,0 +1,231 @@
+//! Lock-order checking in debug builds: a small lockdep for the engine's own locks.
+//!
+//! Owns: the ranks of the lock order docs/ARCHITECTURE.md gives (one inode's I/O lock
+//! → its DAX mapping lock → its tree lock → `Fs::write_lock` → the journal → one group
+//! mutex → `busy` → `live`), and, per thread, the locks of that order it holds.
+//!
+//! Every helper that takes one of these locks first calls [`Held::acquire`] with the
+//! lock's rank and the filesystem it belongs to: in debug builds (the tests) that
+//! panics, naming both places, when the thread already holds a lock of the same
+//! filesystem with the same or a later rank — a wait that could deadlock against a
+//! thread taking the two in the documented order, caught on the thread that broke the
+//! order even when no other thread was there to deadlock with. Two locks of one rank
+//! are refused too: the order says no thread holds two I/O locks, two tree locks or
+//! two group mutexes. Locks of different filesystems are not ordered against each
+//! other. In release builds [`Held`] is empty and does nothing.
+//!
+//! [`Ranked`] pairs a std guard with its [`Held`]; it derefs to the guard, and the
+//! thread's record of the lock goes when the guard does.
+
+use std::ops::{Deref, DerefMut};
+
+/// Where a lock sits in the order: a thread takes locks in increasing rank only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Rank {
+    /// One inode's I/O lock (`Fs::io_shared` / `io_exclusive`).
+    Io = 10,
+    /// A DAX file's mapping lock (`dax_file.rs`).
+    DaxMap = 15,
+    /// One inode's tree lock (`Fs::tree_shared` / `tree_exclusive`).
+    Tree = 20,
+    /// `Fs::write_lock`.
+    Write = 30,
+    /// The journal's mutex.
+    Journal = 40,
+    /// One group's mutex (`Fs::group`).
+    Group = 50,
+    /// Blocks freed by the running transaction (`busy`).
+    Busy = 60,
+    /// The live superblock state (`live`).
+    Live = 70,
+}
+
+#[cfg(debug_assertions)]
+mod imp {
+    use super::Rank;
+    use std::cell::RefCell;
+    use std::panic::Location;
+
+    thread_local! {
+        /// (filesystem, rank, where it was taken) for each lock this thread holds.
+        static HELD: RefCell<Vec<(usize, Rank, &'static Location<'static>)>> =
+            const { RefCell::new(Vec::new()) };
+    }
+
+    #[track_caller]
+    pub(super) fn acquire(fs: usize, rank: Rank) {
+        let here = Location::caller();
+        HELD.with(|h| {
+            let mut h = h.borrow_mut();
+            if let Some((_, r, at)) = h.iter().find(|(f, r, _)| *f == fs && *r >= rank) {
+                let (r, at) = (*r, *at);
+                drop(h);
+                panic!(
+                    "lock order: taking {rank:?} at {here} while holding {r:?} (taken at {at}); \
+                     the order is I/O lock -> DAX mapping lock -> tree lock -> write lock -> \
+                     journal -> one group -> busy -> live (docs/ARCHITECTURE.md)"
+                );
+            }
+            h.push((fs, rank, here));
+        });
+    }
+
+    pub(super) fn release(fs: usize, rank: Rank) {
+        // `try_with`: a guard dropped while the thread's locals are torn down.
+        let _ = HELD.try_with(|h| {
+            let mut h = h.borrow_mut();
+            if let Some(i) = h.iter().rposition(|(f, r, _)| *f == fs && *r == rank) {
+                h.remove(i);
+            }
+        });
+    }
+}
+
+/// This thread's record of holding one lock of the order (empty in release builds).
+#[must_use]
+pub(crate) struct Held {
+    #[cfg(debug_assertions)]
+    fs: usize,
+    #[cfg(debug_assertions)]
+    rank: Rank,
+}
+
+impl Held {
+    /// Record that this thread is about to wait for a lock of `rank` belonging to the
+    /// filesystem `fs` (any address unique to it); call before taking the lock.
+    #[track_caller]
+    #[cfg_attr(not(debug_assertions), allow(unused_variables))]
+    pub(crate) fn acquire(fs: usize, rank: Rank) -> Held {
+        #[cfg(debug_assertions)]
+        {
+            imp::acquire(fs, rank);
+            Held { fs, rank }
+        }
+        #[cfg(not(debug_assertions))]
+        Held {}
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        #[cfg(debug_assertions)]
+        imp::release(self.fs, self.rank);
+    }
+}
+
+/// A lock guard with the thread's record of holding it (released after the lock).
+pub(crate) struct Ranked<G> {
+    guard: G,
+    _held: Held,
+}
+
+impl<G> Ranked<G> {
+    pub(crate) fn new(held: Held, guard: G) -> Ranked<G> {
+        Ranked { guard, _held: held }
+    }
+}
+
+impl<G: Deref> Deref for Ranked<G> {
+    type Target = G::Target;
+    fn deref(&self) -> &G::Target {
+        &self.guard
+    }
+}
+
+impl<G: DerefMut> DerefMut for Ranked<G> {
+    fn deref_mut(&mut self) -> &mut G::Target {
+        &mut self.guard
+    }
+}
+
+#[cfg(all(test, debug_assertions))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locks_in_order_pass_and_are_forgotten_when_dropped() {
+        let a = Held::acquire(1, Rank::Io);
+        let b = Held::acquire(1, Rank::Write);
+        let c = Held::acquire(1, Rank::Group);
+        drop(c);
+        // The group lock is gone: another one may be taken now.
+        let c2 = Held::acquire(1, Rank::Group);
+        drop((c2, b, a));
+        // Nothing held: any rank.
+        let _ = Held::acquire(1, Rank::Io);
+    }
+
+    #[test]
+    fn filesystems_are_not_ordered_against_each_other() {
+        let _w = Held::acquire(1, Rank::Write);
+        let _io = Held::acquire(2, Rank::Io);
+    }
+
+    #[test]
+    fn an_out_of_order_lock_panics_naming_both() {
+        let r = std::panic::catch_unwind(|| {
+            let _w = Held::acquire(7, Rank::Write);
+            let _io = Held::acquire(7, Rank::Io);
+        });
+        let msg = r
+            .expect_err("out of order")
+            .downcast::<String>()
+            .expect("a message");
+        assert!(
+            msg.contains("taking Io") && msg.contains("holding Write"),
+            "{msg}"
+        );
+        // The unwinding dropped the write lock's record.
+        let _io = Held::acquire(7, Rank::Io);
+    }
+
+    /// The helpers of a real filesystem record their locks: in order they pass, and a
+    /// thread that waits for an I/O lock under the write lock (the deadlock the
+    /// order rules out) panics instead of waiting.
+    #[test]
+    fn a_filesystem_s_locks_are_checked() {
+        use crate::device::MemDevice;
+        use crate::fs::{Fs, FsOptions, Ino};
+        use std::sync::Arc;
+        let dev = Arc::new(MemDevice::new(vec![0u8; 8 << 20]));
+        crate::mkfs::mkfs(
+            dev.as_ref(),
+            &crate::mkfs::MkfsOptions {
+                device_zeroed: true,
+                ..Default::default()
+            },
+        )
+        .expect("mkfs");
+        let fs = Fs::open_device(dev, FsOptions::default()).expect("open");
+        {
+            let _io = fs.io_exclusive(Ino(2));
+            let _t = fs.tree_exclusive(Ino(2));
+            let _w = fs.write_lock();
+            let _g = fs.group(0).expect("group 0");
+        }
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _w = fs.write_lock();
+            let _io = fs.io_shared(Ino(2));
+        }));
+        let msg = r
+            .expect_err("I/O lock under the write lock")
+            .downcast::<String>()
+            .expect("a message");
+        assert!(
+            msg.contains("taking Io") && msg.contains("holding Write"),
+            "{msg}"
+        );
+        // Everything was released on the way out: the filesystem works on.
+        fs.sync().expect("sync");
+        fs.close().expect("close");
+    }
+
+    #[test]
+    fn two_locks_of_one_rank_panic() {
+        let r = std::panic::catch_unwind(|| {
+            let _a = Held::acquire(3, Rank::Group);
+            let _b = Held::acquire(3, Rank::Group);
+        });
+        assert!(r.is_err());
+    }
+}
