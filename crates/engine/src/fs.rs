@@ -519,54 +519,52 @@ impl Fs {
     /// The I/O lock of `ino`, shared (reads, in-place overwrites).
     #[track_caller]
     pub(crate) fn io_shared(&self, ino: Ino) -> Ranked<RwLockReadGuard<'_, ()>> {
-        let held = Held::acquire(self.lock_id(), Rank::Io);
-        Ranked::new(
-            held,
-            self.io_stripe(ino)
-                .read()
-                .unwrap_or_else(|p| p.into_inner()),
-        )
+        self.ranked_read(Rank::Io, self.io_stripe(ino))
     }
 
     /// The I/O lock of `ino`, exclusive (mapping changes); before `write_lock`.
     #[track_caller]
     pub(crate) fn io_exclusive(&self, ino: Ino) -> Ranked<RwLockWriteGuard<'_, ()>> {
-        let held = Held::acquire(self.lock_id(), Rank::Io);
-        Ranked::new(
-            held,
-            self.io_stripe(ino)
-                .write()
-                .unwrap_or_else(|p| p.into_inner()),
-        )
+        self.ranked_write(Rank::Io, self.io_stripe(ino))
     }
 
     fn io_stripe(&self, ino: Ino) -> &RwLock<()> {
         &self.inner.io_locks[ino.0 as usize % IO_LOCK_STRIPES]
     }
 
+    fn tree_stripe(&self, ino: Ino) -> &RwLock<()> {
+        &self.inner.tree_locks[ino.0 as usize % IO_LOCK_STRIPES]
+    }
+
+    /// `lock` shared, recorded at `rank` for the lock-order check.
+    #[track_caller]
+    fn ranked_read<'a>(&self, rank: Rank, lock: &'a RwLock<()>) -> Ranked<RwLockReadGuard<'a, ()>> {
+        let held = Held::acquire(self.lock_id(), rank);
+        Ranked::new(held, lock.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// `lock` exclusive, recorded at `rank` for the lock-order check.
+    #[track_caller]
+    fn ranked_write<'a>(
+        &self,
+        rank: Rank,
+        lock: &'a RwLock<()>,
+    ) -> Ranked<RwLockWriteGuard<'a, ()>> {
+        let held = Held::acquire(self.lock_id(), rank);
+        Ranked::new(held, lock.write().unwrap_or_else(|p| p.into_inner()))
+    }
+
     /// The tree lock of `ino`, shared: a lockless reader of its extent tree (not
     /// under the write lock) keeps writeback from changing it meanwhile.
     #[track_caller]
     pub(crate) fn tree_shared(&self, ino: Ino) -> Ranked<RwLockReadGuard<'_, ()>> {
-        let held = Held::acquire(self.lock_id(), Rank::Tree);
-        Ranked::new(
-            held,
-            self.inner.tree_locks[ino.0 as usize % IO_LOCK_STRIPES]
-                .read()
-                .unwrap_or_else(|p| p.into_inner()),
-        )
+        self.ranked_read(Rank::Tree, self.tree_stripe(ino))
     }
 
     /// The tree lock of `ino`, exclusive (writeback, before the write lock).
     #[track_caller]
     pub(crate) fn tree_exclusive(&self, ino: Ino) -> Ranked<RwLockWriteGuard<'_, ()>> {
-        let held = Held::acquire(self.lock_id(), Rank::Tree);
-        Ranked::new(
-            held,
-            self.inner.tree_locks[ino.0 as usize % IO_LOCK_STRIPES]
-                .write()
-                .unwrap_or_else(|p| p.into_inner()),
-        )
+        self.ranked_write(Rank::Tree, self.tree_stripe(ino))
     }
 
     /// Take the write lock. When the guard goes and too many metadata blocks are

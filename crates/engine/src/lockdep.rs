@@ -161,20 +161,25 @@ mod tests {
         let _io = Held::acquire(2, Rank::Io);
     }
 
-    #[test]
-    fn an_out_of_order_lock_panics_naming_both() {
-        let r = std::panic::catch_unwind(|| {
-            let _w = Held::acquire(7, Rank::Write);
-            let _io = Held::acquire(7, Rank::Io);
-        });
+    /// `r` panicked with the checker's message for an I/O lock under the write lock.
+    fn says_io_under_write(r: std::thread::Result<()>) {
         let msg = r
-            .expect_err("out of order")
+            .expect_err("an I/O lock under the write lock")
             .downcast::<String>()
             .expect("a message");
         assert!(
             msg.contains("taking Io") && msg.contains("holding Write"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn an_out_of_order_lock_panics_naming_both() {
+        let r = std::panic::catch_unwind(|| {
+            let _w = Held::acquire(7, Rank::Write);
+            let _io = Held::acquire(7, Rank::Io);
+        });
+        says_io_under_write(r);
         // The unwinding dropped the write lock's record.
         let _io = Held::acquire(7, Rank::Io);
     }
@@ -207,14 +212,7 @@ mod tests {
             let _w = fs.write_lock();
             let _io = fs.io_shared(Ino(2));
         }));
-        let msg = r
-            .expect_err("I/O lock under the write lock")
-            .downcast::<String>()
-            .expect("a message");
-        assert!(
-            msg.contains("taking Io") && msg.contains("holding Write"),
-            "{msg}"
-        );
+        says_io_under_write(r);
         // Everything was released on the way out: the filesystem works on.
         fs.sync().expect("sync");
         fs.close().expect("close");
