@@ -486,7 +486,7 @@ impl BlockDevice for DaxDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         // SAFETY: `MaybeUninit<u8>` has the layout of `u8`, and `read_at_uninit` only
         // writes initialized bytes into it.
-        self.read_at_uninit(unsafe { crate::file::as_uninit(buf) }, offset)
+        self.read_at_uninit(unsafe { crate::device::as_uninit(buf) }, offset)
     }
 
     /// The mapping is copied straight into `buf`: a DAX read is one pass over the

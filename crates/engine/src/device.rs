@@ -67,6 +67,17 @@ pub fn zeroed(buf: &mut [MaybeUninit<u8>]) -> &mut [u8] {
     unsafe { &mut *(buf as *mut [MaybeUninit<u8>] as *mut [u8]) }
 }
 
+/// See initialized bytes as possibly uninitialized ones, for a path that fills either
+/// (the other way from [`zeroed`]).
+///
+/// # Safety
+/// Only initialized bytes may be written through the result (it aliases `buf`, whose
+/// bytes must stay valid `u8`s).
+pub(crate) unsafe fn as_uninit(buf: &mut [u8]) -> &mut [MaybeUninit<u8>] {
+    // SAFETY: same layout; the caller writes only initialized bytes.
+    unsafe { &mut *(buf as *mut [u8] as *mut [MaybeUninit<u8>]) }
+}
+
 const O_DIRECT: i32 = 0o40000;
 const DIRECT_ALIGN: usize = 4096;
 

@@ -245,7 +245,7 @@ impl Fs {
         offset: u64,
     ) -> Result<usize> {
         // SAFETY: `read_device_into` writes only initialized bytes.
-        self.read_device_into(ino, inode, unsafe { as_uninit(buf) }, offset)
+        self.read_device_into(ino, inode, unsafe { crate::device::as_uninit(buf) }, offset)
     }
 
     /// [`Fs::read_device`] into a buffer that need not be initialized: the bytes it
@@ -488,14 +488,4 @@ impl File {
     pub fn seek(&self, offset: u64, whence: crate::Whence) -> Result<Option<u64>> {
         self.fs.seek_ino(self.ino, offset, whence)
     }
-}
-
-/// See initialized bytes as possibly uninitialized ones, for a path that fills either.
-///
-/// # Safety
-/// Only initialized bytes may be written through the result (it aliases `buf`, whose
-/// bytes must stay valid `u8`s).
-pub(crate) unsafe fn as_uninit(buf: &mut [u8]) -> &mut [MaybeUninit<u8>] {
-    // SAFETY: same layout; the caller writes only initialized bytes.
-    unsafe { &mut *(buf as *mut [u8] as *mut [MaybeUninit<u8>]) }
 }

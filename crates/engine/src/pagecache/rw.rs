@@ -255,7 +255,7 @@ impl Fs {
         };
         if self.reads_around(want) {
             // SAFETY: `read_around` writes only initialized bytes.
-            let b = unsafe { crate::file::as_uninit(&mut buf[..want]) };
+            let b = unsafe { crate::device::as_uninit(&mut buf[..want]) };
             return self.read_around(ino, b, offset, size);
         }
         self.copy_from_pages(ino, &mut buf[..want], offset, size, readahead)
