@@ -61,6 +61,16 @@ fn rw_opts() -> FsOptions {
     }
 }
 
+/// `path` created (or opened) for reading and writing.
+fn create_rw(fs: &Fs, path: &str) -> rext4::File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .open(fs, path)
+        .unwrap_or_else(|e| panic!("create {path}: {e}"))
+}
+
 /// What the device holds now, opened as an image (journal replayed in memory).
 fn crash_view(dev: &Counting) -> Fs {
     let snap = dev.mem.snapshot();
@@ -79,14 +89,7 @@ fn no_stale_bytes_past_eof_while_writeback_and_eviction_race() {
     for bs in [4096u32, 1024] {
         let img = mkfs(&MkfsOptions::new(bs, 64 << 20)).expect("mkfs");
         let fs = rw(img.path());
-        let f = Arc::new(
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .open(&fs, "/stale")
-                .expect("create"),
-        );
+        let f = Arc::new(create_rw(&fs, "/stale"));
         let stop = Arc::new(AtomicBool::new(false));
         let racer = {
             let (f, stop) = (f.clone(), stop.clone());
@@ -198,12 +201,7 @@ fn the_memory_bound_holds() {
     .expect("open");
     let limit = fs.page_cache_stats().limit_bytes;
     assert_eq!(limit, 4 << 20);
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .open(&fs, "/big")
-        .expect("create");
+    let f = create_rw(&fs, "/big");
     let chunk: Vec<u8> = (0..256u32 << 10).map(|i| (i % 241) as u8).collect();
     let mut peak = 0;
     for k in 0..192u64 {
@@ -306,12 +304,7 @@ fn seek_finds_dirty_data() {
 fn direct_io_and_the_cache_agree() {
     let img = mkfs(&MkfsOptions::new(4096, 64 << 20)).expect("mkfs");
     let fs = rw(img.path());
-    let b = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .open(&fs, "/f")
-        .expect("open buffered");
+    let b = create_rw(&fs, "/f");
     let d = OpenOptions::new()
         .read(true)
         .write(true)
@@ -361,12 +354,7 @@ fn direct_io_and_the_cache_agree() {
 #[test]
 fn mappings_are_coherent_and_msync_makes_them_durable() {
     let (dev, fs) = mem_fs(4096, 64 << 20, rw_opts());
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .open(&fs, "/m")
-        .expect("create");
+    let f = create_rw(&fs, "/m");
     f.write_all_at(&[1u8; 6000], 0).expect("write");
     let m = f.map(0, 16384).expect("map");
     m.write(100, b"hello").expect("mwrite");
@@ -522,12 +510,7 @@ fn data_written_at_once_is_never_past_the_on_disk_size() {
             ..FsOptions::default()
         },
     );
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .open(&fs, "/w")
-        .expect("create");
+    let f = create_rw(&fs, "/w");
     f.write_all_at(&vec![0x11; 410_965], 0).expect("write");
     f.sync_all().expect("fsync");
     f.write_all_at(&[0x22; 10], 4096)
@@ -667,12 +650,7 @@ fn reads_into_uninitialized_buffers_match_read_at() {
         } else {
             mem_fs(4096, 64 << 20, opts).1
         };
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .open(&fs, "/r")
-            .expect("create");
+        let f = create_rw(&fs, "/r");
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 161) as u8).collect();
         f.write_all_at(&data[..1_000_000], 0).expect("write");
         f.sync_all().expect("fsync");
@@ -718,12 +696,7 @@ fn reads_into_uninitialized_buffers_match_read_at() {
 #[test]
 fn stat_counts_delayed_allocations() {
     let (_dev, fs) = mem_fs(4096, 64 << 20, rw_opts());
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .open(&fs, "/d")
-        .expect("create");
+    let f = create_rw(&fs, "/d");
     f.write_all_at(&[7u8; 64 << 10], 0).expect("write");
     let before = f.metadata().expect("stat").blocks;
     assert_eq!(before, 128, "64 KiB written, not yet written back");
