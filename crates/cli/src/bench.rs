@@ -4,9 +4,12 @@
 //! so a script can put them beside the kernel's figures from the same run.
 //!
 //! Workloads: `mdtest N` (create N empty files in one directory, stat them, unlink them,
-//! like the anchors' mdtest.c), `seqwrite SIZE` (one file written in 1 MiB requests,
-//! then synced), `seqread` (read that file back), `smallfsync N` (N small files each
-//! written and synced), `pwtrunc` (SEEDS lesson B, like the anchors' pwrite_trunc:
+//! like the anchors' mdtest.c; with `--threads T` T threads share the N files, each in
+//! its own directory or, with `--shared-dir`, all in one), `seqwrite SIZE` (one file
+//! written in 1 MiB requests, then synced), `seqread` (read that file back),
+//! `smallfsync N` (N files of 4 KiB each written and fsynced; with `--threads T`, T
+//! threads in directories of their own, and the journal commits counted against the
+//! fsyncs: group commit), `pwtrunc` (SEEDS lesson B, like the anchors' pwrite_trunc:
 //! `-n` iterations of pwrite 4 KiB at 0 + ftruncate 2 KiB, then the same with a
 //! fallocate 0..32 KiB first in each iteration), `churn` (SEEDS lesson C, like the anchors' seedC script:
 //! create+unlink of one name in a tight loop for `--secs`, alone, then while
@@ -57,9 +60,13 @@ pub struct BenchArgs {
     /// Seconds per phase for churn (default 5).
     #[arg(long)]
     pub secs: Option<u64>,
-    /// Lookup threads for churn (default 1).
+    /// Threads: lookups for churn (default 1); for mdtest and smallfsync, threads that
+    /// each take an equal share of the files, in a directory of their own (default 1).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// mdtest: every thread's files in one shared directory.
+    #[arg(long)]
+    pub shared_dir: bool,
     /// Request size for dax (suffixes k, m, g; default 1m).
     #[arg(long)]
     pub chunk: Option<String>,
@@ -124,39 +131,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
 fn workload(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
     let e = |x: rext4::Error| crate::term::reason(&x);
     match a.workload {
-        Workload::Mdtest => {
-            let n = a.count.unwrap_or(100_000);
-            fs.create_dir_all("/mdtest").map_err(e)?;
-            let dir = fs.resolve(b"/mdtest", true).map_err(e)?;
-            let names: Vec<String> = (0..n).map(|i| format!("f{i:07}")).collect();
-            let t = Instant::now();
-            let mut inos: Vec<Ino> = Vec::with_capacity(n as usize);
-            for nm in &names {
-                stop()?;
-                inos.push(
-                    fs.mknod_ino(dir, nm.as_bytes(), 0o100644, 0, 0, (0, 0))
-                        .map_err(e)?,
-                );
-            }
-            phase(&a.label, "mdtest", "create", n, t.elapsed().as_secs_f64());
-            let t = Instant::now();
-            for nm in &names {
-                stop()?;
-                let found = fs
-                    .lookup(dir, nm.as_bytes())
-                    .map_err(e)?
-                    .ok_or("lookup failed")?;
-                fs.stat_ino(found.ino).map_err(e)?;
-            }
-            phase(&a.label, "mdtest", "stat", n, t.elapsed().as_secs_f64());
-            let t = Instant::now();
-            for nm in &names {
-                stop()?;
-                fs.unlink_ino(dir, nm.as_bytes()).map_err(e)?;
-            }
-            phase(&a.label, "mdtest", "unlink", n, t.elapsed().as_secs_f64());
-            fs.remove_dir("/mdtest").map_err(e)?;
-        }
+        Workload::Mdtest => mdtest(fs, a)?,
         Workload::Seqwrite => {
             let size = parse_size(a.size.as_deref().unwrap_or("1g"))?;
             let f = fs.create("/seqfile").map_err(e)?;
@@ -208,25 +183,7 @@ fn workload(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
                 mib / s
             ));
         }
-        Workload::Smallfsync => {
-            let n = a.count.unwrap_or(10_000);
-            fs.create_dir_all("/smallfsync").map_err(e)?;
-            let data = vec![0x5Au8; 4096];
-            let t = Instant::now();
-            for i in 0..n {
-                stop()?;
-                let f = fs.create(format!("/smallfsync/f{i:06}")).map_err(e)?;
-                f.write_all_at(&data, 0).map_err(e)?;
-                f.sync_all().map_err(e)?;
-            }
-            phase(
-                &a.label,
-                "smallfsync",
-                "write_fsync",
-                n,
-                t.elapsed().as_secs_f64(),
-            );
-        }
+        Workload::Smallfsync => smallfsync(fs, a)?,
         Workload::Churn => churn(fs, a)?,
         Workload::Dax => return Err("dax runs on its own open".into()),
         Workload::Pwtrunc => {
@@ -256,6 +213,130 @@ fn workload(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
             fs.remove_file("/pwtrunc").map_err(e)?;
         }
     }
+    Ok(())
+}
+
+/// Run `work(t)` on `threads` threads at once; the first error wins.
+fn on_threads(
+    threads: usize,
+    work: impl Fn(usize) -> Result<(), String> + Sync,
+) -> Result<(), String> {
+    std::thread::scope(|sc| {
+        let work = &work;
+        let handles: Vec<_> = (0..threads).map(|t| sc.spawn(move || work(t))).collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a bench thread panicked".into()))
+            })
+            .collect::<Result<Vec<()>, String>>()
+            .map(|_| ())
+    })
+}
+
+/// One mdtest operation on a name in a directory.
+type NameOp<'a> = dyn Fn(Ino, &[u8]) -> Result<(), String> + Sync + 'a;
+
+/// mdtest: create, stat and unlink `-n` empty files, shared by `--threads` threads.
+fn mdtest(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
+    let e = |x: rext4::Error| crate::term::reason(&x);
+    let n = a.count.unwrap_or(100_000);
+    let threads = a.threads.unwrap_or(1).max(1);
+    fs.create_dir_all("/mdtest").map_err(e)?;
+    let mut dirs = Vec::with_capacity(threads);
+    for t in 0..threads {
+        let p = if a.shared_dir || threads == 1 {
+            "/mdtest".to_string()
+        } else {
+            format!("/mdtest/t{t}")
+        };
+        fs.create_dir_all(&p).map_err(e)?;
+        dirs.push(fs.resolve(p.as_bytes(), true).map_err(e)?);
+    }
+    // Thread t's names: its share of 0..n, so the names never collide.
+    let names = |t: usize| -> Vec<String> {
+        let per = n.div_ceil(threads as u64);
+        let (lo, hi) = (t as u64 * per, ((t as u64 + 1) * per).min(n));
+        (lo..hi).map(|i| format!("f{i:07}")).collect()
+    };
+    let label = if threads > 1 {
+        format!(
+            "{}-t{threads}{}",
+            a.label,
+            if a.shared_dir { "-shared" } else { "" }
+        )
+    } else {
+        a.label.clone()
+    };
+    let timed = |name: &str, op: &NameOp| {
+        let t0 = Instant::now();
+        on_threads(threads, |t| {
+            for nm in names(t) {
+                stop()?;
+                op(dirs[t], nm.as_bytes())?;
+            }
+            Ok(())
+        })?;
+        phase(&label, "mdtest", name, n, t0.elapsed().as_secs_f64());
+        Ok::<(), String>(())
+    };
+    timed("create", &|d, nm| {
+        fs.mknod_ino(d, nm, 0o100644, 0, 0, (0, 0))
+            .map(|_| ())
+            .map_err(e)
+    })?;
+    timed("stat", &|d, nm| {
+        let found = fs.lookup(d, nm).map_err(e)?.ok_or("lookup failed")?;
+        fs.stat_ino(found.ino).map(|_| ()).map_err(e)
+    })?;
+    timed("unlink", &|d, nm| fs.unlink_ino(d, nm).map_err(e))?;
+    fs.remove_dir_all("/mdtest").map_err(e)?;
+    Ok(())
+}
+
+/// smallfsync: `-n` files of 4 KiB, each written and fsynced, shared by `--threads`
+/// threads (each in its own directory); the journal's commits are counted.
+fn smallfsync(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
+    let e = |x: rext4::Error| crate::term::reason(&x);
+    let n = a.count.unwrap_or(10_000);
+    let threads = a.threads.unwrap_or(1).max(1);
+    for t in 0..threads {
+        fs.create_dir_all(format!("/smallfsync/t{t}")).map_err(e)?;
+    }
+    fs.sync().map_err(e)?;
+    let data = vec![0x5Au8; 4096];
+    let per = n.div_ceil(threads as u64);
+    let before = fs.journal_stats();
+    let t0 = Instant::now();
+    on_threads(threads, |t| {
+        let (lo, hi) = (t as u64 * per, ((t as u64 + 1) * per).min(n));
+        for i in lo..hi {
+            stop()?;
+            let f = fs.create(format!("/smallfsync/t{t}/f{i:06}")).map_err(e)?;
+            f.write_all_at(&data, 0).map_err(e)?;
+            f.sync_all().map_err(e)?;
+        }
+        Ok(())
+    })?;
+    let secs = t0.elapsed().as_secs_f64();
+    let after = fs.journal_stats();
+    let label = if threads > 1 {
+        format!("{}-t{threads}", a.label)
+    } else {
+        a.label.clone()
+    };
+    phase(&label, "smallfsync", "write_fsync", n, secs);
+    let commits = after.commits - before.commits;
+    crate::term::out(&format!(
+        "smallfsync: {n} fsyncs on {threads} threads, {commits} journal commits ({:.2} \
+         fsyncs per commit), {} checkpoints\n",
+        n as f64 / commits.max(1) as f64,
+        after.checkpoints - before.checkpoints
+    ));
+    crate::term::out(&format!(
+        "RESULT|{label}|smallfsync|commits|{commits}|commits\n"
+    ));
     Ok(())
 }
 

@@ -9,6 +9,16 @@
 //! entries when full; dirty entries stay until [`BufferCache::flush`] writes them.
 //! [`BufferCache::write`] is the one place where a metadata buffer is declared dirty.
 //!
+//! With a journal a block has three states: *dirty* (changed by the running
+//! transaction), *logged* (its last committed contents are in the log but not yet at
+//! home: the journal's checkpoint list, kept here as the committed buffer) and clean.
+//! A block can be dirty and logged at once (changed again after its commit); the
+//! checkpoint writes the committed contents, never the running transaction's. Neither
+//! dirty nor logged blocks are dropped when the cache is full: the device holds older
+//! contents. A logged block that is freed ([`BufferCache::forget`]) is remembered as
+//! *revoked*: the next commit carries a revoke record for it, so that recovery never
+//! writes its logged copy over whatever the block is reused for.
+//!
 //! Locking: one mutex around the map, never held across device I/O.
 
 use std::collections::HashMap;
@@ -37,8 +47,24 @@ pub enum Kind {
 struct Entry {
     data: Arc<[u8]>,
     verified: u32,
-    /// Newer than the device: must be written before it may be dropped.
+    /// Changed by the running transaction: must be committed before it may be dropped.
     dirty: bool,
+    /// Committed contents not yet written home (the checkpoint's to write).
+    logged: Option<Arc<[u8]>>,
+}
+
+impl Entry {
+    fn droppable(&self) -> bool {
+        !self.dirty && self.logged.is_none()
+    }
+}
+
+/// What the map mutex guards.
+#[derive(Default)]
+struct Blocks {
+    map: HashMap<u64, Entry>,
+    /// Logged blocks freed since the last commit: its revoke records.
+    revoked: std::collections::BTreeSet<u64>,
 }
 
 pub struct BufferCache {
@@ -46,11 +72,12 @@ pub struct BufferCache {
     block_size: usize,
     blocks_count: u64,
     cap: usize,
-    map: Mutex<HashMap<u64, Entry>>,
+    map: Mutex<Blocks>,
     /// Map size at which the next eviction scan runs (raised when a scan finds too few
     /// clean entries, so a cache full of dirty blocks is not rescanned on every insert).
     scan_at: AtomicUsize,
     dirty: AtomicUsize,
+    logged: AtomicUsize,
     /// Bumped by every accepted write (whether something changed since a moment).
     writes: std::sync::atomic::AtomicU64,
 }
@@ -68,9 +95,10 @@ impl BufferCache {
             block_size,
             blocks_count,
             cap,
-            map: Mutex::new(HashMap::new()),
+            map: Mutex::new(Blocks::default()),
             scan_at: AtomicUsize::new(cap),
             dirty: AtomicUsize::new(0),
+            logged: AtomicUsize::new(0),
             writes: std::sync::atomic::AtomicU64::new(0),
         }
     }
@@ -102,7 +130,8 @@ impl BufferCache {
         let bit = 1u32 << (kind as u32);
         let cached = {
             let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-            map.get(&blk)
+            map.map
+                .get(&blk)
                 .map(|e| (e.data.clone(), e.verified & bit != 0))
         };
         let data = match cached {
@@ -122,17 +151,19 @@ impl BufferCache {
             other => other,
         })?;
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        self.make_room(&mut map);
-        let e = map.entry(blk).or_insert(Entry {
+        self.make_room(&mut map.map);
+        let e = map.map.entry(blk).or_insert(Entry {
             data: data.clone(),
             verified: 0,
             dirty: false,
+            logged: None,
         });
         e.verified |= bit;
         Ok(e.data.clone())
     }
 
-    /// Drop clean entries when the cache is full (dirty ones stay until written).
+    /// Drop clean entries when the cache is full (dirty and logged ones stay until
+    /// committed and written home).
     fn make_room(&self, map: &mut HashMap<u64, Entry>) {
         if map.len() < self.scan_at.load(Ordering::Relaxed) {
             return;
@@ -140,7 +171,7 @@ impl BufferCache {
         let want = self.cap / 4;
         let victims: Vec<u64> = map
             .iter()
-            .filter(|(_, e)| !e.dirty)
+            .filter(|(_, e)| e.droppable())
             .map(|(k, _)| *k)
             .take(want)
             .collect();
@@ -155,9 +186,16 @@ impl BufferCache {
         self.scan_at.store(next, Ordering::Relaxed);
     }
 
-    /// Whether so many blocks are dirty that they should be written back now.
+    /// Whether so many blocks are dirty or waiting for their checkpoint that they
+    /// should be committed (and written home) now.
     pub fn wants_writeback(&self) -> bool {
-        self.dirty.load(Ordering::Relaxed) > self.cap / 2
+        self.dirty.load(Ordering::Relaxed) + self.logged.load(Ordering::Relaxed) > self.cap / 2
+    }
+
+    /// Whether the logged blocks take so much of the cache that the checkpoint should
+    /// write them home now.
+    pub fn wants_checkpoint(&self) -> bool {
+        self.logged.load(Ordering::Relaxed) > self.cap / 4
     }
 
     /// Replace block `blk` with `data` and mark it dirty: the one place where a metadata
@@ -184,18 +222,34 @@ impl BufferCache {
             },
             other => other,
         })?;
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        self.make_room(&mut map);
-        let old = map.insert(
-            blk,
-            Entry {
-                data: Arc::from(data),
-                verified: 1 << (kind as u32),
-                dirty: true,
-            },
-        );
-        if !old.is_some_and(|e| e.dirty) {
-            self.dirty.fetch_add(1, Ordering::Relaxed);
+        let mut guard = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let b = &mut *guard;
+        self.make_room(&mut b.map);
+        // Logged again: this transaction's copy is replayed after the older ones, so
+        // the revoke of a freed and reused block is withdrawn (as jbd2 cancels one).
+        b.revoked.remove(&blk);
+        let data: Arc<[u8]> = Arc::from(data);
+        match b.map.get_mut(&blk) {
+            Some(e) => {
+                if !e.dirty {
+                    self.dirty.fetch_add(1, Ordering::Relaxed);
+                }
+                e.data = data;
+                e.verified = 1 << (kind as u32);
+                e.dirty = true;
+            }
+            None => {
+                b.map.insert(
+                    blk,
+                    Entry {
+                        data,
+                        verified: 1 << (kind as u32),
+                        dirty: true,
+                        logged: None,
+                    },
+                );
+                self.dirty.fetch_add(1, Ordering::Relaxed);
+            }
         }
         self.writes.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -214,34 +268,128 @@ impl BufferCache {
         Ok(dirty.len())
     }
 
-    /// Drop blocks `start..start+len` from the cache, dirty or not: they were freed, so
-    /// no older contents may later be written over whatever they are reused for.
+    /// Drop blocks `start..start+len` from the cache, dirty or logged or not: they were
+    /// freed, so no older contents may later be written over whatever they are reused
+    /// for. Logged ones become revoked (see the module note).
     pub fn forget(&self, start: u64, len: u64) {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let b = &mut *guard;
         let mut dropped_dirty = 0;
+        let mut revoked = Vec::new();
+        let mut gone = |blk: u64, e: Entry| {
+            if e.dirty {
+                dropped_dirty += 1;
+            }
+            if e.logged.is_some() {
+                revoked.push(blk);
+            }
+        };
         if len <= 64 {
-            for b in start..start.saturating_add(len) {
-                if map.remove(&b).is_some_and(|e| e.dirty) {
-                    dropped_dirty += 1;
+            for blk in start..start.saturating_add(len) {
+                if let Some(e) = b.map.remove(&blk) {
+                    gone(blk, e);
                 }
             }
         } else {
             let end = start.saturating_add(len);
-            map.retain(|&b, e| {
-                let keep = b < start || b >= end;
-                if !keep && e.dirty {
-                    dropped_dirty += 1;
+            let doomed: Vec<u64> = b
+                .map
+                .keys()
+                .copied()
+                .filter(|k| (start..end).contains(k))
+                .collect();
+            for blk in doomed {
+                if let Some(e) = b.map.remove(&blk) {
+                    gone(blk, e);
                 }
-                keep
-            });
+            }
         }
         self.dirty.fetch_sub(dropped_dirty, Ordering::Relaxed);
+        self.logged.fetch_sub(revoked.len(), Ordering::Relaxed);
+        b.revoked.extend(revoked);
+    }
+
+    /// The revoke records of the next commit (logged blocks freed since the last one);
+    /// they are handed over, so the set is empty afterwards.
+    pub fn take_revoked(&self) -> Vec<u64> {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::take(&mut map.revoked).into_iter().collect()
+    }
+
+    /// These blocks were committed (they are in the log): they wait for the checkpoint
+    /// with these contents, and are clean unless changed since.
+    pub fn committed(&self, blocks: &[(u64, Arc<[u8]>)]) {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        for (blk, data) in blocks {
+            if let Some(e) = map.map.get_mut(blk) {
+                if e.logged.replace(data.clone()).is_none() {
+                    self.logged.fetch_add(1, Ordering::Relaxed);
+                }
+                if e.dirty && Arc::ptr_eq(&e.data, data) {
+                    e.dirty = false;
+                    self.dirty.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Write every logged block's committed contents home, in block order (the
+    /// checkpoint; the caller flushes and then empties the log). Returns how many.
+    pub fn checkpoint(&self) -> Result<usize> {
+        let logged: Vec<(u64, Arc<[u8]>)> = {
+            let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+            let mut v: Vec<_> = map
+                .map
+                .iter()
+                .filter_map(|(k, e)| e.logged.as_ref().map(|d| (*k, d.clone())))
+                .collect();
+            v.sort_by_key(|(k, _)| *k);
+            v
+        };
+        for (blk, data) in &logged {
+            self.dev.write_at(data, blk * self.block_size as u64)?;
+        }
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        for (blk, data) in &logged {
+            if let Some(e) = map.map.get_mut(blk) {
+                if e.logged.as_ref().is_some_and(|d| Arc::ptr_eq(d, data)) {
+                    e.logged = None;
+                    self.logged.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+        Ok(logged.len())
+    }
+
+    /// Whether logged blocks were freed since the last commit.
+    pub fn has_revoked(&self) -> bool {
+        !self
+            .map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .revoked
+            .is_empty()
+    }
+
+    /// The log was emptied: no revoke record is needed any more.
+    pub fn log_emptied(&self) {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .revoked
+            .clear();
+    }
+
+    /// Number of logged blocks (committed, not yet home).
+    pub fn logged_count(&self) -> usize {
+        self.logged.load(Ordering::Relaxed)
     }
 
     /// Every dirty block, in block order (the next transaction's contents).
     pub fn dirty_blocks(&self) -> Vec<(u64, Arc<[u8]>)> {
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         let mut v: Vec<_> = map
+            .map
             .iter()
             .filter(|(_, e)| e.dirty)
             .map(|(k, e)| (*k, e.data.clone()))
@@ -257,7 +405,7 @@ impl BufferCache {
         }
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         for (blk, data) in blocks {
-            if let Some(e) = map.get_mut(blk) {
+            if let Some(e) = map.map.get_mut(blk) {
                 if Arc::ptr_eq(&e.data, data) && e.dirty {
                     e.dirty = false;
                     self.dirty.fetch_sub(1, Ordering::Relaxed);
@@ -282,7 +430,8 @@ impl BufferCache {
         self.map
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .retain(|_, e| e.dirty);
+            .map
+            .retain(|_, e| !e.droppable());
     }
 }
 

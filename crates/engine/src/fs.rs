@@ -29,6 +29,15 @@ use crate::device::{BlockDevice, FileDevice};
 use crate::error::{AtBlock, Error, Result};
 use crate::lockdep::{Held, Rank, Ranked};
 
+/// What the journal wrote since the filesystem was opened ([`Fs::journal_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JournalStats {
+    /// Transactions committed (each two device flushes).
+    pub commits: u64,
+    /// Checkpoints (committed blocks written home and the log emptied).
+    pub checkpoints: u64,
+}
+
 /// How to open a filesystem.
 #[derive(Debug, Clone)]
 pub struct FsOptions {
@@ -188,11 +197,22 @@ pub(crate) struct Inner {
     /// (ext4's busy extents), so no data lands in a block that committed metadata
     /// still references. Also the inodes still cooling after a free (grace periods).
     pub(crate) busy: Mutex<Busy>,
+    /// Syncs (commits, or flushes when nothing was dirty) started and completed, for
+    /// group commit: an fsync whose changes were made before sync `n` started is
+    /// durable once `syncs_done > n` (see `Fs::fsync_commit`).
+    syncs_started: std::sync::atomic::AtomicU64,
+    syncs_done: std::sync::atomic::AtomicU64,
+    /// Journal commits and checkpoints written (`Fs::journal_stats`).
+    commits: std::sync::atomic::AtomicU64,
+    checkpoints: std::sync::atomic::AtomicU64,
     /// Set when a commit failed: the filesystem is shut down (read-only) with this reason.
     pub(crate) shutdown: Mutex<Option<String>>,
     /// References held on inodes (open handles): an inode with references is not freed
     /// when its last link goes; it becomes an orphan (see `orphan.rs`).
     pub(crate) pins: Mutex<std::collections::HashMap<Ino, u32>>,
+    /// Orphans whose last reference went while that thread held an I/O lock: freed
+    /// later by a thread that holds none (`Fs::free_deferred`; see `orphan.rs`).
+    pub(crate) deferred_frees: Mutex<Vec<Ino>>,
     /// Unnamed files made by `tmpfile_ino` without `excl`: `link_ino` may give them a
     /// name although they have no links (the kernel's I_LINKABLE).
     pub(crate) linkable: Mutex<std::collections::HashSet<Ino>>,
@@ -410,8 +430,13 @@ impl Fs {
                 write_lock: Mutex::new(()),
                 journal: Mutex::new(None),
                 busy: Mutex::new(Busy::default()),
+                syncs_started: Default::default(),
+                syncs_done: Default::default(),
+                commits: Default::default(),
+                checkpoints: Default::default(),
                 shutdown: Mutex::new(None),
                 pins: Mutex::new(std::collections::HashMap::new()),
+                deferred_frees: Mutex::new(Vec::new()),
                 linkable: Mutex::new(std::collections::HashSet::new()),
                 clock: opts.clock.unwrap_or(crate::inode_write::now_ts),
                 atime: opts.atime,
@@ -615,13 +640,14 @@ impl Fs {
         if self.inner.read_only {
             return Ok(());
         }
+        let freed = self.free_deferred();
         let data = self.writeback_all();
         let dax = self.dax_write_back_dirty(None);
         self.sync_metadata()?;
         if self.is_dax() {
             self.cache().device().flush()?;
         }
-        data.and(dax)
+        freed.and(data).and(dax)
     }
 
     /// Commit the metadata changes made so far (what jbd2's periodic commit does):
@@ -637,6 +663,44 @@ impl Fs {
         self.writeback_every_file(false)?;
         let _w = self.write_lock();
         self.inner.early_commit_locked()
+    }
+
+    /// Write the committed metadata waiting in the log home and empty the log (the
+    /// periodic commit thread does this when the filesystem is idle).
+    pub(crate) fn checkpoint_idle(&self) -> Result<()> {
+        if self.inner.read_only {
+            return Ok(());
+        }
+        let _w = self.write_lock();
+        self.inner.checkpoint_locked()
+    }
+
+    /// The commit an fsync waits for (after writing the file's data back): the first
+    /// sync that started after this call's changes were made. When another thread's
+    /// sync started later and has finished, it committed (and flushed) them already
+    /// and nothing is written: concurrent fsyncs share one commit (group commit).
+    pub(crate) fn fsync_commit(&self) -> Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.inner.read_only {
+            return Ok(());
+        }
+        // Every change this fsync must make durable was made before this load: it is
+        // in the transaction of sync `mine` or an earlier one.
+        let mine = self.inner.syncs_started.load(SeqCst);
+        let _w = self.write_lock();
+        if self.inner.syncs_done.load(SeqCst) > mine {
+            return self.inner.not_shut_down();
+        }
+        self.inner.sync_locked()
+    }
+
+    /// Journal commits and checkpoints written since the filesystem was opened.
+    pub fn journal_stats(&self) -> JournalStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        JournalStats {
+            commits: self.inner.commits.load(Relaxed),
+            checkpoints: self.inner.checkpoints.load(Relaxed),
+        }
     }
 
     pub fn sync_metadata(&self) -> Result<()> {
@@ -656,7 +720,10 @@ impl Fs {
         } else {
             // DAX: stores through mappings are written back; the close's commit
             // fences them (as the kernel syncs a DAX filesystem at unmount).
-            self.writeback_all().and(self.dax_write_back_dirty(None))
+            let freed = self.free_deferred();
+            freed
+                .and(self.writeback_all())
+                .and(self.dax_write_back_dirty(None))
         };
         self.inner.pagecache.stop_writeback();
         let _w = self.write_lock();
@@ -890,7 +957,9 @@ impl Inner {
     /// Caller holds the write lock. With a journal, a failure shuts the filesystem
     /// down: nothing more is written, and what was committed stays committed.
     pub(crate) fn sync_locked(&self) -> Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
         self.not_shut_down()?;
+        let n = self.syncs_started.fetch_add(1, SeqCst);
         let mut jguard = self.journal();
         let Some(j) = jguard.as_mut() else {
             drop(jguard);
@@ -898,14 +967,34 @@ impl Inner {
             self.cache.flush()?;
             self.write_superblock()?;
             self.cache.device().flush()?;
+            self.syncs_done.fetch_max(n + 1, SeqCst);
             return Ok(());
         };
-        let r = self.commit_and_checkpoint(j);
-        if let Err(e) = &r {
-            let why = format!("journal commit failed: {e}");
-            *self.shutdown.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        let r = if self.nothing_to_commit() {
+            // File data written since the last flush still needs one.
+            self.cache.device().flush().map_err(Error::from)
+        } else {
+            self.commit_and_checkpoint(j)
+        };
+        match &r {
+            Ok(()) => {
+                self.syncs_done.fetch_max(n + 1, SeqCst);
+            }
+            Err(e) => {
+                let why = format!("journal commit failed: {e}");
+                *self.shutdown.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+            }
         }
         r
+    }
+
+    /// No metadata changed since the last commit: no dirty block, revoke, group
+    /// descriptor or superblock counter.
+    fn nothing_to_commit(&self) -> bool {
+        if self.cache.dirty_count() > 0 || self.cache.has_revoked() || self.live().dirty {
+            return false;
+        }
+        (0..self.groups.len()).all(|g| self.group(g).is_ok_and(|grp| !grp.dirty))
     }
 
     /// An early commit of the metadata changed since the last one (no flush; see
@@ -927,6 +1016,12 @@ impl Inner {
             return Ok(());
         }
         let dev = self.cache.device().clone();
+        // A chain only starts on an empty log (recovery replays it only there).
+        if let Err(e) = self.checkpoint(j) {
+            let why = format!("journal checkpoint failed: {e}");
+            *self.shutdown.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+            return Err(e);
+        }
         match j.early_commit(dev.as_ref(), &dirty, &boot) {
             Ok(crate::jwrite::EarlyOutcome::NoRoom) => {
                 drop(jguard);
@@ -941,26 +1036,79 @@ impl Inner {
         }
     }
 
+    /// Commit the running transaction (with the revoke records of the logged blocks it
+    /// freed); checkpoint first when the log has no room for it, and after it when the
+    /// logged blocks crowd the cache.
     fn commit_and_checkpoint(&self, j: &mut crate::jwrite::Journal) -> Result<()> {
         self.write_group_descs()?;
         self.superblock_into_cache()?;
         let dirty = self.cache.dirty_blocks();
+        let mut revoked = self.cache.take_revoked();
         let dev = self.cache.device().clone();
-        if !dirty.is_empty() {
-            // One transaction per sync; larger dirty sets (only possible for a single
-            // huge operation, since writeback starts at half the log) are split.
-            for txn in dirty.chunks(j.max_blocks().max(1)) {
-                j.commit(dev.as_ref(), txn)?;
-                self.cache.flush_these(txn)?;
-                dev.flush()?;
-                j.checkpointed(dev.as_ref())?;
+        // One transaction per sync; larger dirty sets (only possible for a single huge
+        // operation, since writeback starts at half the log) are split.
+        let mut rest = &dirty[..];
+        while !rest.is_empty() || !revoked.is_empty() {
+            let take = rest.len().min(j.max_blocks_with(revoked.len()).max(1));
+            let (txn, after) = rest.split_at(take);
+            if !j.has_room(txn.len(), revoked.len()) {
+                self.checkpoint(j)?;
+                // Nothing they name is in the log any more.
+                revoked.clear();
+                if txn.is_empty() {
+                    break;
+                }
             }
-            dev.flush()?;
+            j.commit(dev.as_ref(), txn, &revoked)?;
+            self.commits
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.cache.committed(txn);
+            revoked.clear();
+            rest = after;
+        }
+        if self.cache.wants_checkpoint() {
+            self.checkpoint(j)?;
         }
         let mut busy = self.busy();
         busy.blocks.clear();
         busy.block_count = 0;
         Ok(())
+    }
+
+    /// Write every committed block home, flush, and empty the log (nothing to do when
+    /// it is empty). Caller holds the write lock and the journal.
+    fn checkpoint(&self, j: &mut crate::jwrite::Journal) -> Result<()> {
+        if j.log_is_empty() {
+            return Ok(());
+        }
+        let dev = self.cache.device().clone();
+        self.cache.checkpoint()?;
+        self.checkpoints
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        dev.flush()?;
+        j.checkpointed(dev.as_ref())?;
+        // The empty log must be durable before anything overwrites the old one (a
+        // lost superblock write would leave it pointing at half-overwritten
+        // transactions) and before the superblock may say no recovery is needed.
+        dev.flush()?;
+        self.cache.log_emptied();
+        Ok(())
+    }
+
+    /// Checkpoint an idle filesystem's log (the periodic commit thread, when nothing
+    /// is dirty). Caller holds the write lock.
+    pub(crate) fn checkpoint_locked(&self) -> Result<()> {
+        self.not_shut_down()?;
+        let mut jguard = self.journal();
+        let Some(j) = jguard.as_mut() else {
+            return Ok(());
+        };
+        let r = self.checkpoint(j);
+        if let Err(e) = &r {
+            let why = format!("journal checkpoint failed: {e}");
+            *self.shutdown.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        }
+        r
     }
 
     /// Put the live superblock into its block in the cache (journaled like any block).
@@ -986,6 +1134,8 @@ impl Inner {
             return Ok(());
         }
         self.sync_locked()?;
+        // Everything home before the superblock says no recovery is needed.
+        self.checkpoint_locked()?;
         let journaled = self
             .journal
             .lock()

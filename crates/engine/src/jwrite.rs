@@ -3,25 +3,43 @@
 //! Model: a transaction is everything made dirty between two commits. Operations run
 //! under `Fs::write_lock`, and a commit happens only between operations (at `sync`,
 //! `fsync`, the periodic commit, or when the dirty set grows large), so every
-//! transaction holds whole operations. Commit writes, from the start of the log:
-//! descriptor blocks with v3 tags (escaping blocks that begin with the jbd2 magic), the
-//! metadata blocks, and the journal superblock pointing at them (s_start, s_sequence);
-//! then flushes the device (this is where ordered mode holds: file data was written to
-//! its blocks before, so it is durable before the commit that points at it); then
-//! writes the commit block (into a slot zeroed before that flush, so only its first
-//! sector changes and a torn write cannot leave half a record) and flushes again. The
-//! checkpoint then writes the blocks to
-//! their homes, flushes, and empties the log (s_start = 0, s_sequence = tid + 1).
+//! transaction holds whole operations. Commit writes, after the transactions already
+//! in the log (or from its start when it is empty): descriptor blocks with v3 tags
+//! (escaping blocks that begin with the jbd2 magic), the metadata blocks, revoke
+//! blocks, and — when the log was empty — the journal superblock pointing at them
+//! (s_start, s_sequence); then flushes the device (this is where ordered mode holds:
+//! file data was written to its blocks before, so it is durable before the commit that
+//! points at it); then writes the commit block (into a slot zeroed before that flush,
+//! so only its first sector changes and a torn write cannot leave half a record) and
+//! flushes again: two flushes per commit.
 //!
-//! Because each checkpoint empties the log before the next transaction starts, no
-//! older transaction can ever be replayed over a block freed later: revoke records are
-//! not needed. Blocks freed by the running transaction stay *busy* (not reallocated)
-//! until it commits, so file data is never written into a block that the last
-//! committed metadata still points at.
+//! Checkpoint is lazy: committed blocks wait in the buffer cache (its *logged* state)
+//! until the log has no room for the next transaction, the cache holds too many of
+//! them, the filesystem is idle (the periodic commit thread), a chain of early commits
+//! is to start, or the filesystem closes. Then every logged block is written home,
+//! the device flushed, and the log emptied in the journal superblock (s_start = 0,
+//! s_sequence = the next tid), which is flushed too: the next transaction overwrites
+//! the old log from its start, and a lost superblock write must not leave s_start
+//! pointing at transactions half overwritten (nor may the ext4 superblock, at close,
+//! say that no recovery is needed while the log still points at them). The log never
+//! wraps: a transaction that does not fit before the end of the journal is preceded
+//! by a checkpoint. So an fsync costs two flushes, and the one in a few hundred that
+//! finds the log full (or the cache crowded) four.
+//!
+//! Revoke: a logged block that is freed (a directory block, an extent tree or xattr
+//! block) could be reused for file data, which is not journaled, while its old copy is
+//! still in the log; recovery would write that copy over the data. So the commit that
+//! frees it carries a revoke record (jbd2's: no copy from a transaction up to the
+//! revoking one is replayed). A block freed again after a checkpoint needs none. Blocks
+//! freed by the running transaction stay *busy* (not reallocated) until it commits, so
+//! file data is never written into a block that the last committed metadata still
+//! points at, and a block is never freed and logged again within one transaction
+//! (where a revoke would hide the transaction's own copy; the cache withdraws a revoke
+//! of a block written again anyway, as jbd2 does).
 //!
 //! Crash outcomes: before the commit block is durable, recovery finds no valid commit
-//! and the image is as of the previous transaction; after it, replay writes the whole
-//! transaction (idempotently, also over a partial checkpoint).
+//! and the image is as of the previous transaction; after it, replay writes every
+//! transaction in the log (idempotently, also over a partial checkpoint).
 
 use std::sync::Arc;
 
@@ -38,20 +56,25 @@ pub(crate) struct Journal {
     jsb: JournalSuperblock,
     bs: usize,
     last_commit_sec: u64,
-    /// The chain of early commits since the last commit, if any.
+    /// The log block after the last committed transaction; `None` while the log is
+    /// empty (`s_start` 0).
+    head: Option<u32>,
+    /// tid of the next transaction (early or not).
+    next_tid: u32,
+    /// The chain of early commits since the last commit, if any (only ever started on
+    /// an empty log).
     early: Option<Early>,
 }
 
 /// A chain of early commits (format crate, "rext4's early commits"): transactions
-/// written to the log from `s_first` on, each ending in an EARLY block, with no flush;
-/// the log stays empty for jbd2 (`s_start` 0) and the chain's start is in the journal
-/// superblock's padding. The next commit goes after the chain, so a crash while it is
-/// written still finds the chain; its checkpoint ends the chain.
+/// written to an empty log from `s_first` on, each ending in an EARLY block, with no
+/// flush; the log stays empty for jbd2 (`s_start` 0) and the chain's start is in the
+/// journal superblock's padding. The next commit goes after the chain, so a crash while
+/// it is written still finds the chain, and ends it: with a committed transaction in
+/// the log, recovery ignores the chain's record (cleared at the next checkpoint).
 struct Early {
     /// The log block after the chain.
     next: u32,
-    /// tid of the next transaction (early or not).
-    next_tid: u32,
     /// Checksum of the content each home block was last logged with in the chain:
     /// an early commit logs only what changed since the one before.
     logged: std::collections::HashMap<u64, u32>,
@@ -126,11 +149,14 @@ impl Journal {
                 Some(map[0]),
             ));
         }
+        let next_tid = jsb.sequence;
         Ok(Some(Journal {
             map,
             jsb,
             bs,
             last_commit_sec: 0,
+            head: None,
+            next_tid,
             early: None,
         }))
     }
@@ -152,6 +178,8 @@ impl Journal {
                 "journal is not empty (recovery needed)".into(),
             ));
         }
+        self.head = None;
+        self.next_tid = self.jsb.sequence;
         let f = self.jsb.features();
         // A chain record left by an earlier run was replayed (or was not ours to
         // replay) when the image was opened: it must not point at what we write now.
@@ -164,6 +192,7 @@ impl Journal {
             self.jsb.feature_incompat |= jbd2::INCOMPAT_64BIT;
             changed = true;
         }
+
         if changed {
             self.write_jsb(dev)?;
             dev.flush()?;
@@ -182,9 +211,16 @@ impl Journal {
 
     /// Metadata blocks one transaction may carry (log size less descriptors and commit).
     pub(crate) fn max_blocks(&self) -> usize {
+        self.max_blocks_with(0)
+    }
+
+    /// Metadata blocks one transaction that also carries `revokes` revoke records may
+    /// carry.
+    pub(crate) fn max_blocks_with(&self, revokes: usize) -> usize {
         let cap = (self.jsb.maxlen - self.jsb.first) as usize;
         let tpd = jbd2::tag_capacity(self.bs, &self.jsb.features()).max(1);
-        cap.saturating_sub(2) * tpd / (tpd + 1)
+        let rb = self.revoke_blocks_for(revokes) as usize;
+        cap.saturating_sub(2 + rb) * tpd / (tpd + 1)
     }
 
     /// Log blocks a transaction of `n` blocks takes: descriptors, the blocks, and its
@@ -192,6 +228,25 @@ impl Journal {
     fn log_blocks_for(&self, n: usize) -> u32 {
         let tpd = jbd2::tag_capacity(self.bs, &self.jsb.features()).max(1);
         (n.div_ceil(tpd) + n + 1) as u32
+    }
+
+    /// Revoke blocks `n` records take.
+    fn revoke_blocks_for(&self, n: usize) -> u32 {
+        let per = jbd2::revoke_capacity(self.bs, &self.jsb.features()).max(1);
+        n.div_ceil(per) as u32
+    }
+
+    /// Whether the log holds no transaction (everything committed is home).
+    pub(crate) fn log_is_empty(&self) -> bool {
+        self.head.is_none()
+    }
+
+    /// Whether a transaction of `n` blocks and `revokes` revoke records fits after the
+    /// transactions in the log; when it does not, the log must be checkpointed first.
+    pub(crate) fn has_room(&self, n: usize, revokes: usize) -> bool {
+        let need = u64::from(self.log_blocks_for(n)) + u64::from(self.revoke_blocks_for(revokes));
+        self.head
+            .is_none_or(|h| u64::from(h) + need <= u64::from(self.jsb.maxlen))
     }
 
     /// Write descriptors and `blocks` of transaction `tid` at log block `pos`;
@@ -237,20 +292,47 @@ impl Journal {
         Ok(pos)
     }
 
+    /// Write revoke blocks for `records` of transaction `tid` at log block `pos`;
+    /// returns the log block after them.
+    fn write_revokes(
+        &self,
+        dev: &dyn BlockDevice,
+        tid: u32,
+        mut pos: u32,
+        mut records: &[u64],
+    ) -> Result<u32> {
+        let fmt = self.fmt();
+        let mut b = vec![0u8; self.bs];
+        while !records.is_empty() {
+            let n = jbd2::encode_revoke(&mut b, tid, records, &fmt)?;
+            if n == 0 {
+                return Err(Error::InvalidInput("revoke block holds no record".into()));
+            }
+            dev.write_at(&b, self.map[pos as usize] * self.bs as u64)?;
+            pos += 1;
+            records = &records[n..];
+        }
+        Ok(pos)
+    }
+
     /// Write the blocks changed since the last early commit to the log as an early
     /// commit (no flush: it survives a crash of this process, not of the machine;
-    /// see `Early`). `boot_id` is this boot's. Caller holds the write lock.
+    /// see `Early`). `boot_id` is this boot's. Caller holds the write lock and
+    /// checkpointed a log that was not empty.
     pub(crate) fn early_commit(
         &mut self,
         dev: &dyn BlockDevice,
         blocks: &[(u64, Arc<[u8]>)],
         boot_id: &[u8; 16],
     ) -> Result<EarlyOutcome> {
+        if self.head.is_some() {
+            return Err(Error::InvalidInput(
+                "early commit into a log that holds transactions".into(),
+            ));
+        }
         let first = self.jsb.first;
-        let (next, tid) = match &self.early {
-            Some(e) => (e.next, e.next_tid),
-            None => (first, self.jsb.sequence),
-        };
+        let tid = self.next_tid;
+        let next = self.early.as_ref().map_or(first, |e| e.next);
         let sums: Vec<u32> = blocks
             .iter()
             .map(|(_, d)| rext4_format::csum::raw(!0, d))
@@ -287,7 +369,6 @@ impl Journal {
             self.write_jsb(dev)?;
             self.early = Some(Early {
                 next,
-                next_tid: tid,
                 logged: Default::default(),
             });
         }
@@ -295,9 +376,9 @@ impl Journal {
         let mut eb = vec![0u8; self.bs];
         jbd2::encode_early(&mut eb, tid, boot_id, self.fmt().j_seed)?;
         dev.write_at(&eb, self.map[pos as usize] * self.bs as u64)?;
+        self.next_tid = tid.wrapping_add(1);
         if let Some(e) = self.early.as_mut() {
             e.next = pos + 1;
-            e.next_tid = tid.wrapping_add(1);
             for ((home, _), sum) in blocks.iter().zip(&sums) {
                 e.logged.insert(*home, *sum);
             }
@@ -305,47 +386,67 @@ impl Journal {
         Ok(EarlyOutcome::Written)
     }
 
-    /// Write one transaction to the log and commit it (durable on return). After a
-    /// chain of early commits it goes after the chain when the log has room (a crash
-    /// while it is written then still finds the chain), else from `s_first`, ending
-    /// the chain first.
+    /// Write one transaction (its blocks and its revoke records) to the log and
+    /// commit it (durable on return). It goes after the transactions in the log; into
+    /// an empty log after a chain of early commits when there is room (a crash while it
+    /// is written then still finds the chain), else from `s_first`, ending the chain
+    /// first. Caller checked [`Journal::has_room`].
     pub(crate) fn commit(
         &mut self,
         dev: &dyn BlockDevice,
         blocks: &[(u64, Arc<[u8]>)],
+        revokes: &[u64],
     ) -> Result<u32> {
         let fmt = self.fmt();
-        if blocks.len() > self.max_blocks() {
+        if blocks.len() > self.max_blocks_with(revokes.len()) {
             return Err(Error::InvalidInput(
                 "transaction larger than the journal".into(),
             ));
         }
+        if !self.has_room(blocks.len(), revokes.len()) {
+            return Err(Error::InvalidInput(
+                "no room in the log for the transaction (checkpoint first)".into(),
+            ));
+        }
         let first = self.jsb.first;
-        let need = self.log_blocks_for(blocks.len());
-        let (start, tid) = match &self.early {
-            Some(e) if u64::from(e.next) + u64::from(need) <= u64::from(self.jsb.maxlen) => {
-                (e.next, e.next_tid)
-            }
-            Some(e) => {
-                let tid = e.next_tid;
-                self.early = None;
+        let maxlen = u64::from(self.jsb.maxlen);
+        let need = u64::from(self.log_blocks_for(blocks.len()))
+            + u64::from(self.revoke_blocks_for(revokes.len()));
+        let tid = self.next_tid;
+        let start = match (self.head, &self.early) {
+            (Some(h), _) => h,
+            (None, Some(e)) if u64::from(e.next) + need <= maxlen => e.next,
+            (None, Some(_)) => {
                 EarlyRecord::store(None, &mut self.jsb);
-                (first, tid)
+                first
             }
-            None => (first, self.jsb.sequence),
+            (None, None) => first,
         };
+        // Committed or not, the chain is over: its blocks are all in this transaction.
+        self.early = None;
         let map = self.map.clone();
         let bs = self.bs as u64;
         let at = |p: u32| map[p as usize] * bs;
         let pos = self.write_blocks(dev, tid, start, blocks)?;
+        let pos = self.write_revokes(dev, tid, pos, revokes)?;
         // The commit block's slot is zeroed first, made durable with the rest: the
         // commit record then differs from what is on disk only in its first sector, so
         // a torn commit write leaves either the whole record or none of it (a torn one
         // would read as a corrupt transaction, and recovery would refuse the log).
         dev.write_at(&vec![0u8; self.bs], at(pos))?;
-        self.jsb.start = start;
-        self.jsb.sequence = tid;
-        self.write_jsb(dev)?;
+        // The revoke feature is set with the first revoke record, as jbd2 does.
+        let revoke_feature =
+            !revokes.is_empty() && self.jsb.feature_incompat & jbd2::INCOMPAT_REVOKE == 0;
+        if revoke_feature {
+            self.jsb.feature_incompat |= jbd2::INCOMPAT_REVOKE;
+        }
+        if self.head.is_none() || revoke_feature {
+            if self.head.is_none() {
+                self.jsb.start = start;
+                self.jsb.sequence = tid;
+            }
+            self.write_jsb(dev)?;
+        }
         dev.flush()?;
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -357,14 +458,17 @@ impl Journal {
         CommitBlock::new(tid, sec, now.subsec_nanos()).encode(&mut cb, &fmt)?;
         dev.write_at(&cb, at(pos))?;
         dev.flush()?;
+        self.head = Some(pos + 1);
+        self.next_tid = tid.wrapping_add(1);
         Ok(tid)
     }
 
-    /// The committed transaction is home: empty the log (and end any chain of early
-    /// commits, which it contained).
+    /// Every committed block is home and flushed: empty the log (and clear the record
+    /// of a chain of early commits, which a commit had ended). The caller flushes.
     pub(crate) fn checkpointed(&mut self, dev: &dyn BlockDevice) -> Result<()> {
         self.jsb.start = 0;
-        self.jsb.sequence = self.jsb.sequence.wrapping_add(1);
+        self.jsb.sequence = self.next_tid;
+        self.head = None;
         self.early = None;
         EarlyRecord::store(None, &mut self.jsb);
         self.write_jsb(dev)
@@ -390,6 +494,9 @@ pub(crate) fn start_commit_thread(fs: &Fs, secs: u64) {
             if fs.cache().dirty_count() > 0 || fs.live().dirty {
                 // Metadata only, as jbd2: file data goes by the writeback thread.
                 let _ = fs.sync_metadata();
+            } else if fs.cache().logged_count() > 0 {
+                // Idle for a whole period: write the log's blocks home.
+                let _ = fs.checkpoint_idle();
             }
         });
     // Without the thread, commits still happen at sync, fsync and close.

@@ -16,6 +16,11 @@
 //!
 //! [`Ranked`] pairs a std guard with its [`Held`]; it derefs to the guard, and the
 //! thread's record of the lock goes when the guard does.
+//!
+//! In every build, a thread counts the I/O locks it holds ([`holds_io_lock`]): the
+//! I/O locks are striped, so a thread that holds one must not wait for another (it
+//! may be the same lock); code that would (the free of an inode whose last reference
+//! goes while another inode is being written) hands its work over instead.
 
 use std::ops::{Deref, DerefMut};
 
@@ -81,12 +86,22 @@ mod imp {
     }
 }
 
-/// This thread's record of holding one lock of the order (empty in release builds).
+thread_local! {
+    /// I/O locks this thread holds (all builds).
+    static IO_HELD: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether this thread holds an I/O lock (of any filesystem).
+pub(crate) fn holds_io_lock() -> bool {
+    IO_HELD.with(|c| c.get() > 0)
+}
+
+/// This thread's record of holding one lock of the order (in release builds only
+/// whether it is an I/O lock).
 #[must_use]
 pub(crate) struct Held {
     #[cfg(debug_assertions)]
     fs: usize,
-    #[cfg(debug_assertions)]
     rank: Rank,
 }
 
@@ -97,12 +112,15 @@ impl Held {
     #[cfg_attr(not(debug_assertions), allow(unused_variables))]
     pub(crate) fn acquire(fs: usize, rank: Rank) -> Held {
         #[cfg(debug_assertions)]
-        {
-            imp::acquire(fs, rank);
-            Held { fs, rank }
+        imp::acquire(fs, rank);
+        if rank == Rank::Io {
+            IO_HELD.with(|c| c.set(c.get() + 1));
         }
-        #[cfg(not(debug_assertions))]
-        Held {}
+        Held {
+            #[cfg(debug_assertions)]
+            fs,
+            rank,
+        }
     }
 }
 
@@ -110,6 +128,10 @@ impl Drop for Held {
     fn drop(&mut self) {
         #[cfg(debug_assertions)]
         imp::release(self.fs, self.rank);
+        if self.rank == Rank::Io {
+            // `try_with`: a guard dropped while the thread's locals are torn down.
+            let _ = IO_HELD.try_with(|c| c.set(c.get().saturating_sub(1)));
+        }
     }
 }
 

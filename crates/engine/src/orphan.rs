@@ -10,6 +10,13 @@
 //! the list from its creation; `Fs::link_ino` takes it off when it gets a name. At the
 //! next read-write open after a crash, every listed inode is finished: freed when it has no links, else truncated to i_size
 //! (a truncate the kernel had in progress).
+//!
+//! The last unpin may come while its thread holds another inode's I/O lock (writeback
+//! of other files from inside a write, which pins each file it writes). The I/O locks
+//! are striped, so waiting there for the orphan's could wait for a lock the thread
+//! holds itself: the free is queued instead (`deferred_frees`) and done by the next
+//! unpin, sync or close on a thread holding no I/O lock (the inode stays on the orphan
+//! list meanwhile, so a crash still finishes it).
 
 use rext4_format::inode::Inode;
 use rext4_format::orphan as fo;
@@ -49,7 +56,54 @@ impl Fs {
                 None => false,
             }
         };
-        if !last || self.check_writable().is_err() {
+        if crate::lockdep::holds_io_lock() {
+            if last {
+                self.inner
+                    .deferred_frees
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(ino);
+            }
+            return Ok(());
+        }
+        let r = if last {
+            self.free_if_orphan(ino)
+        } else {
+            Ok(())
+        };
+        r.and(self.free_deferred())
+    }
+
+    /// Free the orphans whose last reference went while an I/O lock was held (see the
+    /// module note); nothing while this thread holds an I/O lock.
+    pub(crate) fn free_deferred(&self) -> Result<()> {
+        if crate::lockdep::holds_io_lock() {
+            return Ok(());
+        }
+        let queued = std::mem::take(
+            &mut *self
+                .inner
+                .deferred_frees
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        let mut first_err = Ok(());
+        for ino in queued {
+            // Pinned again meanwhile (a lookup): the next last unpin frees it.
+            if self.is_pinned(ino) {
+                continue;
+            }
+            let r = self.free_if_orphan(ino);
+            if first_err.is_ok() {
+                first_err = r;
+            }
+        }
+        first_err
+    }
+
+    /// Free `ino`, which nothing references any more, if it has no name left.
+    fn free_if_orphan(&self, ino: Ino) -> Result<()> {
+        if self.check_writable().is_err() {
             return Ok(());
         }
         // Cheap common case: the file still has names.
@@ -247,5 +301,63 @@ impl Fs {
             }
         }
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::device::MemDevice;
+    use crate::fs::{Fs, FsOptions};
+    use std::sync::Arc;
+
+    /// The last reference of an unlinked file goes while the thread holds another
+    /// inode's I/O lock (which may be the same striped lock): the free waits in the
+    /// queue instead of waiting for the lock, and the next unpin on a thread holding
+    /// none does it.
+    #[test]
+    fn a_last_unpin_under_an_io_lock_frees_later() {
+        let dev = Arc::new(MemDevice::new(vec![0u8; 8 << 20]));
+        crate::mkfs::mkfs(
+            dev.as_ref(),
+            &crate::mkfs::MkfsOptions {
+                device_zeroed: true,
+                ..Default::default()
+            },
+        )
+        .expect("mkfs");
+        let fs = Fs::open_device(
+            dev,
+            FsOptions {
+                read_only: false,
+                commit_secs: 0,
+                ..FsOptions::default()
+            },
+        )
+        .expect("open");
+        fs.write("/other", b"x").expect("create");
+        fs.write("/gone", vec![7u8; 10_000]).expect("create");
+        let other = fs.metadata("/other").expect("stat").ino;
+        let gone = fs.metadata("/gone").expect("stat").ino;
+        let free_before = fs.statfs().inodes_free;
+        fs.pin(gone);
+        fs.remove_file("/gone").expect("unlink");
+        {
+            // Same stripe or not, this thread must not wait for another I/O lock.
+            let _io = fs.io_shared(other);
+            fs.unpin(gone).expect("unpin");
+            assert_eq!(fs.statfs().inodes_free, free_before, "freed under the lock");
+        }
+        assert_eq!(
+            fs.inner
+                .deferred_frees
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_slice(),
+            &[gone]
+        );
+        fs.pin(other);
+        fs.unpin(other).expect("unpin");
+        assert_eq!(fs.statfs().inodes_free, free_before + 1, "not freed later");
+        fs.close().expect("close");
     }
 }

@@ -6,7 +6,8 @@
 //!
 //! Workloads: many small files written and fsynced; atomic replace (write temp, fsync,
 //! rename over, fsync); deep trees with unlinks; large appends and truncates; files
-//! with early commits (unflushed log writes, as the mount makes) between fsyncs.
+//! with early commits (unflushed log writes, as the mount makes) between fsyncs; four
+//! threads writing, rewriting and fsyncing at once (group commit).
 //! `REXT4_CRASH_VARIANTS` (default 3, what CI runs) lost/torn variants per flush point;
 //! the long sweep (`REXT4_CRASH_VARIANTS=40`) builds ≥ 50,000 images. Each sweep asserts
 //! the least number of images its workload must give (one per fsync/sync, plus the
@@ -152,6 +153,74 @@ fn early_commits() -> Run {
         events: dev.take(),
         syncs,
         files,
+    }
+}
+
+/// Four threads write and fsync files of their own at once (and replace every third
+/// one by rename), so fsyncs share commits (group commit): an fsync that found its
+/// changes committed by another thread's commit returned without one, and its file
+/// must be there all the same. (A rewrite in place would not do here: other threads'
+/// commits may catch it truncated, which is no fsynced version.)
+fn concurrent_fsyncs() -> Run {
+    let base = base_image();
+    let dev = Arc::new(Recorder::new(base.clone()));
+    let fs = rw(dev.clone());
+    fs.create_dir("/c").expect("mkdir");
+    fs.sync().expect("sync");
+    let before = fs.journal_stats().commits;
+    let histories: Vec<BTreeMap<String, History>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (fs, dev) = (fs.clone(), dev.clone());
+                sc.spawn(move || {
+                    let mut files: BTreeMap<String, History> = BTreeMap::new();
+                    for i in 0..15u64 {
+                        let p = format!("/c/t{t}-f{i}");
+                        let d = data(t * 100 + i, 300 + (i as usize * 211) % 4000);
+                        let start = dev.len();
+                        let f = fs.create(&p).expect("create");
+                        f.write_all_at(&d, 0).expect("write");
+                        f.sync_all().expect("fsync");
+                        files
+                            .entry(p)
+                            .or_default()
+                            .versions
+                            .push((start, dev.len(), d));
+                        if i % 3 == 2 {
+                            // Replace an earlier file of this thread atomically: a new
+                            // version fsynced under a temporary name, renamed over it,
+                            // and the rename made durable by an fsync of the file.
+                            let q = format!("/c/t{t}-f{}", i - 2);
+                            let tmp = format!("/c/t{t}-tmp");
+                            let d2 = data(t * 100 + i + 50, 100 + (i as usize * 97) % 3000);
+                            let f = fs.create(&tmp).expect("create tmp");
+                            f.write_all_at(&d2, 0).expect("write tmp");
+                            f.sync_all().expect("fsync tmp");
+                            let start = dev.len();
+                            fs.rename(&tmp, &q).expect("rename");
+                            f.sync_all().expect("fsync");
+                            files
+                                .entry(q)
+                                .or_default()
+                                .versions
+                                .push((start, dev.len(), d2));
+                        }
+                    }
+                    files
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("thread")).collect()
+    });
+    // The sweep needs one image per flush that ended a commit; fsyncs that shared a
+    // commit made no flush of their own.
+    let syncs = (fs.journal_stats().commits - before) as usize;
+    fs.close().expect("close");
+    Run {
+        base,
+        events: dev.take(),
+        syncs,
+        files: histories.into_iter().flatten().collect(),
     }
 }
 
@@ -423,6 +492,11 @@ fn crash_deep_trees_unlink() {
 #[test]
 fn crash_appends_truncates() {
     sweep("appends-truncates", appends_and_truncates(), &recoverers());
+}
+
+#[test]
+fn crash_concurrent_fsyncs() {
+    sweep("concurrent-fsyncs", concurrent_fsyncs(), &recoverers());
 }
 
 #[test]

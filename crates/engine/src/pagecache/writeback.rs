@@ -604,10 +604,10 @@ impl Fs {
             // them before its commit block, and the last flush fences the file's own
             // non-temporal stores even when there was nothing to commit.
             self.dax_write_back_dirty(Some(ino))?;
-            self.sync_metadata()?;
+            self.fsync_commit()?;
             return Ok(self.cache().device().flush()?);
         }
-        self.sync_metadata()
+        self.fsync_commit()
     }
 
     /// sync_file_range(WRITE | WAIT_AFTER) of bytes `[off, off+len)` (`len` 0: to the

@@ -1,0 +1,314 @@
+//! Lazy checkpoint and revoke records (jwrite's module note): an fsync costs two device
+//! flushes, committed metadata waits in the log, and a logged metadata block that is
+//! freed and reused for file data is revoked, so no recoverer (rext4, e2fsck, the
+//! kernel) writes its old logged copy over the data.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::Recorder;
+use rext4::device::{BlockDevice, MemDevice};
+use rext4::{Fs, FsOptions, Mapping};
+use rext4_testkit::crash::Event;
+use rext4_testkit::{e2fsck_fn, e2fsck_fy, mkfs, skip, LoopMount, MkfsOptions, TempDir};
+
+fn base_image(bs: u32, size: u64) -> Vec<u8> {
+    let img = mkfs(&MkfsOptions::new(bs, size)).expect("mkfs");
+    std::fs::read(img.path()).expect("read")
+}
+
+fn rw(dev: Arc<dyn BlockDevice>) -> Fs {
+    let opts = FsOptions {
+        read_only: false,
+        commit_secs: 0,
+        ..FsOptions::default()
+    };
+    Fs::open_device(dev, opts).expect("open rw")
+}
+
+fn flushes(dev: &Recorder) -> usize {
+    dev.events
+        .lock()
+        .expect("events")
+        .iter()
+        .filter(|e| matches!(e, Event::Flush))
+        .count()
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Small files written and fsynced one by one cost two device flushes per fsync (the
+/// one that makes the log blocks and the data durable before the commit block, and
+/// the commit block's), where committing and checkpointing at once cost four; only the
+/// fsync that finds the log full (here a 1024-block journal, every hundred or so
+/// fsyncs) pays two more for the checkpoint.
+#[test]
+fn an_fsync_costs_two_flushes() {
+    let dev = Arc::new(Recorder::new(base_image(4096, 64 << 20)));
+    let fs = rw(dev.clone());
+    fs.create_dir("/d").expect("mkdir");
+    fs.sync().expect("sync");
+    let mut counts = Vec::new();
+    for i in 0..300 {
+        let f = fs.create(format!("/d/f{i}")).expect("create");
+        f.write_all_at(&pattern(i, 4096), 0).expect("write");
+        let before = flushes(&dev);
+        f.sync_all().expect("fsync");
+        counts.push(flushes(&dev) - before);
+        // The recorder keeps every write: drop them, only flushes are counted.
+        dev.take();
+    }
+    let total: usize = counts.iter().sum();
+    let over: Vec<(usize, usize)> = counts
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|(_, n)| *n > 2)
+        .collect();
+    eprintln!(
+        "device flushes per fsync: {total} for {} fsyncs; more than two in {over:?}",
+        counts.len()
+    );
+    assert!(counts.iter().all(|&n| n >= 1), "an fsync flushed nothing");
+    assert!(
+        over.iter().all(|(_, n)| *n == 4) && over.len() <= counts.len() / 50,
+        "fsyncs costing more than two flushes (index, flushes): {over:?}"
+    );
+    assert!(
+        total * 100 <= counts.len() * 205,
+        "{total} flushes for {} fsyncs",
+        counts.len()
+    );
+    // What the log holds is durable: a crash now loses nothing fsynced.
+    let img = dev.mem.snapshot();
+    let tmp = TempDir::new("ckpt").expect("tmp");
+    let path = tmp.join("img");
+    std::fs::write(&path, &img).expect("write image");
+    let report = rext4::journal::examine(&MemDevice::new(img)).expect("examine");
+    assert!(
+        report.transactions > 0,
+        "fsync left nothing in the log: the checkpoint was not lazy"
+    );
+    let fs2 = Fs::open_with(
+        &path,
+        FsOptions {
+            read_only: false,
+            commit_secs: 0,
+            ..FsOptions::default()
+        },
+    )
+    .expect("recover");
+    for i in 0..300 {
+        assert_eq!(
+            fs2.read(format!("/d/f{i}")).expect("read"),
+            pattern(i, 4096),
+            "f{i}"
+        );
+    }
+    fs2.close().expect("close");
+    let r = e2fsck_fn(&path);
+    assert!(r.clean, "e2fsck after recovery:\n{}", r.output);
+    drop(fs);
+}
+
+/// The physical blocks of `path` (a directory's or a file's).
+fn blocks_of(fs: &Fs, path: &str) -> Vec<u64> {
+    let ino = fs.metadata(path).expect("metadata").ino;
+    let (_, runs) = fs.fiemap_ino(ino, u64::MAX >> 20).expect("fiemap");
+    let mut v = Vec::new();
+    for (_, m) in runs {
+        if let Mapping::Mapped { physical, len, .. } = m {
+            v.extend(physical..physical + len);
+        }
+    }
+    v
+}
+
+/// How the crash image of `revoked_block_reused_for_data` is recovered.
+fn recover(path: &std::path::Path, how: &str) -> Result<(), String> {
+    match how {
+        "rext4" => {
+            let fs = Fs::open_with(
+                path,
+                FsOptions {
+                    read_only: false,
+                    commit_secs: 0,
+                    ..FsOptions::default()
+                },
+            )
+            .map_err(|e| format!("open: {e}"))?;
+            fs.close().map_err(|e| format!("close: {e}"))
+        }
+        "e2fsck" => {
+            let r = e2fsck_fy(path);
+            if r.exit_code > 1 {
+                return Err(format!("e2fsck -fy exit {}:\n{}", r.exit_code, r.output));
+            }
+            Ok(())
+        }
+        "kernel" => LoopMount::new(path, false, "")?.unmount(),
+        _ => unreachable!(),
+    }
+}
+
+/// A directory's blocks are committed (in the log, not yet home), the directory is
+/// removed, and a file written and fsynced takes its blocks. A crash then leaves the
+/// directory's old copies in the log: every recoverer must skip them (the removal's
+/// commit revoked them) and the file must read back as written.
+#[test]
+fn revoked_block_reused_for_data() {
+    let bs = 1024usize;
+    let dev = Arc::new(Recorder::new(base_image(bs as u32, 8 << 20)));
+    let fs = rw(dev.clone());
+    fs.create_dir("/d").expect("mkdir");
+    for i in 0..1500 {
+        let name = format!("/d/a-rather-long-name-to-fill-directory-blocks-{i:05}");
+        fs.write(&name, b"").expect("create");
+    }
+    fs.sync().expect("sync");
+    let dir_blocks = blocks_of(&fs, "/d");
+    assert!(
+        dir_blocks.len() > 60,
+        "directory of {} blocks",
+        dir_blocks.len()
+    );
+    for i in 0..1500 {
+        let name = format!("/d/a-rather-long-name-to-fill-directory-blocks-{i:05}");
+        fs.remove_file(&name).expect("unlink");
+    }
+    fs.remove_dir("/d").expect("rmdir");
+    // The removal commits (with its revoke records); the freed blocks become free.
+    fs.sync().expect("sync");
+    let free = fs.statfs().blocks_available;
+    let len = (free.saturating_sub(100) as usize) * bs;
+    let data = pattern(7, len);
+    let f = fs.create("/big").expect("create");
+    f.write_all_at(&data, 0).expect("write");
+    f.sync_all().expect("fsync");
+    let reused = blocks_of(&fs, "/big")
+        .into_iter()
+        .filter(|b| dir_blocks.contains(b))
+        .count();
+    assert!(
+        reused > 0,
+        "the file took none of the directory's {} blocks",
+        dir_blocks.len()
+    );
+    let img = dev.mem.snapshot();
+    let report = rext4::journal::examine(&MemDevice::new(img.clone())).expect("examine");
+    assert!(
+        report.revoke_records > 0 && report.revoke_hits > 0,
+        "the crash image must hold the directory's logged blocks and their revoke \
+         records: {report:?}"
+    );
+    drop(f);
+    let tmp = TempDir::new("revoke").expect("tmp");
+    let mut recoverers = vec!["rext4", "e2fsck"];
+    match rext4_testkit::mount::can_loop_mount() {
+        Ok(()) => recoverers.push("kernel"),
+        Err(e) => skip(&format!("kernel recovery of the crash image: {e}")),
+    }
+    for how in recoverers {
+        let path = tmp.join(how);
+        std::fs::write(&path, &img).expect("write image");
+        recover(&path, how).unwrap_or_else(|e| panic!("{how}: {e}"));
+        let r = e2fsck_fn(&path);
+        assert!(r.clean, "{how}: e2fsck after recovery:\n{}", r.output);
+        let back = Fs::open(&path).expect("open").read("/big").expect("read");
+        assert!(
+            back == data,
+            "{how}: /big does not read back as fsynced ({} of {} bytes differ)",
+            back.iter().zip(&data).filter(|(a, b)| a != b).count(),
+            data.len()
+        );
+    }
+    drop(fs);
+}
+
+/// A device whose flush takes as long as a disk's cache flush.
+struct SlowFlush(MemDevice);
+
+impl BlockDevice for SlowFlush {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        self.0.read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
+        self.0.write_at(buf, off)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        Ok(())
+    }
+    fn size_bytes(&self) -> u64 {
+        self.0.size_bytes()
+    }
+    fn is_read_only(&self) -> bool {
+        false
+    }
+}
+
+/// Eight threads each writing and fsyncing files of their own share commits (group
+/// commit): fewer commits than fsyncs, and every file reads back after a crash right
+/// after the last fsync returned.
+#[test]
+fn concurrent_fsyncs_share_commits() {
+    let dev = Arc::new(SlowFlush(MemDevice::new(base_image(4096, 64 << 20))));
+    let fs = rw(dev.clone());
+    for t in 0..8 {
+        fs.create_dir(format!("/t{t}")).expect("mkdir");
+    }
+    fs.sync().expect("sync");
+    let before = fs.journal_stats();
+    let per = 25u64;
+    std::thread::scope(|sc| {
+        for t in 0..8u64 {
+            let fs = fs.clone();
+            sc.spawn(move || {
+                for i in 0..per {
+                    let f = fs.create(format!("/t{t}/f{i}")).expect("create");
+                    f.write_all_at(&pattern(t * 1000 + i, 4096), 0)
+                        .expect("write");
+                    f.sync_all().expect("fsync");
+                }
+            });
+        }
+    });
+    let commits = fs.journal_stats().commits - before.commits;
+    let fsyncs = 8 * per;
+    eprintln!("{fsyncs} fsyncs on 8 threads: {commits} commits");
+    assert!(
+        commits > 0 && commits < fsyncs,
+        "{fsyncs} fsyncs made {commits} commits"
+    );
+    // The crash: the image as the last fsync left it (every write so far was flushed
+    // or, in this device, lands at once; the log is not checkpointed).
+    let img = dev.0.snapshot();
+    drop(fs);
+    let tmp = TempDir::new("group").expect("tmp");
+    let path = tmp.join("img");
+    std::fs::write(&path, &img).expect("write image");
+    recover(&path, "rext4").expect("recover");
+    let r = e2fsck_fn(&path);
+    assert!(r.clean, "e2fsck after recovery:\n{}", r.output);
+    let fs = Fs::open(&path).expect("open");
+    for t in 0..8u64 {
+        for i in 0..per {
+            assert_eq!(
+                fs.read(format!("/t{t}/f{i}")).expect("read"),
+                pattern(t * 1000 + i, 4096),
+                "/t{t}/f{i}"
+            );
+        }
+    }
+}
