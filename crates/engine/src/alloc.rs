@@ -31,11 +31,11 @@ use crate::fs::{Fs, Group, Ino};
 impl Fs {
     /// Whether metadata changes go through the journal (busy tracking needed).
     pub(crate) fn journaling(&self) -> bool {
+        // Not the journal's mutex: a commit holds it while it writes.
         self.inner
-            .journal
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some()
+            .max_txn
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
     }
 
     fn group_of_block(&self, blk: u64) -> usize {

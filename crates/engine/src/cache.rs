@@ -65,6 +65,11 @@ struct Blocks {
     map: HashMap<u64, Entry>,
     /// Logged blocks freed since the last commit: its revoke records.
     revoked: std::collections::BTreeSet<u64>,
+    /// Blocks of the transaction being committed (`begin_commit`) not yet marked
+    /// logged: one freed meanwhile is revoked too, and is not marked logged after.
+    committing: std::collections::HashSet<u64>,
+    /// Every block of the transaction being committed (until `end_commit`).
+    commit_all: std::collections::HashSet<u64>,
 }
 
 pub struct BufferCache {
@@ -275,12 +280,18 @@ impl BufferCache {
         let mut guard = self.map.lock().unwrap_or_else(|p| p.into_inner());
         let b = &mut *guard;
         let mut dropped_dirty = 0;
+        let mut logged_gone = 0;
         let mut revoked = Vec::new();
+        let committing = &mut b.committing;
         let mut gone = |blk: u64, e: Entry| {
             if e.dirty {
                 dropped_dirty += 1;
             }
             if e.logged.is_some() {
+                logged_gone += 1;
+            }
+            // Both: the committing set must lose the block either way.
+            if committing.remove(&blk) | e.logged.is_some() {
                 revoked.push(blk);
             }
         };
@@ -305,7 +316,7 @@ impl BufferCache {
             }
         }
         self.dirty.fetch_sub(dropped_dirty, Ordering::Relaxed);
-        self.logged.fetch_sub(revoked.len(), Ordering::Relaxed);
+        self.logged.fetch_sub(logged_gone, Ordering::Relaxed);
         b.revoked.extend(revoked);
     }
 
@@ -316,11 +327,31 @@ impl BufferCache {
         std::mem::take(&mut map.revoked).into_iter().collect()
     }
 
-    /// These blocks were committed (they are in the log): they wait for the checkpoint
-    /// with these contents, and are clean unless changed since.
-    pub fn committed(&self, blocks: &[(u64, Arc<[u8]>)]) {
+    /// A commit of these blocks begins (they may change or be freed while it is
+    /// written; see `committing`).
+    pub fn begin_commit(&self, blocks: &[(u64, Arc<[u8]>)]) {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.committing = blocks.iter().map(|(b, _)| *b).collect();
+        map.commit_all = map.committing.clone();
+    }
+
+    /// The commit is over (done or failed).
+    pub fn end_commit(&self) {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.committing.clear();
+        map.commit_all.clear();
+    }
+
+    /// These blocks were committed (they are in the log): they wait for the checkpoint
+    /// with these contents, and are clean unless changed since. Blocks freed since
+    /// `begin_commit` are left alone (their revoke records are on their way).
+    pub fn committed(&self, blocks: &[(u64, Arc<[u8]>)]) {
+        let mut guard = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let map = &mut *guard;
         for (blk, data) in blocks {
+            if !map.committing.remove(blk) {
+                continue;
+            }
             if let Some(e) = map.map.get_mut(blk) {
                 if e.logged.replace(data.clone()).is_none() {
                     self.logged.fetch_add(1, Ordering::Relaxed);
@@ -371,13 +402,13 @@ impl BufferCache {
             .is_empty()
     }
 
-    /// The log was emptied: no revoke record is needed any more.
+    /// The log was emptied: no revoke record is needed any more, but for blocks of
+    /// the transaction being committed (it is written into the emptied log).
     pub fn log_emptied(&self) {
-        self.map
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .revoked
-            .clear();
+        let mut guard = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let map = &mut *guard;
+        let all = &map.commit_all;
+        map.revoked.retain(|b| all.contains(b));
     }
 
     /// Number of logged blocks (committed, not yet home).
@@ -451,5 +482,44 @@ mod tests {
             c.read(9, Kind::Raw, |_| Ok(())),
             Err(Error::Corrupted { .. })
         ));
+    }
+
+    /// A block freed while the transaction that carries it is being written: it is
+    /// not marked logged afterwards (the checkpoint would write stale metadata over
+    /// whatever reuses it), and its revoke record goes to the next commit, surviving a
+    /// checkpoint that empties the log before this transaction is written into it.
+    #[test]
+    fn a_block_freed_during_its_commit_is_revoked_not_logged() {
+        let dev = Arc::new(MemDevice::new(vec![0u8; 1024 * 16]));
+        let c = BufferCache::new(dev, 1024, 16, 16);
+        c.write(3, Kind::Raw, vec![1u8; 1024], |_| Ok(()))
+            .expect("write");
+        c.write(4, Kind::Raw, vec![2u8; 1024], |_| Ok(()))
+            .expect("write");
+        let txn = c.dirty_blocks();
+        c.begin_commit(&txn);
+        // Freed while the commit is written: no logged copy yet, but it will be.
+        c.forget(3, 1);
+        c.log_emptied();
+        c.committed(&txn);
+        c.end_commit();
+        assert_eq!(c.logged_count(), 1, "only block 4 waits for the checkpoint");
+        assert_eq!(c.take_revoked(), vec![3]);
+        // Block 4, logged, freed later: revoked too; block 3 is gone for good.
+        c.forget(4, 1);
+        assert_eq!(c.logged_count(), 0);
+        assert_eq!(c.take_revoked(), vec![4]);
+        assert_eq!(c.checkpoint().expect("checkpoint"), 0);
+        // Written again after its free: the revoke is withdrawn.
+        c.write(5, Kind::Raw, vec![3u8; 1024], |_| Ok(()))
+            .expect("write");
+        let t2 = c.dirty_blocks();
+        c.begin_commit(&t2);
+        c.committed(&t2);
+        c.end_commit();
+        c.forget(5, 1);
+        c.write(5, Kind::Raw, vec![4u8; 1024], |_| Ok(()))
+            .expect("write");
+        assert!(c.take_revoked().is_empty());
     }
 }

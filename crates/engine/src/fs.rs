@@ -28,6 +28,19 @@ use crate::cache::{BufferCache, Kind};
 use crate::device::{BlockDevice, FileDevice};
 use crate::error::{AtBlock, Error, Result};
 use crate::lockdep::{Held, Rank, Ranked};
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+
+/// A transaction closed for commit (`Inner::close_transaction`).
+struct Closed {
+    /// Its sync number (`syncs_started` before it).
+    n: u64,
+    dirty: Vec<(u64, Arc<[u8]>)>,
+    revoked: Vec<u64>,
+    /// Blocks freed by it: busy until it is committed.
+    freed: std::collections::BTreeMap<u64, u64>,
+    /// Nothing changed: a device flush is all it takes.
+    flush_only: bool,
+}
 
 /// What the journal wrote since the filesystem was opened ([`Fs::journal_stats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -143,6 +156,34 @@ impl Busy {
         self.block_count += e - s;
     }
 
+    /// Forget the runs of `freed` (a committed transaction's frees: reusable now).
+    /// Every block of them is in a run here (frees of later transactions are other
+    /// blocks: these were free until the commit).
+    pub(crate) fn remove_runs(&mut self, freed: &std::collections::BTreeMap<u64, u64>) {
+        for (&start, &len) in freed {
+            let end = start + len;
+            let overlapping: Vec<(u64, u64)> = self
+                .blocks
+                .range(..end)
+                .rev()
+                .take_while(|(&s, &l)| s + l > start)
+                .map(|(&s, &l)| (s, l))
+                .collect();
+            for (s, l) in overlapping {
+                self.blocks.remove(&s);
+                self.block_count -= l;
+                if s < start {
+                    self.blocks.insert(s, start - s);
+                    self.block_count += start - s;
+                }
+                if s + l > end {
+                    self.blocks.insert(end, s + l - end);
+                    self.block_count += s + l - end;
+                }
+            }
+        }
+    }
+
     /// The end of the busy run holding `blk`, if it is busy.
     pub(crate) fn run_end(&self, blk: u64) -> Option<u64> {
         let (&s, &l) = self.blocks.range(..=blk).next_back()?;
@@ -205,6 +246,9 @@ pub(crate) struct Inner {
     /// Journal commits and checkpoints written (`Fs::journal_stats`).
     commits: std::sync::atomic::AtomicU64,
     checkpoints: std::sync::atomic::AtomicU64,
+    /// Blocks one transaction may carry (0: no journal). Read without the journal's
+    /// mutex, which a commit holds while it writes.
+    pub(crate) max_txn: std::sync::atomic::AtomicUsize,
     /// Set when a commit failed: the filesystem is shut down (read-only) with this reason.
     pub(crate) shutdown: Mutex<Option<String>>,
     /// References held on inodes (open handles): an inode with references is not freed
@@ -434,6 +478,7 @@ impl Fs {
                 syncs_done: Default::default(),
                 commits: Default::default(),
                 checkpoints: Default::default(),
+                max_txn: Default::default(),
                 shutdown: Mutex::new(None),
                 pins: Mutex::new(std::collections::HashMap::new()),
                 deferred_frees: Mutex::new(Vec::new()),
@@ -486,6 +531,7 @@ impl Fs {
                 Some(mut j) => {
                     let is64 = fs.inner.sb.has_incompat(feature::INCOMPAT_64BIT);
                     j.prepare_rw(fs.cache().device().as_ref(), metadata_csum, is64)?;
+                    fs.inner.max_txn.store(j.max_blocks().max(1), Relaxed);
                     *fs.inner.journal() = Some(j);
                     true
                 }
@@ -606,6 +652,7 @@ impl Fs {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()),
             _held: held,
+            commit_on_drop: true,
         };
         HOLDS_WRITE_LOCK.with(|h| h.set(true));
         g
@@ -680,18 +727,42 @@ impl Fs {
     /// sync started later and has finished, it committed (and flushed) them already
     /// and nothing is written: concurrent fsyncs share one commit (group commit).
     pub(crate) fn fsync_commit(&self) -> Result<()> {
-        use std::sync::atomic::Ordering::SeqCst;
         if self.inner.read_only {
             return Ok(());
         }
         // Every change this fsync must make durable was made before this load: it is
         // in the transaction of sync `mine` or an earlier one.
         let mine = self.inner.syncs_started.load(SeqCst);
-        let _w = self.write_lock();
-        if self.inner.syncs_done.load(SeqCst) > mine {
-            return self.inner.not_shut_down();
+        self.commit_concurrently(Some(mine))
+    }
+
+    /// Commit (or, for `Some(mine)`, make sure a sync numbered `mine` or later has
+    /// completed). The write lock is held only while the running transaction is
+    /// closed; it is written under the journal's mutex alone, so operations go on
+    /// meanwhile (into the next transaction), and fsyncs that arrive meanwhile share
+    /// the next commit.
+    fn commit_concurrently(&self, mine: Option<u64>) -> Result<()> {
+        loop {
+            let w = self.write_lock();
+            if mine.is_some_and(|m| self.inner.syncs_done.load(SeqCst) > m) {
+                return self.inner.not_shut_down();
+            }
+            self.inner.not_shut_down()?;
+            let Some(mut jguard) = self.inner.try_journal() else {
+                // A commit is being written: wait for it without the write lock (the
+                // writers go on meanwhile), then look again — it may have been ours.
+                w.release_without_commit();
+                drop(self.inner.journal());
+                continue;
+            };
+            if jguard.is_none() {
+                drop(jguard);
+                return self.inner.sync_locked();
+            }
+            let txn = self.inner.close_transaction();
+            w.release_without_commit();
+            return self.inner.write_transaction(&mut jguard, txn);
         }
-        self.inner.sync_locked()
     }
 
     /// Journal commits and checkpoints written since the filesystem was opened.
@@ -707,8 +778,7 @@ impl Fs {
         if self.inner.read_only {
             return Ok(());
         }
-        let _w = self.write_lock();
-        self.inner.sync_locked()
+        self.commit_concurrently(None)
     }
 
     /// Write everything and mark the filesystem clean again. Further writes fail with
@@ -856,9 +926,11 @@ impl Inner {
         if self.cache.wants_writeback() {
             return true;
         }
-        let j = self.journal();
-        let Some(j) = j.as_ref() else { return false };
-        if self.cache.dirty_count() + self.groups.len() / 8 + 2 > j.max_blocks() / 2 {
+        let max = self.max_txn.load(Relaxed);
+        if max == 0 {
+            return false;
+        }
+        if self.cache.dirty_count() + self.groups.len() / 8 + 2 > max / 2 {
             return true;
         }
         let busy = self.busy().block_count;
@@ -888,6 +960,17 @@ impl Inner {
     pub(crate) fn journal(&self) -> Ranked<MutexGuard<'_, Option<crate::jwrite::Journal>>> {
         let held = Held::acquire(self.lock_id(), Rank::Journal);
         Ranked::new(held, self.journal.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The journal's mutex unless a commit holds it (no waiting).
+    #[track_caller]
+    fn try_journal(&self) -> Option<Ranked<MutexGuard<'_, Option<crate::jwrite::Journal>>>> {
+        let held = Held::acquire(self.lock_id(), Rank::Journal);
+        match self.journal.try_lock() {
+            Ok(g) => Some(Ranked::new(held, g)),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(Ranked::new(held, p.into_inner())),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     }
 
     #[track_caller]
@@ -941,6 +1024,17 @@ impl Inner {
         Ok(())
     }
 
+    /// Latch the shutdown (a failed commit, early commit or checkpoint): every later
+    /// change fails with `ShutDown` naming the first reason, which is also logged —
+    /// an error of a background commit reaches the next fsync or sync and the log.
+    fn shut_down(&self, why: String) {
+        let mut s = self.shutdown.lock().unwrap_or_else(|p| p.into_inner());
+        if s.is_none() {
+            log::error!("rext4: shutting the filesystem down: {why}");
+            *s = Some(why);
+        }
+    }
+
     /// `ShutDown` once a failed commit latched the shutdown.
     fn not_shut_down(&self) -> Result<()> {
         match self
@@ -957,33 +1051,78 @@ impl Inner {
     /// Caller holds the write lock. With a journal, a failure shuts the filesystem
     /// down: nothing more is written, and what was committed stays committed.
     pub(crate) fn sync_locked(&self) -> Result<()> {
-        use std::sync::atomic::Ordering::SeqCst;
         self.not_shut_down()?;
-        let n = self.syncs_started.fetch_add(1, SeqCst);
         let mut jguard = self.journal();
-        let Some(j) = jguard.as_mut() else {
+        if jguard.is_none() {
             drop(jguard);
+            let n = self.syncs_started.fetch_add(1, SeqCst);
             self.write_group_descs()?;
             self.cache.flush()?;
             self.write_superblock()?;
             self.cache.device().flush()?;
             self.syncs_done.fetch_max(n + 1, SeqCst);
             return Ok(());
-        };
-        let r = if self.nothing_to_commit() {
-            // File data written since the last flush still needs one.
-            self.cache.device().flush().map_err(Error::from)
-        } else {
-            self.commit_and_checkpoint(j)
-        };
-        match &r {
-            Ok(()) => {
-                self.syncs_done.fetch_max(n + 1, SeqCst);
+        }
+        let txn = self.close_transaction();
+        self.write_transaction(&mut jguard, txn)
+    }
+
+    /// Close the running transaction (caller holds the write lock and the journal):
+    /// number the sync, put descriptors and superblock into the cache, and take what
+    /// the commit will write — the dirty blocks, the revoke records, the blocks freed
+    /// so far (busy until the commit is done). From here on, changes go to the next
+    /// transaction; the write lock may be given up while this one is written.
+    fn close_transaction(&self) -> Result<Closed> {
+        let n = self.syncs_started.fetch_add(1, SeqCst);
+        if self.nothing_to_commit() {
+            return Ok(Closed {
+                n,
+                dirty: Vec::new(),
+                revoked: Vec::new(),
+                freed: Default::default(),
+                flush_only: true,
+            });
+        }
+        self.write_group_descs()?;
+        self.superblock_into_cache()?;
+        let dirty = self.cache.dirty_blocks();
+        self.cache.begin_commit(&dirty);
+        let revoked = self.cache.take_revoked();
+        let freed = self.busy().blocks.clone();
+        Ok(Closed {
+            n,
+            dirty,
+            revoked,
+            freed,
+            flush_only: false,
+        })
+    }
+
+    /// Write a closed transaction (caller holds the journal; the write lock is not
+    /// needed): commit it, or only flush when nothing was dirty. A failure latches
+    /// the shutdown.
+    fn write_transaction(
+        &self,
+        jguard: &mut Option<crate::jwrite::Journal>,
+        txn: Result<Closed>,
+    ) -> Result<()> {
+        let r = txn.and_then(|txn| {
+            let n = txn.n;
+            if txn.flush_only {
+                // File data written since the last flush still needs one.
+                self.cache.device().flush()?;
+            } else if let Some(j) = jguard.as_mut() {
+                let r = self.commit_and_checkpoint(j, txn.dirty, txn.revoked);
+                self.cache.end_commit();
+                r?;
+                self.busy().remove_runs(&txn.freed);
             }
-            Err(e) => {
-                let why = format!("journal commit failed: {e}");
-                *self.shutdown.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
-            }
+            self.syncs_done.fetch_max(n + 1, SeqCst);
+            Ok(())
+        });
+        if let Err(e) = &r {
+            let why = format!("journal commit failed: {e}");
+            self.shut_down(why);
         }
         r
     }
@@ -1005,7 +1144,10 @@ impl Inner {
             return Ok(());
         };
         self.not_shut_down()?;
-        let mut jguard = self.journal();
+        // A commit being written covers all this and more: no early commit now.
+        let Some(mut jguard) = self.try_journal() else {
+            return Ok(());
+        };
         let Some(j) = jguard.as_mut() else {
             return Ok(());
         };
@@ -1019,7 +1161,7 @@ impl Inner {
         // A chain only starts on an empty log (recovery replays it only there).
         if let Err(e) = self.checkpoint(j) {
             let why = format!("journal checkpoint failed: {e}");
-            *self.shutdown.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+            self.shut_down(why);
             return Err(e);
         }
         match j.early_commit(dev.as_ref(), &dirty, &boot) {
@@ -1030,20 +1172,21 @@ impl Inner {
             Ok(_) => Ok(()),
             Err(e) => {
                 let why = format!("journal early commit failed: {e}");
-                *self.shutdown.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+                self.shut_down(why);
                 Err(e)
             }
         }
     }
 
-    /// Commit the running transaction (with the revoke records of the logged blocks it
-    /// freed); checkpoint first when the log has no room for it, and after it when the
-    /// logged blocks crowd the cache.
-    fn commit_and_checkpoint(&self, j: &mut crate::jwrite::Journal) -> Result<()> {
-        self.write_group_descs()?;
-        self.superblock_into_cache()?;
-        let dirty = self.cache.dirty_blocks();
-        let mut revoked = self.cache.take_revoked();
+    /// Commit a closed transaction (with the revoke records of the logged blocks it
+    /// freed); checkpoint first when the log has no room for it, and after it when
+    /// the logged blocks crowd the cache. Caller holds the journal.
+    fn commit_and_checkpoint(
+        &self,
+        j: &mut crate::jwrite::Journal,
+        dirty: Vec<(u64, Arc<[u8]>)>,
+        mut revoked: Vec<u64>,
+    ) -> Result<()> {
         let dev = self.cache.device().clone();
         // One transaction per sync; larger dirty sets (only possible for a single huge
         // operation, since writeback starts at half the log) are split.
@@ -1060,8 +1203,7 @@ impl Inner {
                 }
             }
             j.commit(dev.as_ref(), txn, &revoked)?;
-            self.commits
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.commits.fetch_add(1, Relaxed);
             self.cache.committed(txn);
             revoked.clear();
             rest = after;
@@ -1069,9 +1211,6 @@ impl Inner {
         if self.cache.wants_checkpoint() {
             self.checkpoint(j)?;
         }
-        let mut busy = self.busy();
-        busy.blocks.clear();
-        busy.block_count = 0;
         Ok(())
     }
 
@@ -1106,7 +1245,7 @@ impl Inner {
         let r = self.checkpoint(j);
         if let Err(e) = &r {
             let why = format!("journal checkpoint failed: {e}");
-            *self.shutdown.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+            self.shut_down(why);
         }
         r
     }
@@ -1163,6 +1302,16 @@ pub(crate) struct WriteGuard<'a> {
     _g: MutexGuard<'a, ()>,
     /// Dropped after the lock (fields drop in order).
     _held: Held,
+    /// Commit on release when the running transaction has grown large.
+    commit_on_drop: bool,
+}
+
+impl WriteGuard<'_> {
+    /// Give the lock up without the commit a large transaction would get (the caller
+    /// holds the journal's mutex and commits).
+    fn release_without_commit(mut self) {
+        self.commit_on_drop = false;
+    }
 }
 
 thread_local! {
@@ -1171,7 +1320,7 @@ thread_local! {
 
 impl Drop for WriteGuard<'_> {
     fn drop(&mut self) {
-        if !self.inner.read_only && self.inner.wants_commit() {
+        if self.commit_on_drop && !self.inner.read_only && self.inner.wants_commit() {
             let _ = self.inner.sync_locked();
         }
         HOLDS_WRITE_LOCK.with(|h| h.set(false));
@@ -1351,5 +1500,22 @@ mod tests {
         assert_eq!(b.first_in(25, 31), Some(30));
         assert_eq!(b.first_in(26, 30), None);
         assert_eq!(b.block_count, 16);
+    }
+
+    /// A committed transaction's frees leave the busy set; frees of the next one,
+    /// merged into the same runs meanwhile, stay.
+    #[test]
+    fn busy_runs_of_a_commit_are_removed_and_later_frees_stay() {
+        let mut b = Busy::default();
+        b.add(10, 5); // 10..15, freed by the committing transaction
+        b.add(30, 2); // 30..32, too
+        let committing = b.blocks.clone();
+        b.add(15, 3); // 15..18, freed by the next: merged into 10..18
+        b.add(8, 2); // 8..10, the next: merged into 8..18
+        b.add(40, 1);
+        b.remove_runs(&committing);
+        let runs: Vec<(u64, u64)> = b.blocks.iter().map(|(&s, &l)| (s, l)).collect();
+        assert_eq!(runs, vec![(8, 2), (15, 3), (40, 1)]);
+        assert_eq!(b.block_count, 6);
     }
 }

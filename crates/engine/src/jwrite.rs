@@ -1,9 +1,11 @@
 //! Journaling of rext4's own metadata writes, jbd2-compatible (format notes §2.12–13).
 //!
 //! Model: a transaction is everything made dirty between two commits. Operations run
-//! under `Fs::write_lock`, and a commit happens only between operations (at `sync`,
-//! `fsync`, the periodic commit, or when the dirty set grows large), so every
-//! transaction holds whole operations. Commit writes, after the transactions already
+//! under `Fs::write_lock`, and a transaction is closed only between operations (at
+//! `sync`, `fsync`, the periodic commit, or when the dirty set grows large), so every
+//! transaction holds whole operations. It is written under the journal's mutex,
+//! usually after the write lock was given up (`Fs::commit_concurrently`): the next
+//! transaction runs meanwhile. Commit writes, after the transactions already
 //! in the log (or from its start when it is empty): descriptor blocks with v3 tags
 //! (escaping blocks that begin with the jbd2 magic), the metadata blocks, revoke
 //! blocks, and — when the log was empty — the journal superblock pointing at them
