@@ -254,12 +254,15 @@ fn mdtest(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
         fs.create_dir_all(&p).map_err(e)?;
         dirs.push(fs.resolve(p.as_bytes(), true).map_err(e)?);
     }
-    // Thread t's names: its share of 0..n, so the names never collide.
-    let names = |t: usize| -> Vec<String> {
-        let per = n.div_ceil(threads as u64);
-        let (lo, hi) = (t as u64 * per, ((t as u64 + 1) * per).min(n));
-        (lo..hi).map(|i| format!("f{i:07}")).collect()
-    };
+    // Thread t's names: its share of 0..n, so the names never collide (made before
+    // the clock starts).
+    let per = n.div_ceil(threads as u64);
+    let names: Vec<Vec<String>> = (0..threads as u64)
+        .map(|t| {
+            let (lo, hi) = (t * per, ((t + 1) * per).min(n));
+            (lo..hi).map(|i| format!("f{i:07}")).collect()
+        })
+        .collect();
     let label = if threads > 1 {
         format!(
             "{}-t{threads}{}",
@@ -272,7 +275,7 @@ fn mdtest(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
     let timed = |name: &str, op: &NameOp| {
         let t0 = Instant::now();
         on_threads(threads, |t| {
-            for nm in names(t) {
+            for nm in &names[t] {
                 stop()?;
                 op(dirs[t], nm.as_bytes())?;
             }
