@@ -44,6 +44,17 @@ pub enum Kind {
     Symlink = 9,
 }
 
+thread_local! {
+    /// Device read errors this thread met in [`BufferCache::read`].
+    static READ_ERRORS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many device read errors this thread has met reading metadata (compare two
+/// readings: an operation that failed to read after it changed something aborts).
+pub fn thread_read_errors() -> u64 {
+    READ_ERRORS.with(|c| c.get())
+}
+
 struct Entry {
     data: Arc<[u8]>,
     verified: u32,
@@ -144,7 +155,10 @@ impl BufferCache {
             Some((d, false)) => d,
             None => {
                 let mut v = vec![0u8; self.block_size];
-                self.dev.read_at(&mut v, blk * self.block_size as u64)?;
+                if let Err(e) = self.dev.read_at(&mut v, blk * self.block_size as u64) {
+                    READ_ERRORS.with(|c| c.set(c.get() + 1));
+                    return Err(e.into());
+                }
                 Arc::from(v)
             }
         };

@@ -652,7 +652,9 @@ impl Fs {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()),
             _held: held,
-            commit_on_drop: true,
+            check_on_drop: true,
+            read_errors_at: crate::cache::thread_read_errors(),
+            writes_at: self.inner.cache.write_count(),
         };
         HOLDS_WRITE_LOCK.with(|h| h.set(true));
         g
@@ -1035,6 +1037,26 @@ impl Inner {
         }
     }
 
+    /// Abort the journal (jbd2's abort): shut down, so nothing of the running
+    /// transaction is committed, and record the error in the journal superblock, so
+    /// whoever recovers the image marks it as having errors (the running
+    /// transaction's superblock, with the error state, is never committed). Caller
+    /// holds the write lock.
+    pub(crate) fn abort(&self, why: String) {
+        let mut jguard = self.journal();
+        self.abort_journal(jguard.as_mut(), why);
+    }
+
+    /// [`Inner::abort`] for a caller that holds the journal (a failed commit, early
+    /// commit or checkpoint).
+    fn abort_journal(&self, j: Option<&mut crate::jwrite::Journal>, why: String) {
+        self.shut_down(why);
+        if let Some(j) = j {
+            // Best effort: the device may be what failed.
+            let _ = j.record_abort(self.cache.device().as_ref(), -5);
+        }
+    }
+
     /// `ShutDown` once a failed commit latched the shutdown.
     fn not_shut_down(&self) -> Result<()> {
         match self
@@ -1121,8 +1143,7 @@ impl Inner {
             Ok(())
         });
         if let Err(e) = &r {
-            let why = format!("journal commit failed: {e}");
-            self.shut_down(why);
+            self.abort_journal(jguard.as_mut(), format!("journal commit failed: {e}"));
         }
         r
     }
@@ -1160,8 +1181,7 @@ impl Inner {
         let dev = self.cache.device().clone();
         // A chain only starts on an empty log (recovery replays it only there).
         if let Err(e) = self.checkpoint(j) {
-            let why = format!("journal checkpoint failed: {e}");
-            self.shut_down(why);
+            self.abort_journal(Some(j), format!("journal checkpoint failed: {e}"));
             return Err(e);
         }
         match j.early_commit(dev.as_ref(), &dirty, &boot) {
@@ -1171,8 +1191,7 @@ impl Inner {
             }
             Ok(_) => Ok(()),
             Err(e) => {
-                let why = format!("journal early commit failed: {e}");
-                self.shut_down(why);
+                self.abort_journal(Some(j), format!("journal early commit failed: {e}"));
                 Err(e)
             }
         }
@@ -1244,8 +1263,7 @@ impl Inner {
         };
         let r = self.checkpoint(j);
         if let Err(e) = &r {
-            let why = format!("journal checkpoint failed: {e}");
-            self.shut_down(why);
+            self.abort_journal(Some(j), format!("journal checkpoint failed: {e}"));
         }
         r
     }
@@ -1302,15 +1320,20 @@ pub(crate) struct WriteGuard<'a> {
     _g: MutexGuard<'a, ()>,
     /// Dropped after the lock (fields drop in order).
     _held: Held,
-    /// Commit on release when the running transaction has grown large.
-    commit_on_drop: bool,
+    /// On release: abort after a failure halfway, or commit when the running
+    /// transaction has grown large (not when the caller commits itself).
+    check_on_drop: bool,
+    /// This thread's metadata read errors and the cache's accepted writes when the
+    /// lock was taken: both grown at release means the operation failed halfway.
+    read_errors_at: u64,
+    writes_at: u64,
 }
 
 impl WriteGuard<'_> {
-    /// Give the lock up without the commit a large transaction would get (the caller
-    /// holds the journal's mutex and commits).
+    /// Give the lock up without the checks of a release (the caller holds the
+    /// journal's mutex and commits, or aborts when closing the transaction failed).
     fn release_without_commit(mut self) {
-        self.commit_on_drop = false;
+        self.check_on_drop = false;
     }
 }
 
@@ -1320,7 +1343,19 @@ thread_local! {
 
 impl Drop for WriteGuard<'_> {
     fn drop(&mut self) {
-        if self.commit_on_drop && !self.inner.read_only && self.inner.wants_commit() {
+        if !self.check_on_drop || self.inner.read_only {
+            // Nothing to check.
+        } else if crate::cache::thread_read_errors() > self.read_errors_at
+            && self.inner.cache.write_count() > self.writes_at
+        {
+            // An operation that changed metadata met a device error: what it left in
+            // the running transaction must never be committed (ext4's abort).
+            self.inner.abort(
+                "a device read failed in an operation that had changed metadata; the \
+                 running transaction is dropped"
+                    .into(),
+            );
+        } else if self.inner.wants_commit() {
             let _ = self.inner.sync_locked();
         }
         HOLDS_WRITE_LOCK.with(|h| h.set(false));

@@ -465,6 +465,16 @@ impl Journal {
         Ok(tid)
     }
 
+    /// The journal was aborted with `errno` (negative, as jbd2 stores it): record it
+    /// in the journal superblock, durably, for recovery to mark the filesystem as
+    /// having errors.
+    pub(crate) fn record_abort(&mut self, dev: &dyn BlockDevice, errno: i32) -> Result<()> {
+        self.jsb.errno = errno;
+        self.write_jsb(dev)?;
+        dev.flush()?;
+        Ok(())
+    }
+
     /// Every committed block is home and flushed: empty the log (and clear the record
     /// of a chain of early commits, which a commit had ended). The caller flushes.
     pub(crate) fn checkpointed(&mut self, dev: &dyn BlockDevice) -> Result<()> {
