@@ -211,18 +211,8 @@ mod tests {
     /// order rules out) panics instead of waiting.
     #[test]
     fn a_filesystem_s_locks_are_checked() {
-        use crate::device::MemDevice;
         use crate::fs::{Fs, FsOptions, Ino};
-        use std::sync::Arc;
-        let dev = Arc::new(MemDevice::new(vec![0u8; 8 << 20]));
-        crate::mkfs::mkfs(
-            dev.as_ref(),
-            &crate::mkfs::MkfsOptions {
-                device_zeroed: true,
-                ..Default::default()
-            },
-        )
-        .expect("mkfs");
+        let dev = crate::mkfs::mem_image(8 << 20);
         let fs = Fs::open_device(dev, FsOptions::default()).expect("open");
         {
             let _io = fs.io_exclusive(Ino(2));

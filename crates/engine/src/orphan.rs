@@ -306,9 +306,7 @@ impl Fs {
 
 #[cfg(test)]
 mod tests {
-    use crate::device::MemDevice;
     use crate::fs::{Fs, FsOptions};
-    use std::sync::Arc;
 
     /// The last reference of an unlinked file goes while the thread holds another
     /// inode's I/O lock (which may be the same striped lock): the free waits in the
@@ -316,15 +314,7 @@ mod tests {
     /// none does it.
     #[test]
     fn a_last_unpin_under_an_io_lock_frees_later() {
-        let dev = Arc::new(MemDevice::new(vec![0u8; 8 << 20]));
-        crate::mkfs::mkfs(
-            dev.as_ref(),
-            &crate::mkfs::MkfsOptions {
-                device_zeroed: true,
-                ..Default::default()
-            },
-        )
-        .expect("mkfs");
+        let dev = crate::mkfs::mem_image(8 << 20);
         let fs = Fs::open_device(
             dev,
             FsOptions {

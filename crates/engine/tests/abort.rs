@@ -77,14 +77,7 @@ impl BlockDevice for FailingRead {
 fn base_image() -> Vec<u8> {
     let img = mkfs(&MkfsOptions::new(1024, 16 << 20)).expect("mkfs");
     {
-        let fs = Fs::open_with(
-            img.path(),
-            FsOptions {
-                read_only: false,
-                ..FsOptions::default()
-            },
-        )
-        .expect("open");
+        let fs = common::open_rw(img.path());
         for d in 0..4 {
             fs.create_dir(format!("/d{d}")).expect("mkdir");
             for f in 0..40 {
@@ -209,15 +202,7 @@ fn a_read_error_inside_an_operation_aborts_or_changes_nothing() {
         // What a crash now leaves (an aborted filesystem cannot close cleanly).
         drop(fs);
         std::fs::write(&path, dev.mem.snapshot()).expect("write image");
-        let rec = Fs::open_with(
-            &path,
-            FsOptions {
-                read_only: false,
-                commit_secs: 0,
-                ..FsOptions::default()
-            },
-        )
-        .unwrap_or_else(|e| panic!("{label}: recovery: {e}"));
+        let rec = common::open_rw(&path);
         let after = common::snapshot(&rec).expect("snapshot");
         let mut d = diff_trees(&before, &after, &Compare::exact());
         if let Some(done) = &or_after {

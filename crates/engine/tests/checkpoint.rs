@@ -11,7 +11,9 @@ use common::Recorder;
 use rext4::device::{BlockDevice, MemDevice};
 use rext4::{Fs, FsOptions, Mapping};
 use rext4_testkit::crash::Event;
-use rext4_testkit::{e2fsck_fn, e2fsck_fy, mkfs, skip, LoopMount, MkfsOptions, TempDir};
+use rext4_testkit::{
+    e2fsck_fn, e2fsck_fy, fixture_bytes, mkfs, skip, LoopMount, MkfsOptions, TempDir,
+};
 
 fn base_image(bs: u32, size: u64) -> Vec<u8> {
     let img = mkfs(&MkfsOptions::new(bs, size)).expect("mkfs");
@@ -36,18 +38,6 @@ fn flushes(dev: &Recorder) -> usize {
         .count()
 }
 
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// Small files written and fsynced one by one cost two device flushes per fsync (the
 /// one that makes the log blocks and the data durable before the commit block, and
 /// the commit block's), where committing and checkpointing at once cost four; only the
@@ -62,7 +52,7 @@ fn an_fsync_costs_two_flushes() {
     let mut counts = Vec::new();
     for i in 0..300 {
         let f = fs.create(format!("/d/f{i}")).expect("create");
-        f.write_all_at(&pattern(i, 4096), 0).expect("write");
+        f.write_all_at(&fixture_bytes(i, 4096), 0).expect("write");
         let before = flushes(&dev);
         f.sync_all().expect("fsync");
         counts.push(flushes(&dev) - before);
@@ -100,19 +90,11 @@ fn an_fsync_costs_two_flushes() {
         report.transactions > 0,
         "fsync left nothing in the log: the checkpoint was not lazy"
     );
-    let fs2 = Fs::open_with(
-        &path,
-        FsOptions {
-            read_only: false,
-            commit_secs: 0,
-            ..FsOptions::default()
-        },
-    )
-    .expect("recover");
+    let fs2 = common::open_rw(&path);
     for i in 0..300 {
         assert_eq!(
             fs2.read(format!("/d/f{i}")).expect("read"),
-            pattern(i, 4096),
+            fixture_bytes(i, 4096),
             "f{i}"
         );
     }
@@ -138,18 +120,9 @@ fn blocks_of(fs: &Fs, path: &str) -> Vec<u64> {
 /// How the crash image of `revoked_block_reused_for_data` is recovered.
 fn recover(path: &std::path::Path, how: &str) -> Result<(), String> {
     match how {
-        "rext4" => {
-            let fs = Fs::open_with(
-                path,
-                FsOptions {
-                    read_only: false,
-                    commit_secs: 0,
-                    ..FsOptions::default()
-                },
-            )
-            .map_err(|e| format!("open: {e}"))?;
-            fs.close().map_err(|e| format!("close: {e}"))
-        }
+        "rext4" => common::open_rw(path)
+            .close()
+            .map_err(|e| format!("close: {e}")),
         "e2fsck" => {
             let r = e2fsck_fy(path);
             if r.exit_code > 1 {
@@ -192,7 +165,7 @@ fn revoked_block_reused_for_data() {
     fs.sync().expect("sync");
     let free = fs.statfs().blocks_available;
     let len = (free.saturating_sub(100) as usize) * bs;
-    let data = pattern(7, len);
+    let data = fixture_bytes(7, len);
     let f = fs.create("/big").expect("create");
     f.write_all_at(&data, 0).expect("write");
     f.sync_all().expect("fsync");
@@ -277,7 +250,7 @@ fn concurrent_fsyncs_share_commits() {
             sc.spawn(move || {
                 for i in 0..per {
                     let f = fs.create(format!("/t{t}/f{i}")).expect("create");
-                    f.write_all_at(&pattern(t * 1000 + i, 4096), 0)
+                    f.write_all_at(&fixture_bytes(t * 1000 + i, 4096), 0)
                         .expect("write");
                     f.sync_all().expect("fsync");
                 }
@@ -306,7 +279,7 @@ fn concurrent_fsyncs_share_commits() {
         for i in 0..per {
             assert_eq!(
                 fs.read(format!("/t{t}/f{i}")).expect("read"),
-                pattern(t * 1000 + i, 4096),
+                fixture_bytes(t * 1000 + i, 4096),
                 "/t{t}/f{i}"
             );
         }

@@ -287,6 +287,22 @@ pub fn parse_size(arg: &str, block_size: Option<u32>) -> Option<u64> {
     n.checked_mul(1u64 << shift)
 }
 
+/// A fresh filesystem with mke2fs's defaults on a zeroed memory device of `size`
+/// bytes (unit tests).
+#[cfg(test)]
+pub(crate) fn mem_image(size: usize) -> std::sync::Arc<crate::device::MemDevice> {
+    let dev = std::sync::Arc::new(crate::device::MemDevice::new(vec![0u8; size]));
+    mkfs(
+        dev.as_ref(),
+        &MkfsOptions {
+            device_zeroed: true,
+            ..Default::default()
+        },
+    )
+    .expect("mkfs");
+    dev
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
