@@ -646,11 +646,13 @@ impl Fs {
         let held = Held::acquire(self.lock_id(), Rank::Write);
         let g = WriteGuard {
             inner: &self.inner,
-            _g: self
-                .inner
-                .write_lock
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
+            _g: self.inner.write_lock.lock().unwrap_or_else(|p| {
+                // A thread panicked holding it: what it left half done must never be
+                // committed (its own release aborted already; this is the latch).
+                self.inner
+                    .shut_down("an operation panicked holding the write lock".into());
+                p.into_inner()
+            }),
             _held: held,
             check_on_drop: true,
             read_errors_at: crate::cache::thread_read_errors(),
@@ -1345,6 +1347,13 @@ impl Drop for WriteGuard<'_> {
     fn drop(&mut self) {
         if !self.check_on_drop || self.inner.read_only {
             // Nothing to check.
+        } else if std::thread::panicking() {
+            // The operation stopped halfway: abort rather than commit any of it.
+            self.inner.abort(
+                "an operation panicked holding the write lock; the running \
+                        transaction is dropped"
+                    .into(),
+            );
         } else if crate::cache::thread_read_errors() > self.read_errors_at
             && self.inner.cache.write_count() > self.writes_at
         {
@@ -1535,6 +1544,37 @@ mod tests {
         assert_eq!(b.first_in(25, 31), Some(30));
         assert_eq!(b.first_in(26, 30), None);
         assert_eq!(b.block_count, 16);
+    }
+
+    /// A panic in the middle of an operation (under the write lock) aborts: nothing
+    /// of the running transaction is committed, later changes fail with ShutDown.
+    #[test]
+    fn a_panic_under_the_write_lock_aborts() {
+        use super::{Error, Fs, FsOptions};
+        let fs = Fs::open_device(
+            crate::mkfs::mem_image(8 << 20),
+            FsOptions {
+                read_only: false,
+                commit_secs: 0,
+                ..FsOptions::default()
+            },
+        )
+        .expect("open");
+        fs.write("/kept", b"committed").expect("write");
+        fs.sync().expect("sync");
+        let f2 = fs.clone();
+        let r = std::thread::spawn(move || {
+            let _w = f2.write_lock();
+            panic!("halfway");
+        })
+        .join();
+        assert!(r.is_err());
+        assert!(
+            matches!(fs.sync(), Err(Error::ShutDown(_))),
+            "not shut down"
+        );
+        assert!(matches!(fs.create_dir("/more"), Err(Error::ShutDown(_))));
+        assert_eq!(fs.read("/kept").expect("read"), b"committed");
     }
 
     /// A committed transaction's frees leave the busy set; frees of the next one,
