@@ -13,7 +13,8 @@
 //! file data was written to its blocks before, so it is durable before the commit that
 //! points at it); then writes the commit block (into a slot zeroed before that flush,
 //! so only its first sector changes and a torn write cannot leave half a record) and
-//! flushes again: two flushes per commit.
+//! flushes again: two flushes per commit. Log blocks that follow each other on the
+//! device go out in one write (`LogBatch`).
 //!
 //! Checkpoint is lazy: committed blocks wait in the buffer cache (its *logged* state)
 //! until the log has no room for the next transaction, the cache holds too many of
@@ -255,15 +256,13 @@ impl Journal {
     /// returns the log block after them.
     fn write_blocks(
         &self,
-        dev: &dyn BlockDevice,
+        out: &mut LogBatch,
         tid: u32,
         mut pos: u32,
         blocks: &[(u64, Arc<[u8]>)],
     ) -> Result<u32> {
         let fmt = self.fmt();
         let tpd = jbd2::tag_capacity(self.bs, &self.jsb.features()).max(1);
-        let bs = self.bs as u64;
-        let at = |p: u32| self.map[p as usize] * bs;
         for chunk in blocks.chunks(tpd) {
             let mut tags = Vec::with_capacity(chunk.len());
             let mut datas = Vec::with_capacity(chunk.len());
@@ -284,10 +283,10 @@ impl Journal {
             if n != tags.len() {
                 return Err(Error::InvalidInput("descriptor capacity mismatch".into()));
             }
-            dev.write_at(&desc, at(pos))?;
+            out.put(self, pos, &desc)?;
             pos += 1;
             for d in &datas {
-                dev.write_at(d, at(pos))?;
+                out.put(self, pos, d)?;
                 pos += 1;
             }
         }
@@ -298,7 +297,7 @@ impl Journal {
     /// returns the log block after them.
     fn write_revokes(
         &self,
-        dev: &dyn BlockDevice,
+        out: &mut LogBatch,
         tid: u32,
         mut pos: u32,
         mut records: &[u64],
@@ -310,7 +309,7 @@ impl Journal {
             if n == 0 {
                 return Err(Error::InvalidInput("revoke block holds no record".into()));
             }
-            dev.write_at(&b, self.map[pos as usize] * self.bs as u64)?;
+            out.put(self, pos, &b)?;
             pos += 1;
             records = &records[n..];
         }
@@ -374,10 +373,12 @@ impl Journal {
                 logged: Default::default(),
             });
         }
-        let pos = self.write_blocks(dev, tid, next, &changed)?;
+        let mut out = LogBatch::new(dev);
+        let pos = self.write_blocks(&mut out, tid, next, &changed)?;
         let mut eb = vec![0u8; self.bs];
         jbd2::encode_early(&mut eb, tid, boot_id, self.fmt().j_seed)?;
-        dev.write_at(&eb, self.map[pos as usize] * self.bs as u64)?;
+        out.put(self, pos, &eb)?;
+        out.finish()?;
         self.next_tid = tid.wrapping_add(1);
         if let Some(e) = self.early.as_mut() {
             e.next = pos + 1;
@@ -429,13 +430,15 @@ impl Journal {
         let map = self.map.clone();
         let bs = self.bs as u64;
         let at = |p: u32| map[p as usize] * bs;
-        let pos = self.write_blocks(dev, tid, start, blocks)?;
-        let pos = self.write_revokes(dev, tid, pos, revokes)?;
+        let mut out = LogBatch::new(dev);
+        let pos = self.write_blocks(&mut out, tid, start, blocks)?;
+        let pos = self.write_revokes(&mut out, tid, pos, revokes)?;
         // The commit block's slot is zeroed first, made durable with the rest: the
         // commit record then differs from what is on disk only in its first sector, so
         // a torn commit write leaves either the whole record or none of it (a torn one
         // would read as a corrupt transaction, and recovery would refuse the log).
-        dev.write_at(&vec![0u8; self.bs], at(pos))?;
+        out.put(self, pos, &vec![0u8; self.bs])?;
+        out.finish()?;
         // The revoke feature is set with the first revoke record, as jbd2 does.
         let revoke_feature =
             !revokes.is_empty() && self.jsb.feature_incompat & jbd2::INCOMPAT_REVOKE == 0;
@@ -484,6 +487,52 @@ impl Journal {
         self.early = None;
         EarlyRecord::store(None, &mut self.jsb);
         self.write_jsb(dev)
+    }
+}
+
+/// Log blocks on their way to the device: runs of blocks that follow each other on
+/// the device (the journal is usually one extent) go in one write, not one each.
+struct LogBatch<'d> {
+    dev: &'d dyn BlockDevice,
+    /// Device byte offset of `buf`'s first block.
+    at: u64,
+    buf: Vec<u8>,
+}
+
+impl<'d> LogBatch<'d> {
+    /// At most this many bytes per write.
+    const MAX: usize = 1 << 20;
+
+    fn new(dev: &'d dyn BlockDevice) -> Self {
+        LogBatch {
+            dev,
+            at: 0,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Queue `block` for log block `pos` of `j`.
+    fn put(&mut self, j: &Journal, pos: u32, block: &[u8]) -> Result<()> {
+        let at = j.map[pos as usize] * j.bs as u64;
+        if !self.buf.is_empty()
+            && (self.at + self.buf.len() as u64 != at || self.buf.len() >= Self::MAX)
+        {
+            self.finish()?;
+        }
+        if self.buf.is_empty() {
+            self.at = at;
+        }
+        self.buf.extend_from_slice(block);
+        Ok(())
+    }
+
+    /// Write what is queued.
+    fn finish(&mut self) -> Result<()> {
+        if !self.buf.is_empty() {
+            self.dev.write_at(&self.buf, self.at)?;
+            self.buf.clear();
+        }
+        Ok(())
     }
 }
 
