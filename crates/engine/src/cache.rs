@@ -297,7 +297,7 @@ impl BufferCache {
         let mut logged_gone = 0;
         let mut revoked = Vec::new();
         let committing = &mut b.committing;
-        let mut gone = |blk: u64, e: Entry| {
+        let mut gone = |blk: u64, e: &Entry| {
             if e.dirty {
                 dropped_dirty += 1;
             }
@@ -312,22 +312,18 @@ impl BufferCache {
         if len <= 64 {
             for blk in start..start.saturating_add(len) {
                 if let Some(e) = b.map.remove(&blk) {
-                    gone(blk, e);
+                    gone(blk, &e);
                 }
             }
         } else {
             let end = start.saturating_add(len);
-            let doomed: Vec<u64> = b
-                .map
-                .keys()
-                .copied()
-                .filter(|k| (start..end).contains(k))
-                .collect();
-            for blk in doomed {
-                if let Some(e) = b.map.remove(&blk) {
+            b.map.retain(|&blk, e| {
+                let keep = blk < start || blk >= end;
+                if !keep {
                     gone(blk, e);
                 }
-            }
+                keep
+            });
         }
         self.dirty.fetch_sub(dropped_dirty, Ordering::Relaxed);
         self.logged.fetch_sub(logged_gone, Ordering::Relaxed);

@@ -195,7 +195,6 @@ impl Journal {
             self.jsb.feature_incompat |= jbd2::INCOMPAT_64BIT;
             changed = true;
         }
-
         if changed {
             self.write_jsb(dev)?;
             dev.flush()?;
@@ -427,9 +426,6 @@ impl Journal {
         };
         // Committed or not, the chain is over: its blocks are all in this transaction.
         self.early = None;
-        let map = self.map.clone();
-        let bs = self.bs as u64;
-        let at = |p: u32| map[p as usize] * bs;
         let mut out = LogBatch::new(dev);
         let pos = self.write_blocks(&mut out, tid, start, blocks)?;
         let pos = self.write_revokes(&mut out, tid, pos, revokes)?;
@@ -439,6 +435,7 @@ impl Journal {
         // would read as a corrupt transaction, and recovery would refuse the log).
         out.put(self, pos, &vec![0u8; self.bs])?;
         out.finish()?;
+        let commit_at = self.map[pos as usize] * self.bs as u64;
         // The revoke feature is set with the first revoke record, as jbd2 does.
         let revoke_feature =
             !revokes.is_empty() && self.jsb.feature_incompat & jbd2::INCOMPAT_REVOKE == 0;
@@ -461,7 +458,7 @@ impl Journal {
         self.last_commit_sec = sec;
         let mut cb = vec![0u8; self.bs];
         CommitBlock::new(tid, sec, now.subsec_nanos()).encode(&mut cb, &fmt)?;
-        dev.write_at(&cb, at(pos))?;
+        dev.write_at(&cb, commit_at)?;
         dev.flush()?;
         self.head = Some(pos + 1);
         self.next_tid = tid.wrapping_add(1);
