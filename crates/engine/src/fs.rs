@@ -771,7 +771,6 @@ impl Fs {
 
     /// Journal commits and checkpoints written since the filesystem was opened.
     pub fn journal_stats(&self) -> JournalStats {
-        use std::sync::atomic::Ordering::Relaxed;
         JournalStats {
             commits: self.inner.commits.load(Relaxed),
             checkpoints: self.inner.checkpoints.load(Relaxed),
@@ -1243,8 +1242,7 @@ impl Inner {
         }
         let dev = self.cache.device().clone();
         self.cache.checkpoint()?;
-        self.checkpoints
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.checkpoints.fetch_add(1, Relaxed);
         dev.flush()?;
         j.checkpointed(dev.as_ref())?;
         // The empty log must be durable before anything overwrites the old one (a
@@ -1351,7 +1349,7 @@ impl Drop for WriteGuard<'_> {
             // The operation stopped halfway: abort rather than commit any of it.
             self.inner.abort(
                 "an operation panicked holding the write lock; the running \
-                        transaction is dropped"
+                 transaction is dropped"
                     .into(),
             );
         } else if crate::cache::thread_read_errors() > self.read_errors_at
@@ -1522,6 +1520,21 @@ fn check_group(sb: &Superblock, g: u64, gd: &GroupDesc) -> rext4_format::Result<
     })
 }
 
+/// A read-write filesystem (no periodic commit) on a fresh memory image of `size`
+/// bytes (unit tests).
+#[cfg(test)]
+pub(crate) fn mem_fs_rw(size: usize) -> Fs {
+    Fs::open_device(
+        crate::mkfs::mem_image(size),
+        FsOptions {
+            read_only: false,
+            commit_secs: 0,
+            ..FsOptions::default()
+        },
+    )
+    .expect("open")
+}
+
 #[cfg(test)]
 mod tests {
     use super::Busy;
@@ -1550,16 +1563,8 @@ mod tests {
     /// of the running transaction is committed, later changes fail with ShutDown.
     #[test]
     fn a_panic_under_the_write_lock_aborts() {
-        use super::{Error, Fs, FsOptions};
-        let fs = Fs::open_device(
-            crate::mkfs::mem_image(8 << 20),
-            FsOptions {
-                read_only: false,
-                commit_secs: 0,
-                ..FsOptions::default()
-            },
-        )
-        .expect("open");
+        use super::Error;
+        let fs = super::mem_fs_rw(8 << 20);
         fs.write("/kept", b"committed").expect("write");
         fs.sync().expect("sync");
         let f2 = fs.clone();

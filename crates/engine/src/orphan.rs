@@ -306,24 +306,13 @@ impl Fs {
 
 #[cfg(test)]
 mod tests {
-    use crate::fs::{Fs, FsOptions};
-
     /// The last reference of an unlinked file goes while the thread holds another
     /// inode's I/O lock (which may be the same striped lock): the free waits in the
     /// queue instead of waiting for the lock, and the next unpin on a thread holding
     /// none does it.
     #[test]
     fn a_last_unpin_under_an_io_lock_frees_later() {
-        let dev = crate::mkfs::mem_image(8 << 20);
-        let fs = Fs::open_device(
-            dev,
-            FsOptions {
-                read_only: false,
-                commit_secs: 0,
-                ..FsOptions::default()
-            },
-        )
-        .expect("open");
+        let fs = crate::fs::mem_fs_rw(8 << 20);
         fs.write("/other", b"x").expect("create");
         fs.write("/gone", vec![7u8; 10_000]).expect("create");
         let other = fs.metadata("/other").expect("stat").ino;
