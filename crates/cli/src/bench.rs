@@ -235,6 +235,13 @@ fn on_threads(
     })
 }
 
+/// Thread `t`'s share of `0..n` among `threads` (equal shares, the last shorter).
+fn share(n: u64, threads: usize, t: usize) -> std::ops::Range<u64> {
+    let per = n.div_ceil(threads as u64);
+    let t = t as u64;
+    (t * per).min(n)..((t + 1) * per).min(n)
+}
+
 /// One mdtest operation on a name in a directory.
 type NameOp<'a> = dyn Fn(Ino, &[u8]) -> Result<(), String> + Sync + 'a;
 
@@ -256,12 +263,8 @@ fn mdtest(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
     }
     // Thread t's names: its share of 0..n, so the names never collide (made before
     // the clock starts).
-    let per = n.div_ceil(threads as u64);
-    let names: Vec<Vec<String>> = (0..threads as u64)
-        .map(|t| {
-            let (lo, hi) = (t * per, ((t + 1) * per).min(n));
-            (lo..hi).map(|i| format!("f{i:07}")).collect()
-        })
+    let names: Vec<Vec<String>> = (0..threads)
+        .map(|t| share(n, threads, t).map(|i| format!("f{i:07}")).collect())
         .collect();
     let label = if threads > 1 {
         format!(
@@ -309,12 +312,10 @@ fn smallfsync(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
     }
     fs.sync().map_err(e)?;
     let data = vec![0x5Au8; 4096];
-    let per = n.div_ceil(threads as u64);
     let before = fs.journal_stats();
     let t0 = Instant::now();
     on_threads(threads, |t| {
-        let (lo, hi) = (t as u64 * per, ((t as u64 + 1) * per).min(n));
-        for i in lo..hi {
+        for i in share(n, threads, t) {
             stop()?;
             let f = fs.create(format!("/smallfsync/t{t}/f{i:06}")).map_err(e)?;
             f.write_all_at(&data, 0).map_err(e)?;
