@@ -96,6 +96,8 @@ pub struct BufferCache {
     logged: AtomicUsize,
     /// Bumped by every accepted write (whether something changed since a moment).
     writes: std::sync::atomic::AtomicU64,
+    /// Failed metadata reads (`errors_seen`).
+    errors: std::sync::atomic::AtomicU64,
 }
 
 impl BufferCache {
@@ -116,7 +118,14 @@ impl BufferCache {
             dirty: AtomicUsize::new(0),
             logged: AtomicUsize::new(0),
             writes: std::sync::atomic::AtomicU64::new(0),
+            errors: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Metadata reads that failed, by a device error or a failed check, since the
+    /// cache was made (the filesystem marks itself with errors from it: `Inner::settle_errors`).
+    pub fn errors_seen(&self) -> u64 {
+        self.errors.load(Ordering::SeqCst)
     }
 
     pub fn device(&self) -> &Arc<dyn BlockDevice> {
@@ -157,16 +166,20 @@ impl BufferCache {
                 let mut v = vec![0u8; self.block_size];
                 if let Err(e) = self.dev.read_at(&mut v, blk * self.block_size as u64) {
                     READ_ERRORS.with(|c| c.set(c.get() + 1));
+                    self.errors.fetch_add(1, Ordering::SeqCst);
                     return Err(e.into());
                 }
                 Arc::from(v)
             }
         };
         verify(&data).map_err(|e| match e {
-            Error::Corrupted { what, block: None } => Error::Corrupted {
-                what,
-                block: Some(blk),
-            },
+            Error::Corrupted { what, block } => {
+                self.errors.fetch_add(1, Ordering::SeqCst);
+                Error::Corrupted {
+                    what,
+                    block: block.or(Some(blk)),
+                }
+            }
             other => other,
         })?;
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());

@@ -101,6 +101,35 @@ pub struct FsOptions {
     /// and the journal. [`Fs::open_with`] maps the path; [`Fs::open_device`] needs a
     /// device that is a [`crate::dax::DaxDevice`]. Not with `direct_io`.
     pub dax: bool,
+    /// What a metadata error (a failed read, corruption found) does, as ext4's
+    /// `errors=`; `None`: what the superblock says (`s_errors`, set by mke2fs -e or
+    /// tune2fs -e; continue when unset). Whatever the behaviour, the superblock is
+    /// marked as having errors, so e2fsck checks the image fully.
+    pub errors: Option<Errors>,
+}
+
+/// ext4's `errors=` behaviours after a metadata error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Errors {
+    /// Mark the superblock and go on (operations that changed something before
+    /// their error abort all the same).
+    Continue,
+    /// Abort the journal: nothing more is committed and every change is refused
+    /// (`Error::ShutDown`), as the kernel's remount read-only.
+    RemountRo,
+    /// As `RemountRo` (a library does not stop its process; the kernel panics).
+    Panic,
+}
+
+impl Errors {
+    /// The behaviour a superblock's `s_errors` asks for.
+    pub fn from_superblock(v: u16) -> Errors {
+        match v {
+            2 => Errors::RemountRo,
+            3 => Errors::Panic,
+            _ => Errors::Continue,
+        }
+    }
 }
 
 impl Default for FsOptions {
@@ -118,6 +147,7 @@ impl Default for FsOptions {
             early_commit_ms: 0,
             boot_id: None,
             dax: false,
+            errors: None,
         }
     }
 }
@@ -295,6 +325,10 @@ pub(crate) struct Inner {
     /// DAX mode: per file, the mapping lock, live mappings and dirty ranges
     /// (`dax_file`).
     pub(crate) dax_files: crate::dax_file::DaxFiles,
+    /// `FsOptions::errors`, resolved.
+    pub(crate) errors: Errors,
+    /// The cache's failed metadata reads already marked in the superblock.
+    errors_noted: std::sync::atomic::AtomicU64,
 }
 
 /// An open ext4 filesystem. Cheap to clone; shareable across threads.
@@ -448,6 +482,7 @@ impl Fs {
             read_only = true;
         }
         let was_clean = sb.state & STATE_VALID != 0;
+        let errors_field = sb.errors;
         let space = Arc::new(crate::space::Space::new(
             0,
             crate::space::Space::pool_for(
@@ -509,6 +544,10 @@ impl Fs {
                 boot_id,
                 dax,
                 dax_files: crate::dax_file::DaxFiles::default(),
+                errors: opts
+                    .errors
+                    .unwrap_or_else(|| Errors::from_superblock(errors_field)),
+                errors_noted: Default::default(),
             }),
         };
         {
@@ -669,6 +708,7 @@ impl Fs {
 
     /// Fail with `ReadOnly` unless the filesystem is writable.
     pub(crate) fn check_writable(&self) -> Result<()> {
+        self.inner.settle_errors(0);
         if let Some(why) = self
             .inner
             .shutdown
@@ -748,6 +788,7 @@ impl Fs {
     fn commit_concurrently(&self, mine: Option<u64>) -> Result<()> {
         loop {
             let w = self.write_lock();
+            self.inner.settle_errors(0);
             if mine.is_some_and(|m| self.inner.syncs_done.load(SeqCst) > m) {
                 return self.inner.not_shut_down();
             }
@@ -1041,8 +1082,8 @@ impl Inner {
     /// Abort the journal (jbd2's abort): shut down, so nothing of the running
     /// transaction is committed, and record the error in the journal superblock, so
     /// whoever recovers the image marks it as having errors (the running
-    /// transaction's superblock, with the error state, is never committed). Caller
-    /// holds the write lock.
+    /// transaction's superblock, with the error state, is never committed). Takes the
+    /// journal's mutex: never called holding it.
     pub(crate) fn abort(&self, why: String) {
         let mut jguard = self.journal();
         self.abort_journal(jguard.as_mut(), why);
@@ -1055,6 +1096,48 @@ impl Inner {
         if let Some(j) = j {
             // Best effort: the device may be what failed.
             let _ = j.record_abort(self.cache.device().as_ref(), -5);
+        }
+    }
+
+    /// Mark the superblock with the metadata errors the cache met since the last call
+    /// and `extra` found elsewhere, and follow `errors=` (ext4_error's handling): with
+    /// remount-ro or panic, abort. Read-only opens and closed filesystems change
+    /// nothing. Takes `live` and, to abort, the journal's mutex.
+    pub(crate) fn settle_errors(&self, extra: u64) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let seen = self.cache.errors_seen();
+        let noted = self.errors_noted.load(SeqCst);
+        if (seen <= noted && extra == 0) || self.read_only {
+            return;
+        }
+        if seen > noted
+            && self
+                .errors_noted
+                .compare_exchange(noted, seen, SeqCst, SeqCst)
+                .is_err()
+        {
+            return; // another thread marks them
+        }
+        let n = seen.saturating_sub(noted) + extra;
+        {
+            let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+            if live.closed {
+                return;
+            }
+            live.sb.state |= rext4_format::superblock::STATE_ERROR;
+            live.sb.error_count = live.sb.error_count.saturating_add(n as u32);
+            live.dirty = true;
+        }
+        log::error!("rext4: {n} metadata error(s) found; the filesystem is marked with errors");
+        if self.errors != Errors::Continue {
+            self.abort(format!(
+                "errors={}: a metadata read failed or found corruption",
+                if self.errors == Errors::Panic {
+                    "panic"
+                } else {
+                    "remount-ro"
+                }
+            ));
         }
     }
 
@@ -1362,8 +1445,11 @@ impl Drop for WriteGuard<'_> {
                  running transaction is dropped"
                     .into(),
             );
-        } else if self.inner.wants_commit() {
-            let _ = self.inner.sync_locked();
+        } else {
+            self.inner.settle_errors(0);
+            if self.inner.wants_commit() {
+                let _ = self.inner.sync_locked();
+            }
         }
         HOLDS_WRITE_LOCK.with(|h| h.set(false));
     }
@@ -1438,16 +1524,17 @@ impl Fs {
     /// bit), so `e2fsck -p` checks the image fully instead of trusting "clean". Other
     /// errors, and read-only opens, change nothing.
     pub fn note_error(&self, e: &Error) {
-        if self.inner.read_only || !matches!(e, Error::Corrupted { .. } | Error::Io(_)) {
+        if !matches!(e, Error::Corrupted { .. } | Error::Io(_)) {
             return;
         }
-        let mut live = self.live();
-        if live.closed {
-            return;
-        }
-        live.sb.state |= rext4_format::superblock::STATE_ERROR;
-        live.sb.error_count = live.sb.error_count.saturating_add(1);
-        live.dirty = true;
+        // An error the cache met is counted there; one found elsewhere (in a decoded
+        // record, in file data) counts once here.
+        let from_cache = self.inner.cache.errors_seen()
+            > self
+                .inner
+                .errors_noted
+                .load(std::sync::atomic::Ordering::SeqCst);
+        self.inner.settle_errors(if from_cache { 0 } else { 1 });
     }
 
     /// Whether any of `len` blocks from `start` is one of the filesystem's own (a

@@ -70,7 +70,7 @@ pub use claim::Claim;
 pub use dir::DirEntry;
 pub use error::{Error, Result};
 pub use file::{File, FileType, Metadata};
-pub use fs::{Fs, FsOptions, Ino, JournalStats};
+pub use fs::{Errors, Fs, FsOptions, Ino, JournalStats};
 pub use map::Mapping;
 pub use ops::{FallocMode, RenameFlags, SetAttr, StatFs};
 pub use pagecache::mapping::MappedRange;

@@ -65,6 +65,21 @@ const FL_KEPT_ONLY: u32 = flags::SECRM
 /// The flags rext4 enforces itself: IMMUTABLE and APPEND.
 const FL_ENFORCED: u32 = flags::IMMUTABLE | flags::APPEND;
 
+/// The checks of a truncate of `inode` to `size`: a regular file, within the size
+/// limit, neither immutable nor append-only.
+fn truncate_allowed(inode: &Inode, size: u64, max: u64) -> Result<()> {
+    if inode.is_dir() {
+        return Err(Error::IsADirectory);
+    }
+    if !inode.is_reg() {
+        return Err(Error::InvalidInput("truncate of a non-regular file".into()));
+    }
+    if size > max {
+        return Err(Error::FileTooLarge);
+    }
+    may_change(inode, "truncate", false)
+}
+
 /// EPERM when `inode` may not change because of its flags (as `what`): an immutable
 /// inode takes no change at all; an append-only one only what `append_ok` allows
 /// (appends, new times, names added to a directory). The kernel's VFS checks these on
@@ -850,14 +865,18 @@ impl Fs {
     pub fn setattr_ino(&self, ino: Ino, a: &SetAttr) -> Result<crate::Metadata> {
         let _io = a.size.map(|_| self.io_exclusive(ino));
         let _dax = a.size.and_then(|_| self.dax_change(ino));
+        let mut cut = false;
         if let Some(size) = a.size {
             self.check_writable()?;
-            self.prepare_size_change(ino, size)?;
+            truncate_allowed(&self.read_live_inode(ino)?, size, self.max_file_size())?;
+            cut = self.prepare_size_change(ino, size)?;
         }
         let _w = self.write_lock();
         self.check_writable()?;
         if let Some(size) = a.size {
-            self.truncate_locked(ino, size)?;
+            let r = self.truncate_locked(ino, size);
+            self.cut_failed(cut, &r);
+            r?;
         }
         let mut inode = self.read_live_inode(ino)?;
         // An append-only file still takes new times (its appends move mtime, and the
@@ -1050,31 +1069,49 @@ impl Fs {
         let _io = self.io_exclusive(ino);
         let _dax = self.dax_change(ino);
         self.check_writable()?;
-        self.prepare_size_change(ino, size)?;
+        truncate_allowed(&self.read_live_inode(ino)?, size, self.max_file_size())?;
+        let cut = self.prepare_size_change(ino, size)?;
         let _w = self.write_lock();
         self.check_writable()?;
-        self.truncate_locked(ino, size)
+        let r = self.truncate_locked(ino, size);
+        self.cut_failed(cut, &r);
+        r
     }
 
     /// Page-cache work before the size of `ino` becomes `size` (caller holds the I/O
     /// lock exclusively, not the write lock): pages past the new end go, and buffered
     /// data between the on-disk size and the new one is written back first, so the
     /// size that commits never covers data that is not on the device (a crash must
-    /// not show zeros where the file had data).
-    pub(crate) fn prepare_size_change(&self, ino: Ino, size: u64) -> Result<()> {
+    /// not show zeros where the file had data). A truncate's checks
+    /// (`truncate_allowed`) come before it, so a refused one leaves the pages alone.
+    /// True when pages were cut: a truncate that fails after that has changed the
+    /// file (see `Fs::cut_failed`).
+    pub(crate) fn prepare_size_change(&self, ino: Ino, size: u64) -> Result<bool> {
         let inode = self.read_live_inode(ino)?;
         if !inode.is_reg() {
-            return Ok(());
+            return Ok(false);
         }
         let vfs = self.vfs_size(ino, &inode);
-        if size < vfs {
+        let cut = size < vfs;
+        if cut {
             self.pc_truncate(ino, size, inode.size);
         }
         if size > inode.size && vfs > inode.size {
             let ps = u64::from(self.inner.block_size);
             self.writeback_ino(ino, inode.size / ps, u64::MAX, true)?;
         }
-        Ok(())
+        Ok(cut)
+    }
+
+    /// After `prepare_size_change` cut the page cache, a truncate that failed (a read
+    /// error halfway) has changed the file in memory without its new size: abort, so
+    /// nothing of it is committed and the error is recorded, as for any failure after
+    /// a change.
+    fn cut_failed(&self, cut: bool, r: &Result<()>) {
+        if let (true, Err(e)) = (cut, r) {
+            self.inner
+                .abort(format!("truncate failed after its pages were cut: {e}"));
+        }
     }
 
     /// The largest size of a file, the kernel's `s_maxbytes` for extent-mapped files:
@@ -1098,16 +1135,7 @@ impl Fs {
 
     fn truncate_locked(&self, ino: Ino, size: u64) -> Result<()> {
         let mut inode = self.read_live_inode(ino)?;
-        if inode.is_dir() {
-            return Err(Error::IsADirectory);
-        }
-        if !inode.is_reg() {
-            return Err(Error::InvalidInput("truncate of a non-regular file".into()));
-        }
-        if size > self.max_file_size() {
-            return Err(Error::FileTooLarge);
-        }
-        may_change(&inode, "truncate", false)?;
+        truncate_allowed(&inode, size, self.max_file_size())?;
         let bs = u64::from(self.inner.block_size);
         if size < inode.size {
             let first_gone = size.div_ceil(bs);
@@ -1453,13 +1481,18 @@ impl Fs {
                     let run_end = ((lblk + got) * bs).min(end);
                     let start_in = (pos_now - lblk * bs) as usize;
                     let n = (run_end - pos_now) as usize;
-                    write_zero_padded(
+                    if let Err(e) = write_zero_padded(
                         dev.as_ref(),
                         &buf[(pos_now - offset) as usize..][..n],
                         start_in,
                         (got * bs) as usize,
                         p * bs,
-                    )?;
+                    ) {
+                        // The blocks hold nothing of the file yet: give them back, so
+                        // the failed write leaves no block allocated to no one.
+                        let _ = self.free_blocks(p, got);
+                        return Err(e);
+                    }
                     let ext = Extent {
                         logical: lblk as u32,
                         len: got as u16,

@@ -326,6 +326,12 @@ fn inode_flags_kept_enforced_and_refused() {
     eperm(fs.remove_file("/f"), "unlink");
     eperm(fs.rename("/f", "/g"), "rename");
     eperm(w.set_len(0), "truncate");
+    // The refused truncate left the file's cached (still dirty) data alone.
+    assert_eq!(
+        fs.read("/f").expect("read"),
+        b"x",
+        "a refused truncate cut the file"
+    );
     eperm(
         fs.set_flags_ino(f, flags | 0x10 | 0x2),
         "another flag while immutable",

@@ -609,6 +609,12 @@ fn serve_inner(
         // The engine claims the image (exclusive for rw, shared for ro); a read-only
         // mount refuses an image someone writes, as the kernel caches what it reads.
         keep_writers_out: true,
+        // The engine marks the image and, with remount-ro, aborts its journal on a
+        // metadata error by itself; the adapter also refuses changes (EROFS).
+        errors: Some(match opts.errors {
+            ErrorsPolicy::Continue => rext4::Errors::Continue,
+            ErrorsPolicy::RemountRo => rext4::Errors::RemountRo,
+        }),
         ..FsOptions::default()
     };
     if let Some(mb) = opts.cache_mb {

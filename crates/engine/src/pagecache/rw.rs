@@ -492,7 +492,16 @@ impl Fs {
             self.pc_write(ino, buf, offset, size, u64::MAX, promise)?;
         }
         if update_times {
-            self.touch_times(ino)?;
+            if let Err(e) = self.touch_times(ino) {
+                // The data is written: the write succeeded, only its times did not
+                // move (a failed inode read). As the kernel's time update after a
+                // failed inode read: the error is recorded, the write stands.
+                log::error!(
+                    "rext4: inode {}: times not updated after a write: {e}",
+                    ino.0
+                );
+                self.note_error(&e);
+            }
         }
         drop(guard);
         self.balance_dirty();

@@ -323,12 +323,10 @@ impl Fs {
                 };
                 let bytes = &data[(i * ps) as usize..((i + len) * ps) as usize];
                 if let Err(e) = dev.write_at(bytes, phys * ps) {
-                    let why = format!("data write failed: {e}");
-                    *self
-                        .inner
-                        .shutdown
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner()) = Some(why);
+                    // The chunk's extents may already be in the running transaction:
+                    // abort, so none of it is committed over data that never arrived,
+                    // and whoever recovers the image sees the error.
+                    self.inner.abort(format!("data write failed: {e}"));
                     return Err(Error::Io(e));
                 }
                 if piece == Piece::Convert {
