@@ -115,7 +115,7 @@ impl Fs {
             }
         }
         self.alloc_pass(goal, want, 1)?.ok_or_else(|| {
-            crate::space::note_refusal("the allocator found no free block that is not busy");
+            crate::fs::space::note_refusal("the allocator found no free block that is not busy");
             Error::NoSpace
         })
     }
@@ -156,7 +156,7 @@ impl Fs {
             live.dirty = true;
             return Ok(first + x);
         }
-        crate::space::note_refusal("no free tree block that is not busy");
+        crate::fs::space::note_refusal("no free tree block that is not busy");
         Err(Error::NoSpace)
     }
 

@@ -17,8 +17,8 @@ use rext4_format::{bitmap, jbd2, orphan};
 
 use crate::cache::Kind;
 use crate::error::{Error, Result};
+use crate::fs::map::Mapping;
 use crate::fs::{Fs, Ino};
-use crate::map::Mapping;
 
 /// A metadata block and what it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -21,9 +21,9 @@ use rext4_format::superblock::feature;
 use crate::cache::Kind;
 use crate::error::{AtBlock, Error, Result};
 use crate::file::FileType;
+use crate::fs::map::Mapping;
 use crate::fs::{Fs, Ino};
 use crate::icache::{DentKey, DentRef};
-use crate::map::Mapping;
 
 /// One directory entry, as `std::fs::DirEntry` gives it.
 #[derive(Debug, Clone, PartialEq, Eq)]

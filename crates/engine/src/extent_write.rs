@@ -48,8 +48,8 @@ use rext4_format::extent::{
 };
 
 use crate::error::{AtBlock, Error, Result};
-use crate::map::{Mapping, MAX_LOGICAL};
 use crate::store::BlockStore;
+use crate::store::{Mapping, MAX_LOGICAL};
 
 /// Write an empty depth-0 extent root (magic, 0 entries, max 4) into `i_block`, as the
 /// kernel does for a new file. The caller sets the inode's EXTENTS flag.

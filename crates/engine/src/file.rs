@@ -13,8 +13,8 @@ use rext4_format::inode::{mode, Inode, Timestamp};
 use rext4_format::superblock::feature;
 
 use crate::error::{Error, Result};
+use crate::fs::map::{Mapping, MAX_LOGICAL};
 use crate::fs::{Fs, Ino};
-use crate::map::{Mapping, MAX_LOGICAL};
 
 /// The type of a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -356,7 +356,9 @@ impl File {
     pub fn link(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
         let (parent, name) = self
             .fs
-            .parent_and_name(crate::path::path_bytes(path.as_ref()))?;
+            .parent_and_name(std::os::unix::ffi::OsStrExt::as_bytes(
+                path.as_ref().as_os_str(),
+            ))?;
         self.fs.link_ino(self.ino, parent, name)
     }
     fn inode(&self) -> Result<Inode> {

@@ -5,21 +5,26 @@
 //! [`File::read_at`], [`Fs::xattrs`]. Inode-level calls (`*_ino`) serve frontends that
 //! work by inode number (FUSE).
 //!
-//! Layers, top to bottom (see docs/ARCHITECTURE.md):
-//! - `path`: path resolution and the path API; `file`: metadata and file reads;
-//!   `dir`: linear and htree directories; `xattr`: extended attributes;
-//! - `map`: logical→physical mapping (extent trees, block maps);
-//! - `icache`/`grace`: inode and dentry caches (lock-free hits), inode reuse grace;
-//! - `pagecache`: file data pages, delayed allocation, read-ahead, writeback;
-//! - `fs`: superblock, feature gate, group descriptors, inode records;
-//! - `cache`: metadata buffers, verified on read;
-//! - `device`: the `BlockDevice` seam (file, memory); `dax`: a memory-mapped image
-//!   (DAX: file data copied straight between the caller and the mapping), and
-//!   `dax_file`: DAX file I/O, mappings of file blocks, the mapping lock, dirty
-//!   records;
+//! Layers, top to bottom (the table in docs/ARCHITECTURE.md, checked by
+//! `tests/layers.rs`):
+//! - `path`: path resolution and the path API; `dir`: linear and htree directories;
+//!   `file`: metadata and file reads; `perm`: permission checks; `xattr`: extended
+//!   attributes; `orphan`: pins and orphans;
+//! - `ops`: operations by inode number; `alloc`: block and inode allocators; `atime`,
+//!   `acl`, `check`;
+//! - `fs`: the filesystem core — superblock, feature gate, group descriptors, inode
+//!   records, transactions and commits (`fs::jwrite`), logical→physical mapping
+//!   (`fs::map`), inode writes (`fs::inode_write`), file data pages
+//!   (`fs::pagecache`), space promises (`fs::space`), DAX file I/O (`fs::dax_file`);
+//! - `cache`: metadata buffers, verified on read; `journal`: jbd2 log reading and
+//!   replay; `mkfs`;
+//! - `device`: the `BlockDevice` seam (file, memory) and `device::dax`, a
+//!   memory-mapped image; `icache`/`grace`: inode and dentry caches (lock-free hits),
+//!   inode reuse grace; `dir_write`/`extent_write`: the directory and extent-tree
+//!   algorithms, written against `store`'s seams;
 //! - `claim`: keeps other users away from an image opened by path (loop devices,
-//!   mounts, other rext4 processes);
-//! - `lockdep`: the lock order, checked in debug builds.
+//!   mounts, other rext4 processes); `lockdep`: the lock order, checked in debug
+//!   builds; `error`.
 //!
 //! Warnings the engine cannot return to a caller (a writeback that failed in the
 //! background) go through the `log` crate; the embedding program routes them.
@@ -38,29 +43,24 @@ pub mod atime;
 pub mod cache;
 pub mod check;
 pub mod claim;
-pub mod dax;
-mod dax_file;
 pub mod device;
+pub use device::dax;
 pub mod dir;
 pub mod dir_write;
 pub mod error;
 pub mod extent_write;
 pub mod file;
 pub mod fs;
+pub use fs::{inode_write, map, pagecache};
 pub mod grace;
 pub mod icache;
-pub mod inode_write;
 pub mod journal;
-mod jwrite;
 mod lockdep;
-pub mod map;
 pub mod mkfs;
 pub mod ops;
 pub mod orphan;
-pub mod pagecache;
 pub mod path;
 pub mod perm;
-mod space;
 pub mod store;
 pub mod xattr;
 
@@ -70,15 +70,15 @@ pub use claim::Claim;
 pub use dir::DirEntry;
 pub use error::{Error, Result};
 pub use file::{File, FileType, Metadata};
+pub use fs::pagecache::mapping::MappedRange;
+pub use fs::pagecache::rw::Whence;
+pub use fs::pagecache::PageCacheStats;
+pub use fs::space::{act_as_privileged, PrivilegeGuard};
 pub use fs::{Errors, Fs, FsOptions, Ino, JournalStats};
-pub use map::Mapping;
 pub use ops::{FallocMode, RenameFlags, SetAttr, StatFs};
-pub use pagecache::mapping::MappedRange;
-pub use pagecache::rw::Whence;
-pub use pagecache::PageCacheStats;
 pub use path::OpenOptions;
 pub use perm::Creds;
 pub use rext4_format as format;
 pub use rext4_format::inode::Timestamp;
-pub use space::{act_as_privileged, PrivilegeGuard};
+pub use store::Mapping;
 pub use xattr::XattrFlags;

@@ -17,10 +17,10 @@ use rext4_format::superblock::feature;
 use crate::cache::Kind;
 use crate::dir_write;
 use crate::error::{Error, Result};
+use crate::fs::inode_write::{now_ts, with_tree, FsDir};
+use crate::fs::map::{Mapping, MAX_LOGICAL};
 use crate::fs::{Fs, Ino};
 use crate::icache::{Dent, DentKey, DentRef};
-use crate::inode_write::{now_ts, with_tree, FsDir};
-use crate::map::{Mapping, MAX_LOGICAL};
 
 /// ext4's limit on i_links_count for non-directories (EXT4_LINK_MAX).
 pub const LINK_MAX: u16 = 65000;
@@ -567,11 +567,11 @@ impl Fs {
         let is_dir = inode.is_dir();
         if inode.has_flag(flags::EXTENTS) {
             // Removing extents may split one (a new leaf): from the pool if need be.
-            let _c = crate::space::claim_as(crate::space::Claim::NoFail);
+            let _c = crate::fs::space::claim_as(crate::fs::space::Claim::NoFail);
             with_tree(self, ino, &mut inode, |t| {
                 t.remove(0, MAX_LOGICAL).map(|_| ())
             })?;
-        } else if crate::inode_write::uses_block_map(&inode) {
+        } else if crate::fs::inode_write::uses_block_map(&inode) {
             // An ext2/3 block map (a converted image): its data and indirect blocks.
             let c = self.block_map_contents(&inode)?;
             for &(_, p, n) in &c.runs {
@@ -1140,7 +1140,7 @@ impl Fs {
         if size < inode.size {
             let first_gone = size.div_ceil(bs);
             // Removing extents may split one (a new leaf): from the pool if need be.
-            let _c = crate::space::claim_as(crate::space::Claim::NoFail);
+            let _c = crate::fs::space::claim_as(crate::fs::space::Claim::NoFail);
             with_tree(self, ino, &mut inode, |t| {
                 t.remove(first_gone as u32, MAX_LOGICAL).map(|_| ())
             })?;
@@ -1464,7 +1464,7 @@ impl Fs {
                     )?;
                     {
                         // The conversion's extent splits may use the pool.
-                        let _c = crate::space::claim_as(crate::space::Claim::NoFail);
+                        let _c = crate::fs::space::claim_as(crate::fs::space::Claim::NoFail);
                         with_tree(self, ino, inode, |t| {
                             t.mark_written(lblk as u32, nblk as u32)
                         })?;
@@ -1691,7 +1691,7 @@ impl Fs {
         let end_full = end / bs;
         if first_full < end_full {
             // Removing extents may split one (a new leaf): from the pool if need be.
-            let _c = crate::space::claim_as(crate::space::Claim::NoFail);
+            let _c = crate::fs::space::claim_as(crate::fs::space::Claim::NoFail);
             with_tree(self, ino, inode, |t| {
                 t.remove(first_full as u32, end_full).map(|_| ())
             })?;

@@ -24,8 +24,8 @@ use rext4_format::superblock::feature;
 
 use crate::cache::Kind;
 use crate::error::{Error, Result};
+use crate::fs::map::{Mapping, MAX_LOGICAL};
 use crate::fs::{Fs, Ino};
-use crate::map::{Mapping, MAX_LOGICAL};
 
 impl Fs {
     /// Take a reference on `ino` (an open handle): it is not freed while referenced.
@@ -291,7 +291,7 @@ impl Fs {
                 let bs = u64::from(self.inner.block_size);
                 let first_gone = inode.size.div_ceil(bs);
                 if inode.has_flag(rext4_format::inode::flags::EXTENTS) && first_gone < MAX_LOGICAL {
-                    crate::inode_write::with_tree(self, ino, &mut inode, |t| {
+                    crate::fs::inode_write::with_tree(self, ino, &mut inode, |t| {
                         t.remove(first_gone as u32, MAX_LOGICAL).map(|_| ())
                     })?;
                 }

@@ -215,7 +215,7 @@ impl Fs {
         creds: &Creds,
         want: u16,
     ) -> Result<()> {
-        let p = crate::path::path_bytes(path.as_ref());
+        let p = std::os::unix::ffi::OsStrExt::as_bytes(path.as_ref().as_os_str());
         let ino = self.resolve_as(p, true, creds)?;
         self.permission_ino(ino, creds, want)
     }

@@ -46,6 +46,21 @@ pub enum DescCsum {
     },
 }
 
+impl DescCsum {
+    /// The checksum a filesystem with superblock `sb` (checksum seed `seed`) puts on
+    /// its descriptors: crc32c with metadata_csum, else crc16 with uninit_bg.
+    pub fn of(sb: &crate::superblock::Superblock, seed: u32) -> DescCsum {
+        use crate::superblock::feature;
+        if sb.metadata_csum() {
+            DescCsum::Crc32c { seed }
+        } else if sb.has_ro_compat(feature::RO_COMPAT_GDT_CSUM) {
+            DescCsum::Crc16 { uuid: sb.uuid }
+        } else {
+            DescCsum::None
+        }
+    }
+}
+
 impl GroupDesc {
     /// Decode a descriptor of `desc_size` bytes (32 or ≥ 64).
     pub fn decode(b: &[u8], desc_size: usize) -> Result<Self> {

@@ -145,7 +145,7 @@ impl JournalMap {
         let gdt = read_block(gdt_blk)?;
         let off = (g % per_block) as usize * ds;
         let bytes = gdt.get(off..off + ds).unwrap_or(&[]);
-        group::verify(bytes, g as u32, crate::fs::desc_csum_kind(sb, seed))
+        group::verify(bytes, g as u32, group::DescCsum::of(sb, seed))
             .map_err(|e| Error::from(e.at_block(gdt_blk)))?;
         let gd = GroupDesc::decode(bytes, ds).map_err(|e| Error::from(e.at_block(gdt_blk)))?;
         if gd.has_flag(group::FLAG_INODE_UNINIT) {

@@ -7,12 +7,19 @@
 //! on-disk numbers), read and verify every group descriptor. An image whose journal
 //! needs recovery is replayed first (`crate::journal`): on the device for a read-write
 //! open, into an in-memory overlay for a read-only one. A read-write open then loads
-//! the journal for rext4's own commits (`crate::jwrite`), sets needs_recovery (or,
+//! the journal for rext4's own commits (`crate::fs::jwrite`), sets needs_recovery (or,
 //! without a journal, clears VALID_FS), and finishes orphans (`crate::orphan`).
 //!
 //! Must hold: every block number read from disk is checked against `blocks_count`
 //! before use (the buffer cache refuses others), every inode number against
 //! `inodes_count`.
+
+pub(crate) mod dax_file;
+pub mod inode_write;
+pub(crate) mod jwrite;
+pub mod map;
+pub mod pagecache;
+pub(crate) mod space;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -72,7 +79,7 @@ pub struct FsOptions {
     /// reads copy what is cached and read the rest from the device.
     pub cache_clean: bool,
     /// Where the times of changes come from (`None`: the system's realtime clock,
-    /// [`crate::inode_write::now_ts`]). A frontend whose kernel also stamps times — the
+    /// [`crate::fs::inode_write::now_ts`]). A frontend whose kernel also stamps times — the
     /// FUSE mount, where the kernel's writeback cache sets mtime and ctime from its
     /// coarse clock — passes that clock, so a file is never born after its mtime.
     pub clock: Option<fn() -> rext4_format::inode::Timestamp>,
@@ -95,11 +102,11 @@ pub struct FsOptions {
     /// it, and only an open in the same boot replays them; tests pass another one to
     /// act as after a restart.
     pub boot_id: Option<[u8; 16]>,
-    /// DAX (`crate::dax`): map the image (a file on tmpfs or hugetlbfs, a dax device)
+    /// DAX (`crate::device::dax`): map the image (a file on tmpfs or hugetlbfs, a dax device)
     /// and read and write file data straight between the caller's buffer and the
     /// mapping, without the page cache; metadata still goes through the buffer cache
     /// and the journal. [`Fs::open_with`] maps the path; [`Fs::open_device`] needs a
-    /// device that is a [`crate::dax::DaxDevice`]. Not with `direct_io`.
+    /// device that is a [`crate::device::dax::DaxDevice`]. Not with `direct_io`.
     pub dax: bool,
     /// What a metadata error (a failed read, corruption found) does, as ext4's
     /// `errors=`; `None`: what the superblock says (`s_errors`, set by mke2fs -e or
@@ -263,7 +270,7 @@ pub(crate) struct Inner {
     /// brings per-inode locks). Lock order: write_lock, then a group, then live.
     pub(crate) write_lock: Mutex<()>,
     /// The journal when the filesystem has one and is open read-write.
-    pub(crate) journal: Mutex<Option<crate::jwrite::Journal>>,
+    pub(crate) journal: Mutex<Option<crate::fs::jwrite::Journal>>,
     /// Blocks freed by the running transaction: not reallocated until it commits
     /// (ext4's busy extents), so no data lands in a block that committed metadata
     /// still references. Also the inodes still cooling after a free (grace periods).
@@ -303,10 +310,10 @@ pub(crate) struct Inner {
     /// file's mapping, exclusive for writeback's changes to it (see `pagecache`).
     pub(crate) tree_locks: Box<[RwLock<()>]>,
     /// File data: pages, dirty state, writeback (see `pagecache`).
-    pub(crate) pagecache: crate::pagecache::PageCache,
+    pub(crate) pagecache: crate::fs::pagecache::PageCache,
     /// Who may take the free blocks: delalloc promises, the pool, the root reserve
     /// (see `space`); shared with the page cache.
-    pub(crate) space: Arc<crate::space::Space>,
+    pub(crate) space: Arc<crate::fs::space::Space>,
     /// Decoded inodes and directory entries, lock-free on hits, and the grace periods
     /// that keep freed inode numbers from reuse while lockless readers may hold them.
     pub(crate) caches: crate::icache::Caches,
@@ -324,7 +331,7 @@ pub(crate) struct Inner {
     pub(crate) dax: bool,
     /// DAX mode: per file, the mapping lock, live mappings and dirty ranges
     /// (`dax_file`).
-    pub(crate) dax_files: crate::dax_file::DaxFiles,
+    pub(crate) dax_files: crate::fs::dax_file::DaxFiles,
     /// `FsOptions::errors`, resolved.
     pub(crate) errors: Errors,
     /// The cache's failed metadata reads already marked in the superblock.
@@ -372,7 +379,7 @@ impl Fs {
                     "DAX and O_DIRECT exclude each other (DAX has no page cache to bypass)".into(),
                 ));
             }
-            Arc::new(crate::dax::DaxDevice::open(path, opts.read_only)?)
+            Arc::new(crate::device::dax::DaxDevice::open(path, opts.read_only)?)
         } else {
             Arc::new(FileDevice::open(path, opts.read_only, opts.direct_io)?)
         };
@@ -392,7 +399,8 @@ impl Fs {
     ) -> Result<Fs> {
         if opts.dax && dev.dax().is_none() {
             return Err(Error::InvalidInput(
-                "FsOptions::dax needs a DAX device (a mapped image: crate::dax::DaxDevice)".into(),
+                "FsOptions::dax needs a DAX device (a mapped image: crate::device::dax::DaxDevice)"
+                    .into(),
             ));
         }
         let mut raw = vec![0u8; SB_SIZE];
@@ -483,9 +491,9 @@ impl Fs {
         }
         let was_clean = sb.state & STATE_VALID != 0;
         let errors_field = sb.errors;
-        let space = Arc::new(crate::space::Space::new(
+        let space = Arc::new(crate::fs::space::Space::new(
             0,
-            crate::space::Space::pool_for(
+            crate::fs::space::Space::pool_for(
                 sb.blocks_count,
                 sb.has_incompat(feature::INCOMPAT_EXTENTS),
             ),
@@ -518,14 +526,14 @@ impl Fs {
                 pins: Mutex::new(std::collections::HashMap::new()),
                 deferred_frees: Mutex::new(Vec::new()),
                 linkable: Mutex::new(std::collections::HashSet::new()),
-                clock: opts.clock.unwrap_or(crate::inode_write::now_ts),
+                clock: opts.clock.unwrap_or(crate::fs::inode_write::now_ts),
                 atime: opts.atime,
                 io_locks: (0..IO_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
                 tree_locks: (0..IO_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
-                pagecache: crate::pagecache::PageCache::new(
+                pagecache: crate::fs::pagecache::PageCache::new(
                     bs as usize,
                     opts.cache_bytes
-                        .unwrap_or_else(crate::pagecache::default_limit_bytes),
+                        .unwrap_or_else(crate::fs::pagecache::default_limit_bytes),
                     opts.cache_clean,
                     space.clone(),
                 ),
@@ -543,7 +551,7 @@ impl Fs {
                 claim: Mutex::new(claim),
                 boot_id,
                 dax,
-                dax_files: crate::dax_file::DaxFiles::default(),
+                dax_files: crate::fs::dax_file::DaxFiles::default(),
                 errors: opts
                     .errors
                     .unwrap_or_else(|| Errors::from_superblock(errors_field)),
@@ -565,7 +573,7 @@ impl Fs {
             live.sb.free_inodes_count = fi.min(u64::from(u32::MAX)) as u32;
         }
         if !read_only {
-            let journal = crate::jwrite::Journal::load(&fs)?;
+            let journal = crate::fs::jwrite::Journal::load(&fs)?;
             let journaled = match journal {
                 Some(mut j) => {
                     let is64 = fs.inner.sb.has_incompat(feature::INCOMPAT_64BIT);
@@ -604,9 +612,9 @@ impl Fs {
                     }
                 }
             }
-            crate::jwrite::start_commit_thread(&fs, opts.commit_secs);
-            crate::jwrite::start_early_thread(&fs, opts.early_commit_ms);
-            crate::pagecache::writeback::start_writeback_thread(&fs);
+            crate::fs::jwrite::start_commit_thread(&fs, opts.commit_secs);
+            crate::fs::jwrite::start_early_thread(&fs, opts.early_commit_ms);
+            crate::fs::pagecache::writeback::start_writeback_thread(&fs);
         }
         Ok(fs)
     }
@@ -952,16 +960,6 @@ pub(crate) fn now() -> i64 {
         .unwrap_or(0)
 }
 
-pub(crate) fn desc_csum_kind(sb: &Superblock, seed: u32) -> DescCsum {
-    if sb.metadata_csum() {
-        DescCsum::Crc32c { seed }
-    } else if sb.has_ro_compat(feature::RO_COMPAT_GDT_CSUM) {
-        DescCsum::Crc16 { uuid: sb.uuid }
-    } else {
-        DescCsum::None
-    }
-}
-
 impl Inner {
     /// Whether the running transaction should be committed now: the cache is half
     /// dirty, the dirty set approaches half the log, or freed-but-busy blocks crowd the
@@ -1001,14 +999,14 @@ impl Inner {
     }
 
     #[track_caller]
-    pub(crate) fn journal(&self) -> Ranked<MutexGuard<'_, Option<crate::jwrite::Journal>>> {
+    pub(crate) fn journal(&self) -> Ranked<MutexGuard<'_, Option<crate::fs::jwrite::Journal>>> {
         let held = Held::acquire(self.lock_id(), Rank::Journal);
         Ranked::new(held, self.journal.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The journal's mutex unless a commit holds it (no waiting).
     #[track_caller]
-    fn try_journal(&self) -> Option<Ranked<MutexGuard<'_, Option<crate::jwrite::Journal>>>> {
+    fn try_journal(&self) -> Option<Ranked<MutexGuard<'_, Option<crate::fs::jwrite::Journal>>>> {
         let held = Held::acquire(self.lock_id(), Rank::Journal);
         match self.journal.try_lock() {
             Ok(g) => Some(Ranked::new(held, g)),
@@ -1044,7 +1042,7 @@ impl Inner {
         let sb = &self.sb;
         let ds = sb.desc_size();
         let per_block = sb.descs_per_block();
-        let kind = desc_csum_kind(sb, self.csum_seed);
+        let kind = DescCsum::of(sb, self.csum_seed);
         let mut by_block: std::collections::BTreeMap<u64, Vec<(usize, GroupDesc)>> =
             Default::default();
         for g in 0..self.groups.len() {
@@ -1091,7 +1089,7 @@ impl Inner {
 
     /// [`Inner::abort`] for a caller that holds the journal (a failed commit, early
     /// commit or checkpoint).
-    fn abort_journal(&self, j: Option<&mut crate::jwrite::Journal>, why: String) {
+    fn abort_journal(&self, j: Option<&mut crate::fs::jwrite::Journal>, why: String) {
         self.shut_down(why);
         if let Some(j) = j {
             // Best effort: the device may be what failed.
@@ -1209,7 +1207,7 @@ impl Inner {
     /// the shutdown.
     fn write_transaction(
         &self,
-        jguard: &mut Option<crate::jwrite::Journal>,
+        jguard: &mut Option<crate::fs::jwrite::Journal>,
         txn: Result<Closed>,
     ) -> Result<()> {
         let r = txn.and_then(|txn| {
@@ -1269,7 +1267,7 @@ impl Inner {
             return Err(e);
         }
         match j.early_commit(dev.as_ref(), &dirty, &boot) {
-            Ok(crate::jwrite::EarlyOutcome::NoRoom) => {
+            Ok(crate::fs::jwrite::EarlyOutcome::NoRoom) => {
                 drop(jguard);
                 self.sync_locked()
             }
@@ -1286,7 +1284,7 @@ impl Inner {
     /// the logged blocks crowd the cache. Caller holds the journal.
     fn commit_and_checkpoint(
         &self,
-        j: &mut crate::jwrite::Journal,
+        j: &mut crate::fs::jwrite::Journal,
         dirty: Vec<(u64, Arc<[u8]>)>,
         mut revoked: Vec<u64>,
     ) -> Result<()> {
@@ -1319,7 +1317,7 @@ impl Inner {
 
     /// Write every committed block home, flush, and empty the log (nothing to do when
     /// it is empty). Caller holds the write lock and the journal.
-    fn checkpoint(&self, j: &mut crate::jwrite::Journal) -> Result<()> {
+    fn checkpoint(&self, j: &mut crate::fs::jwrite::Journal) -> Result<()> {
         if j.log_is_empty() {
             return Ok(());
         }
@@ -1565,7 +1563,7 @@ fn read_groups(cache: &BufferCache, sb: &Superblock, seed: u32) -> Result<Vec<Gr
     let ngroups = sb.group_count();
     let ds = sb.desc_size();
     let per_block = sb.descs_per_block();
-    let kind = desc_csum_kind(sb, seed);
+    let kind = DescCsum::of(sb, seed);
     let mut out = Vec::with_capacity(ngroups.min(1 << 20) as usize);
     for i in 0..sb.desc_blocks() {
         let blk = sb.desc_block_location(i);

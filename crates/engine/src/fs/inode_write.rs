@@ -13,8 +13,8 @@ use rext4_format::superblock::feature;
 use crate::cache::Kind;
 use crate::error::{Error, Result};
 use crate::extent_write::ExtentTree;
+use crate::fs::map::Mapping;
 use crate::fs::{Fs, Ino};
-use crate::map::Mapping;
 use crate::store::{BlockStore, DirStore};
 
 /// The current time as an inode timestamp.

@@ -280,7 +280,7 @@ pub(crate) struct PageCache {
     pub(crate) dirty_limit: usize,
     pub(crate) dirty_background: usize,
     /// The filesystem's space accounting: dirty pages over holes hold promises there.
-    pub(crate) space: Arc<crate::space::Space>,
+    pub(crate) space: Arc<crate::fs::space::Space>,
     /// Reclaim order (CLOCK): (inode, page index), oldest first; may hold stale keys.
     lru: Mutex<VecDeque<(u32, u64)>>,
     reclaiming: AtomicBool,
@@ -297,7 +297,7 @@ impl PageCache {
         page_size: usize,
         limit_bytes: u64,
         keep_clean: bool,
-        space: Arc<crate::space::Space>,
+        space: Arc<crate::fs::space::Space>,
     ) -> PageCache {
         let limit_pages = (limit_bytes / page_size as u64).max(256) as usize;
         PageCache {
@@ -492,7 +492,7 @@ impl PageCache {
     pub(crate) fn settle_tree(&self, st: &mut FileState) {
         let per_leaf = (self.page_size as u64 - 12) / 12;
         let (depth, entries) = st.tree_shape;
-        let need = crate::space::tree_blocks_for(
+        let need = crate::fs::space::tree_blocks_for(
             st.delalloc + st.pending + st.inflight,
             depth,
             entries,

@@ -30,7 +30,7 @@ pub struct MappedRange {
     len: u64,
     writable: bool,
     /// DAX mode: the mapping of the file's blocks.
-    dax: Option<crate::dax_file::DaxMap>,
+    dax: Option<crate::fs::dax_file::DaxMap>,
 }
 
 /// The memory page size mappings behave as if they had (the x86-64 page).

@@ -16,8 +16,8 @@ use super::{
     new_page, pages_spanned, FileCache, Page, PageCache, READ_AROUND_BYTES, WRITE_NOW_BYTES,
 };
 use crate::error::{Error, Result};
+use crate::fs::map::Mapping;
 use crate::fs::{Fs, Ino};
-use crate::map::Mapping;
 
 /// Blocks promised to a buffered write before it marks its pages (`promise_pages`):
 /// the pages over holes, sorted.
@@ -592,8 +592,12 @@ impl Fs {
         let n = pages.len() as u64;
         let per_leaf = (self.page_size() - 12) / 12;
         let mut st = fc.lock();
-        let need =
-            crate::space::tree_blocks_for(st.delalloc + st.pending + n, shape.0, shape.1, per_leaf);
+        let need = crate::fs::space::tree_blocks_for(
+            st.delalloc + st.pending + n,
+            shape.0,
+            shape.1,
+            per_leaf,
+        );
         let extra = need.saturating_sub(st.resv_tree);
         self.inner.space.reserve(n, extra)?;
         st.pending += n;

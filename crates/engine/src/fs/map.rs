@@ -17,41 +17,7 @@ use crate::cache::Kind;
 use crate::error::{AtBlock, Error, Result};
 use crate::fs::{Fs, Ino};
 
-/// What a logical block maps to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mapping {
-    /// No block: reads as zeros. `len` blocks from here are unmapped.
-    Hole { len: u64 },
-    /// `len` blocks from here live at `physical..`; unwritten ones read as zeros.
-    Mapped {
-        physical: u64,
-        len: u64,
-        unwritten: bool,
-    },
-}
-
-impl Mapping {
-    /// (blocks in this run, where its data starts on the device): `None` for a hole or
-    /// an unwritten extent, which read as zeros.
-    pub fn data_run(&self) -> (u64, Option<u64>) {
-        match *self {
-            Mapping::Hole { len }
-            | Mapping::Mapped {
-                len,
-                unwritten: true,
-                ..
-            } => (len, None),
-            Mapping::Mapped {
-                physical,
-                len,
-                unwritten: false,
-            } => (len, Some(physical)),
-        }
-    }
-}
-
-/// Logical blocks are 32-bit.
-pub const MAX_LOGICAL: u64 = 1 << 32;
+pub use crate::store::{Mapping, MAX_LOGICAL};
 
 impl Fs {
     /// Map logical block `lblk` of inode `ino`.

@@ -3,10 +3,12 @@
 //!
 //! Backends: [`FileDevice`] (pread/pwrite on an image file or block device, optionally
 //! O_DIRECT through an aligned bounce buffer), [`MemDevice`] (a byte vector) and
-//! [`crate::dax::DaxDevice`] (a memory-mapped backing store, copies with persistent
+//! [`crate::device::dax::DaxDevice`] (a memory-mapped backing store, copies with persistent
 //! stores; `BlockDevice::dax` tells the file data path to bypass the page cache).
 //! Offsets and lengths are bytes; callers stay inside [`BlockDevice::size_bytes`], and
 //! backends refuse anything outside it so no request can write past the image.
+
+pub mod dax;
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -32,9 +34,9 @@ pub trait BlockDevice: Send + Sync {
     fn flush(&self) -> io::Result<()>;
     fn size_bytes(&self) -> u64;
     fn is_read_only(&self) -> bool;
-    /// The device as memory the process maps (`crate::dax`), when it is one: file data
+    /// The device as memory the process maps (`crate::device::dax`), when it is one: file data
     /// then bypasses the page cache.
-    fn dax(&self) -> Option<&crate::dax::DaxDevice> {
+    fn dax(&self) -> Option<&crate::device::dax::DaxDevice> {
         None
     }
 }

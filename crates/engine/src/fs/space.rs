@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::pagecache::FileCache;
+use crate::fs::pagecache::FileCache;
 
 /// What an allocation is for (see the module note).
 #[derive(Clone, Default)]

@@ -41,9 +41,9 @@ use rext4_format::extent::Extent;
 
 use super::{FileCache, WbError, DIRTY_EXPIRE_SECS, WRITEBACK_CHUNK_BYTES};
 use crate::error::{Error, Result};
+use crate::fs::inode_write::with_tree;
+use crate::fs::map::Mapping;
 use crate::fs::{Fs, Ino};
-use crate::inode_write::with_tree;
-use crate::map::Mapping;
 
 /// One snapshotted page: index, the page, its `seq` at snapshot time.
 type Snap = (u64, Arc<super::Page>, u64);
@@ -204,7 +204,7 @@ impl Fs {
                 (snaps, runs)
             };
             // 2 and 3.
-            crate::space::note_refusal("");
+            crate::fs::space::note_refusal("");
             let r = self.write_chunk(fc, ino, &runs, &scratch, true);
             // 4. Completion.
             let mut st = fc.lock();
@@ -249,7 +249,7 @@ impl Fs {
                              data {data}, to tree blocks {tree})",
                             ino.0,
                             snaps.len(),
-                            match crate::space::last_refusal() {
+                            match crate::fs::space::last_refusal() {
                                 "" => "no refusal recorded",
                                 why => why,
                             }
@@ -354,7 +354,7 @@ impl Fs {
         delayed: bool,
         inflight: &mut u64,
     ) -> Result<Option<(u64, u64, Piece)>> {
-        use crate::space::{claim_as, Claim};
+        use crate::fs::space::{claim_as, Claim};
         // Tree blocks of a writeback pass come from the file's promise (then the
         // pool); a write going out at once claims them afresh.
         let _c = delayed.then(|| claim_as(Claim::Writeback(fc.clone())));
@@ -509,7 +509,7 @@ impl Fs {
     ) -> Result<()> {
         // Splitting an unwritten extent to mark part of it written takes tree blocks
         // the file's promise covers, or the pool: it must not fail.
-        let _c = crate::space::claim_as(crate::space::Claim::Writeback(fc.clone()));
+        let _c = crate::fs::space::claim_as(crate::fs::space::Claim::Writeback(fc.clone()));
         let _t = self.tree_exclusive(ino);
         let _w = self.write_lock();
         self.check_writable()?;

@@ -50,8 +50,8 @@ use rext4_format::jbd2::{self, CommitBlock, EarlyRecord, JournalSuperblock, LogF
 
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
+use crate::fs::map::Mapping;
 use crate::fs::{Fs, Ino};
-use crate::map::Mapping;
 
 pub(crate) struct Journal {
     /// Physical block of each journal block (index = journal block number).

@@ -220,7 +220,7 @@ impl Fs {
         self.inner.dax
     }
 
-    fn dax_dev(&self) -> Result<&crate::dax::DaxDevice> {
+    fn dax_dev(&self) -> Result<&crate::device::dax::DaxDevice> {
         // The device lives as long as the cache, which lives as long as `self`.
         self.cache()
             .device()
