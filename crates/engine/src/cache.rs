@@ -45,12 +45,14 @@ pub enum Kind {
 }
 
 thread_local! {
-    /// Device read errors this thread met in [`BufferCache::read`].
+    /// Metadata reads of this thread that failed in [`BufferCache::read`]: device
+    /// errors, and blocks that failed their checks.
     static READ_ERRORS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// How many device read errors this thread has met reading metadata (compare two
-/// readings: an operation that failed to read after it changed something aborts).
+/// How many metadata reads of this thread have failed, by a device error or a failed
+/// check (compare two readings: an operation that failed to read after it changed
+/// something aborts).
 pub fn thread_read_errors() -> u64 {
     READ_ERRORS.with(|c| c.get())
 }
@@ -174,6 +176,9 @@ impl BufferCache {
         };
         verify(&data).map_err(|e| match e {
             Error::Corrupted { what, block } => {
+                // Corruption found on the way counts as a failed read: an operation
+                // that changed metadata before it aborts (`WriteGuard`).
+                READ_ERRORS.with(|c| c.set(c.get() + 1));
                 self.errors.fetch_add(1, Ordering::SeqCst);
                 Error::Corrupted {
                     what,

@@ -140,49 +140,35 @@ fn op(fs: &Fs, k: usize) -> rext4::Result<()> {
         8 => fs.remove_dir("/d0/sub-moved"),
         9 => fs.rename(name(0, 1), name(0, 2)),
         // File data: a new file, an append past the last block, an overwrite inside
-        // the file, a shrinking truncate, a preallocation.
+        // the file, a shrinking truncate, a preallocation. O_DIRECT: the data goes
+        // to the device inside the operation, into blocks it allocates (a new
+        // file's) or that the file has (an overwrite). Each operation is one call:
+        // opening a file changes nothing.
         10 => fs.write("/d1/data", pattern(10, 37_000)),
         11 => {
-            let f = OpenOptions::new().write(true).open(fs, name(2, 11))?;
-            let len = f.metadata()?.size;
-            f.write_all_at(&pattern(11, 9_000), len)
+            let f = open_w(fs, &name(2, 11), false)?;
+            f.write_all_at(&pattern(11, 9_000), f.metadata()?.size)
         }
-        12 => {
-            let f = OpenOptions::new().write(true).open(fs, name(3, 20))?;
-            f.write_all_at(&pattern(12, 300), 200)
-        }
-        13 => {
-            let f = OpenOptions::new().write(true).open(fs, "/d1/data")?;
-            f.set_len(5_000)
-        }
+        12 => open_w(fs, &name(3, 20), false)?.write_all_at(&pattern(12, 300), 200),
+        13 => open_w(fs, "/d1/data", false)?.set_len(5_000),
         14 => {
-            let f = OpenOptions::new().write(true).open(fs, name(0, 30))?;
+            let f = open_w(fs, &name(0, 30), false)?;
             fs.fallocate_ino(f.ino(), FallocMode::KeepSize, 0, 64 << 10)
         }
-        // O_DIRECT: the data goes to the device inside the operation, into blocks
-        // it allocates (a new file's) or that the file has (an overwrite). Each
-        // operation is one call: opening a file changes nothing.
         15 => fs.create("/d2/direct").map(drop),
-        16 => {
-            let f = OpenOptions::new()
-                .write(true)
-                .direct(true)
-                .open(fs, "/d2/direct")?;
-            f.write_all_at(&pattern(16, 8192), 0)
-        }
-        17 => {
-            let f = OpenOptions::new()
-                .write(true)
-                .direct(true)
-                .open(fs, "/d2/direct")?;
-            f.write_all_at(&pattern(17, 4096), 4096)
-        }
+        16 => open_w(fs, "/d2/direct", true)?.write_all_at(&pattern(16, 8192), 0),
+        17 => open_w(fs, "/d2/direct", true)?.write_all_at(&pattern(17, 4096), 4096),
         _ => unreachable!(),
     }
 }
 const OPS: usize = 18;
 /// The first of the operations that write file data (their syncs write it back).
 const DATA_OPS: usize = 10;
+
+/// `path` opened for writing, with O_DIRECT when `direct`.
+fn open_w(fs: &Fs, path: &str, direct: bool) -> rext4::Result<rext4::File> {
+    OpenOptions::new().write(true).direct(direct).open(fs, path)
+}
 
 /// `before` with the contents of `done` in every file whose size did not change:
 /// what an overwrite in place leaves when its data reached the device and its

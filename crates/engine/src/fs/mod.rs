@@ -15,6 +15,7 @@
 //! `inodes_count`.
 
 pub(crate) mod dax_file;
+mod group_commit;
 pub mod inode_write;
 pub(crate) mod jwrite;
 pub mod map;
@@ -794,28 +795,7 @@ impl Fs {
     /// meanwhile (into the next transaction), and fsyncs that arrive meanwhile share
     /// the next commit.
     fn commit_concurrently(&self, mine: Option<u64>) -> Result<()> {
-        loop {
-            let w = self.write_lock();
-            self.inner.settle_errors(0);
-            if mine.is_some_and(|m| self.inner.syncs_done.load(SeqCst) > m) {
-                return self.inner.not_shut_down();
-            }
-            self.inner.not_shut_down()?;
-            let Some(mut jguard) = self.inner.try_journal() else {
-                // A commit is being written: wait for it without the write lock (the
-                // writers go on meanwhile), then look again — it may have been ours.
-                w.release_without_commit();
-                drop(self.inner.journal());
-                continue;
-            };
-            if jguard.is_none() {
-                drop(jguard);
-                return self.inner.sync_locked();
-            }
-            let txn = self.inner.close_transaction();
-            w.release_without_commit();
-            return self.inner.write_transaction(&mut jguard, txn);
-        }
+        group_commit::commit(&CommitSteps(self), mine)
     }
 
     /// Journal commits and checkpoints written since the filesystem was opened.
@@ -1436,11 +1416,12 @@ impl Drop for WriteGuard<'_> {
         } else if crate::cache::thread_read_errors() > self.read_errors_at
             && self.inner.cache.write_count() > self.writes_at
         {
-            // An operation that changed metadata met a device error: what it left in
-            // the running transaction must never be committed (ext4's abort).
+            // An operation that changed metadata met a device error or corruption:
+            // what it left in the running transaction must never be committed
+            // (ext4's abort).
             self.inner.abort(
-                "a device read failed in an operation that had changed metadata; the \
-                 running transaction is dropped"
+                "a metadata read failed (device error or corruption) in an operation \
+                 that had changed metadata; the running transaction is dropped"
                     .into(),
             );
         } else {
@@ -1450,6 +1431,53 @@ impl Drop for WriteGuard<'_> {
             }
         }
         HOLDS_WRITE_LOCK.with(|h| h.set(false));
+    }
+}
+
+/// The filesystem's steps of the commit protocol (`group_commit`).
+struct CommitSteps<'a>(&'a Fs);
+
+type JournalGuard<'a> = Ranked<MutexGuard<'a, Option<crate::fs::jwrite::Journal>>>;
+
+impl<'a> group_commit::Steps for CommitSteps<'a> {
+    type Write = WriteGuard<'a>;
+    type Journal = JournalGuard<'a>;
+    type Closed = Closed;
+    type Error = Error;
+
+    fn lock_write(&self) -> WriteGuard<'a> {
+        self.0.write_lock()
+    }
+    fn release_write(&self, w: WriteGuard<'a>) {
+        w.release_without_commit();
+    }
+    fn try_journal(&self) -> Option<JournalGuard<'a>> {
+        self.0.inner.try_journal()
+    }
+    fn wait_journal(&self) {
+        drop(self.0.inner.journal());
+    }
+    fn syncs_done(&self) -> u64 {
+        self.0.inner.syncs_done.load(SeqCst)
+    }
+    fn refused(&self) -> Result<()> {
+        self.0.inner.settle_errors(0);
+        self.0.inner.not_shut_down()
+    }
+    fn journaled(&self, j: &JournalGuard<'a>) -> bool {
+        j.is_some()
+    }
+    fn sync_in_place(&self, w: WriteGuard<'a>, j: JournalGuard<'a>) -> Result<()> {
+        drop(j);
+        let r = self.0.inner.sync_locked();
+        drop(w);
+        r
+    }
+    fn close(&self, _w: &mut WriteGuard<'a>, _j: &mut JournalGuard<'a>) -> Result<Closed> {
+        self.0.inner.close_transaction()
+    }
+    fn write(&self, mut j: JournalGuard<'a>, closed: Result<Closed>) -> Result<()> {
+        self.0.inner.write_transaction(&mut j, closed)
     }
 }
 
