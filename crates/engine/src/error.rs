@@ -163,3 +163,15 @@ impl<T> AtBlock<T> for std::result::Result<T, FormatError> {
         self.map_err(|e| Error::from(e.at_block(block)))
     }
 }
+
+impl From<rext4_jbd2::Error> for Error {
+    fn from(e: rext4_jbd2::Error) -> Self {
+        match e {
+            rext4_jbd2::Error::Io(e) => Error::Io(e),
+            rext4_jbd2::Error::Format(e) => Error::from(e),
+            rext4_jbd2::Error::Corrupted { what, block } => Error::Corrupted { what, block },
+            rext4_jbd2::Error::Unsupported(m) => Error::Unsupported(m),
+            rext4_jbd2::Error::InvalidInput(m) => Error::InvalidInput(m),
+        }
+    }
+}

@@ -274,6 +274,19 @@ impl BlockDevice for MemDevice {
     }
 }
 
+/// The journal's log (`rext4-jbd2`) reads and writes through any block device.
+impl<'a> rext4_jbd2::Device for dyn BlockDevice + 'a {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        BlockDevice::read_at(self, buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
+        BlockDevice::write_at(self, buf, off)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        BlockDevice::flush(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -574,7 +574,7 @@ impl Fs {
             live.sb.free_inodes_count = fi.min(u64::from(u32::MAX)) as u32;
         }
         if !read_only {
-            let journal = crate::fs::jwrite::Journal::load(&fs)?;
+            let journal = crate::fs::jwrite::load(&fs)?;
             let journaled = match journal {
                 Some(mut j) => {
                     let is64 = fs.inner.sb.has_incompat(feature::INCOMPAT_64BIT);
@@ -1254,7 +1254,7 @@ impl Inner {
             Ok(_) => Ok(()),
             Err(e) => {
                 self.abort_journal(Some(j), format!("journal early commit failed: {e}"));
-                Err(e)
+                Err(e.into())
             }
         }
     }

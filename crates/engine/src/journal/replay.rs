@@ -1,52 +1,28 @@
-//! Journal replay (format notes §2.13; the recovery of the kernel's `fs/jbd2/recovery.c`
-//! and e2fsck, which share it).
+//! Journal replay for an ext4 filesystem (format notes §2.13): the ext4 side of
+//! recovery. [`replay`] runs when the superblock has has_journal + RECOVER: it finds
+//! the journal inode's blocks ([`JournalMap`]), hands them to `rext4_jbd2::recover`
+//! (the SCAN, REVOKE and REPLAY passes, rext4's early commits, the replayed blocks and
+//! then the emptied journal superblock made durable, each by a flush; see that crate),
+//! then, last, writes the ext4 superblock, re-read from the device (the journal may
+//! have rewritten it), with RECOVER cleared and ERROR_FS set when a logged block's
+//! checksum failed or the journal recorded an abort (`s_errno`), as the kernel's
+//! mount and e2fsck do.
 //!
-//! [`replay`] runs the three passes on a device whose ext4 superblock has has_journal +
-//! RECOVER: SCAN with the format crate's [`Scanner`] from `(s_start, s_sequence)`,
-//! wrapping inside the log; the revoke table; then REPLAY, which writes each tagged
-//! block (unescaped) to its home unless a transaction with a tid `>=` its own revoked
-//! it. Then, in this order, each step made durable by a flush before the next:
-//! 1. the replayed blocks;
-//! 2. the journal superblock: `s_start = 0` (empty log), `s_sequence = end + 1` where
-//!    `end` is the first tid not in the log, i.e. the last replayed tid + 2. This is the
-//!    kernel's choice (`j_transaction_sequence = ++info.end_transaction` in
-//!    `jbd2_journal_recover`) and e2fsck's (same code): skipping one tid guarantees that
-//!    no commit block left in the log can ever match the next expected sequence;
-//! 3. the ext4 superblock, re-read from the device (the journal may have rewritten it),
-//!    with RECOVER cleared and its checksum recomputed.
-//!
-//! A crash between steps is harmless: before 2 the log is replayed again (replay is
-//! idempotent); between 2 and 3 RECOVER is set over an empty log, which only clears it.
-//!
-//! Outcomes (stale vs corrupt, per the notes): a log that ends on a wrong magic or
-//! sequence, or on a checksum failure whose commit time is older than the previous
-//! commit's (stale data of an earlier pass over the log), ends cleanly. A failed commit
-//! or descriptor/revoke checksum with a commit time that does not go backwards is
-//! corruption: [`replay`] fails with "journal transaction N is corrupt" and writes
-//! nothing (the kernel refuses the mount the same way). A data block whose tag checksum
-//! fails is skipped, as both recoverers do; the replay then completes as e2fsck's does,
-//! marks the filesystem as having errors (s_state ERROR_FS) and reports the blocks.
-//! A journal superblock with a recorded abort (`s_errno`) also marks ERROR_FS and is
-//! cleared, as the kernel's mount does.
-//!
-//! rext4's early commits (see `jwrite`): when no committed transaction is in the log
-//! and the journal superblock records a chain of them written in this boot, the chain's
-//! complete transactions (descriptors, every tag checksum and the EARLY block verified)
-//! are replayed in order, then the log is emptied as above and the record cleared. In
-//! another boot, or for jbd2's recovery, the chain does not exist.
+//! A crash between steps is harmless: before the journal superblock is emptied the log
+//! is replayed again (replay is idempotent); between that and the ext4 superblock,
+//! RECOVER is set over an empty log, which only clears it. A corrupt transaction fails
+//! with "journal transaction N is corrupt" and writes nothing (the kernel refuses the
+//! mount the same way).
 //!
 //! Not handled: fast-commit replay (a journal with FAST_COMMIT is refused as
 //! unsupported), external journals.
 
-use rext4_format::jbd2::{
-    self, unescape, verify_tag, EarlyRecord, JournalSuperblock, LogEnd, ScanResult, Scanner,
-};
+use rext4_format::jbd2::LogEnd;
 use rext4_format::superblock::{feature, SB_OFFSET, STATE_ERROR};
-use rext4_format::FormatError;
 
 use super::{read_superblock, JournalMap};
 use crate::device::BlockDevice;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// What a replay found and did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -164,119 +140,16 @@ pub(crate) fn replay_in_boot(
     run(dev, true, boot_id)
 }
 
-/// One transaction of a chain of early commits: tid, and where each of its logged
-/// blocks is.
-type EarlyTxn = (u32, Vec<jbd2::LoggedBlock>);
-
-/// The complete transactions of the chain of early commits `jsb` records, when it
-/// was written during boot `boot_id`: each with valid descriptors, every data block's
-/// checksum verified, and its EARLY block; the chain ends at the first that is not.
-fn early_chain(
-    dev: &dyn BlockDevice,
-    map: &JournalMap,
-    jsb: &JournalSuperblock,
-    boot_id: Option<[u8; 16]>,
-) -> Result<Vec<EarlyTxn>> {
-    let (Some(rec), Some(boot)) = (EarlyRecord::from_sb(jsb), boot_id) else {
-        return Ok(Vec::new());
-    };
-    if rec.boot_id != boot || rec.start < jsb.first || rec.start >= jsb.maxlen {
-        return Ok(Vec::new());
+impl rext4_jbd2::LogMap for JournalMap {
+    fn blocks(&self) -> u64 {
+        self.blocks
     }
-    let fmt = jsb.log_format();
-    let bs = jsb.blocksize as usize;
-    let mut buf = vec![0u8; bs];
-    let mut data = vec![0u8; bs];
-    let mut chain = Vec::new();
-    let mut pos = rec.start;
-    let mut tid = rec.first_tid;
-    let mut cur: Vec<jbd2::LoggedBlock> = Vec::new();
-    while pos < jsb.maxlen {
-        map.read(dev, u64::from(pos), &mut buf)?;
-        if jbd2::is_early(&buf, tid, &boot, fmt.j_seed) {
-            chain.push((tid, std::mem::take(&mut cur)));
-            tid = tid.wrapping_add(1);
-            pos += 1;
-            continue;
-        }
-        let tags = match jbd2::classify(&buf, tid, &fmt) {
-            jbd2::BlockKind::Descriptor {
-                tags,
-                csum_ok: true,
-            } => tags,
-            _ => break,
-        };
-        let mut whole = true;
-        for (k, tag) in tags.iter().enumerate() {
-            let at = pos + 1 + k as u32;
-            if at >= jsb.maxlen {
-                whole = false;
-                break;
-            }
-            map.read(dev, u64::from(at), &mut data)?;
-            if verify_tag(tag, tid, &data, &fmt).is_err() {
-                whole = false;
-                break;
-            }
-            cur.push(jbd2::LoggedBlock {
-                log_block: jbd2::LogPos(at),
-                tag: *tag,
-            });
-        }
-        if !whole {
-            break;
-        }
-        pos += 1 + tags.len() as u32;
+    fn physical(&self, j: u64) -> rext4_jbd2::Result<u64> {
+        JournalMap::physical(self, j).map_err(|e| rext4_jbd2::Error::Corrupted {
+            what: e.to_string(),
+            block: None,
+        })
     }
-    Ok(chain)
-}
-
-/// Read and check the journal superblock.
-fn load_jsb(dev: &dyn BlockDevice, map: &JournalMap, bs: usize) -> Result<JournalSuperblock> {
-    let mut b = vec![0u8; bs];
-    map.read(dev, 0, &mut b)?;
-    let at = map.physical(0)?;
-    let jsb = JournalSuperblock::decode(&b).map_err(|e| Error::from(e.at_block(at)))?;
-    jsb.verify().map_err(|e| Error::from(e.at_block(at)))?;
-    if let Err(e) = jsb.features_supported() {
-        return Err(Error::Unsupported(format!("journal: {e}")));
-    }
-    let f = jsb.features();
-    if f.fast_commit() {
-        return Err(Error::Unsupported(
-            "journal feature fast_commit: fast-commit replay is not supported".into(),
-        ));
-    }
-    if jsb.blocksize as usize != bs || u64::from(jsb.maxlen) > map.blocks {
-        return Err(Error::corrupted(
-            format!(
-                "journal superblock geometry (block size {}, {} blocks) does not fit the \
-                 journal inode ({} blocks of {bs} bytes)",
-                jsb.blocksize, jsb.maxlen, map.blocks
-            ),
-            Some(at),
-        ));
-    }
-    Ok(jsb)
-}
-
-/// The SCAN pass. A corrupt transaction fails with its tid.
-fn scan(dev: &dyn BlockDevice, map: &JournalMap, jsb: &JournalSuperblock) -> Result<ScanResult> {
-    let bs = jsb.blocksize as usize;
-    let mut buf = vec![0u8; bs];
-    let mut s = Scanner::new(jsb);
-    while let Some(p) = s.next() {
-        map.read(dev, u64::from(p.0), &mut buf)?;
-        s.feed(&buf);
-    }
-    let tid = s.sequence();
-    s.finish().map_err(|e| {
-        let why = match e {
-            FormatError::Corrupted { what, .. } => what,
-            other => other.to_string(),
-        };
-        Error::corrupted(format!("journal transaction {tid} is corrupt: {why}"), None)
-    })
 }
 
 fn run(dev: &dyn BlockDevice, write: bool, boot_id: Option<[u8; 16]>) -> Result<ReplayReport> {
@@ -286,117 +159,26 @@ fn run(dev: &dyn BlockDevice, write: bool, boot_id: Option<[u8; 16]>) -> Result<
     }
     let bs = sb.block_size() as usize;
     let map = JournalMap::locate(dev, &sb)?;
-    let jsb = load_jsb(dev, &map, bs)?;
-    let mut report = ReplayReport {
+    let r = rext4_jbd2::recover(dev, &map, bs, sb.blocks_count, write, boot_id)?;
+    let report = ReplayReport {
         needed: true,
-        first_sequence: jsb.sequence,
-        end_sequence: jsb.sequence,
-        new_sequence: jsb.sequence,
-        log_start: jsb.start,
-        log_head: jsb.start,
-        journal_errno: jsb.errno,
-        ..ReplayReport::nothing()
+        transactions: r.transactions,
+        first_sequence: r.first_sequence,
+        end_sequence: r.end_sequence,
+        new_sequence: r.new_sequence,
+        blocks_replayed: r.blocks_replayed,
+        revoke_records: r.revoke_records,
+        revoke_hits: r.revoke_hits,
+        bad_checksums: r.bad_checksums,
+        log_start: r.log_start,
+        log_head: r.log_head,
+        end: r.end,
+        journal_errno: r.journal_errno,
+        early_transactions: r.early_transactions,
     };
-    let mut update_jsb = jsb.errno != 0;
-    if !jsb.is_empty() {
-        let result = scan(dev, &map, &jsb)?;
-        let plan = result.replay_plan();
-        let logged: usize = result.transactions.iter().map(|t| t.blocks.len()).sum();
-        report.transactions = result.transactions.len();
-        report.end_sequence = result.end_sequence;
-        report.new_sequence = result.end_sequence.wrapping_add(1);
-        report.log_head = result.head.0;
-        report.end = result.end;
-        report.revoke_records = result.transactions.iter().map(|t| t.revoked.len()).sum();
-        report.revoke_hits = logged - plan.len();
-        let fmt = jsb.log_format();
-        let mut buf = vec![0u8; bs];
-        for w in &plan {
-            let home = w.tag.blocknr;
-            if home >= sb.blocks_count {
-                return Err(Error::corrupted(
-                    format!(
-                        "journal transaction {} is corrupt: it logs block {home}, outside \
-                         the filesystem ({} blocks)",
-                        w.sequence, sb.blocks_count
-                    ),
-                    None,
-                ));
-            }
-            map.read(dev, u64::from(w.log_block.0), &mut buf)?;
-            if verify_tag(&w.tag, w.sequence, &buf, &fmt).is_err() {
-                report.bad_checksums.push((w.sequence, home));
-                continue;
-            }
-            if w.tag.escaped() {
-                unescape(&mut buf);
-            }
-            if write {
-                dev.write_at(&buf, home * bs as u64)?;
-            }
-            report.blocks_replayed += 1;
-        }
-        update_jsb = true;
-    }
-    // Nothing committed for jbd2 (or a commit cut short after a chain of early
-    // commits): the chain, when this boot wrote it.
-    let record = EarlyRecord::from_sb(&jsb).is_some();
-    let mut chain_end = None;
-    if report.transactions == 0 && record {
-        let chain = early_chain(dev, &map, &jsb, boot_id)?;
-        let mut buf = vec![0u8; bs];
-        for (tid, blocks) in &chain {
-            for b in blocks {
-                let home = b.tag.blocknr;
-                if home >= sb.blocks_count {
-                    return Err(Error::corrupted(
-                        format!("early commit {tid} logs block {home}, outside the filesystem"),
-                        None,
-                    ));
-                }
-                map.read(dev, u64::from(b.log_block.0), &mut buf)?;
-                if b.tag.escaped() {
-                    unescape(&mut buf);
-                }
-                if write {
-                    dev.write_at(&buf, home * bs as u64)?;
-                }
-                report.blocks_replayed += 1;
-            }
-        }
-        report.transactions += chain.len();
-        report.early_transactions = chain.len();
-        chain_end = chain.last().map(|(t, _)| t.wrapping_add(1));
-    }
-    update_jsb |= record;
     if !write {
         return Ok(report);
     }
-    dev.flush()?;
-
-    if update_jsb {
-        let mut new = jsb.clone();
-        if !jsb.is_empty() {
-            new.start = 0;
-            new.sequence = report.new_sequence;
-        }
-        if let Some(end) = chain_end {
-            // As after jbd2's replay: one tid skipped past the last replayed.
-            report.end_sequence = end;
-            report.new_sequence = end.wrapping_add(1);
-            new.start = 0;
-            new.sequence = report.new_sequence;
-        }
-        EarlyRecord::store(None, &mut new);
-        new.errno = 0;
-        new.update_checksum();
-        let mut b = vec![0u8; bs];
-        map.read(dev, 0, &mut b)?;
-        new.encode(&mut b[..jbd2::SB_SIZE])?;
-        map.write(dev, 0, &b)?;
-        dev.flush()?;
-    }
-
     // The journal may have carried the superblock itself: re-read it.
     let (mut raw, mut sb) = read_superblock(dev)?;
     sb.feature_incompat &= !feature::INCOMPAT_RECOVER;

@@ -1,0 +1,720 @@
+//! rext4-jbd2: writing a jbd2 log, for a filesystem that journals its metadata
+//! (format notes §2.12–13). It knows nothing of ext4 — not its superblock, inodes,
+//! block maps or caches: the layer above hands it the log's blocks (the device block
+//! of each log block, [`Log::open`]), a [`Device`] to write them on, and each
+//! transaction as (home block, contents) pairs and revoke records. The on-disk
+//! codecs and the recovery scanner are `rext4_format::jbd2`'s.
+//!
+//! A transaction is written after the transactions already in the log (or from its
+//! start when it is empty): descriptor blocks with v3 tags (escaping blocks that begin
+//! with the jbd2 magic), the blocks, revoke blocks, and — when the log was empty — the
+//! journal superblock pointing at them (s_start, s_sequence); then a flush; then the
+//! commit block, into a slot zeroed before that flush (so only its first sector
+//! changes and a torn write cannot leave half a record), and a flush again. Log blocks
+//! that follow each other on the device go out in one write (`LogBatch`). The log
+//! never wraps: the caller checkpoints (writes the logged blocks home, flushes, then
+//! [`Log::checkpointed`]) when [`Log::has_room`] says no.
+//!
+//! Early commits (rext4's own, for a crash of the process rather than the machine):
+//! transactions written to an empty log without a flush, each ending in an EARLY block
+//! that carries the boot id; the chain's start is recorded in the journal
+//! superblock's padding ([`Log::early_commit`]).
+//!
+//! Recovery ([`recover`]) replays a log through the same two seams: the log's blocks
+//! ([`LogMap`]) and a [`Device`].
+
+mod recover;
+
+pub use recover::{recover, LogMap, Recovery};
+
+use std::sync::Arc;
+
+use rext4_format::jbd2::{self, CommitBlock, EarlyRecord, JournalSuperblock, LogFormat, Tag};
+use rext4_format::FormatError;
+
+/// Where the log lives: positioned reads and writes in bytes, and a flush that makes
+/// every completed write durable.
+pub trait Device {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()>;
+    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()>;
+    fn flush(&self) -> std::io::Result<()>;
+}
+
+/// Why a log operation failed.
+#[derive(Debug)]
+pub enum Error {
+    Io(std::io::Error),
+    /// A journal structure failed to decode or its checks.
+    Format(FormatError),
+    /// The journal does not fit what it is given (`block`: where, when known).
+    Corrupted {
+        what: String,
+        block: Option<u64>,
+    },
+    /// A journal feature this writer does not know.
+    Unsupported(String),
+    /// A request the log cannot take (a transaction larger than the log, one with no
+    /// room before a checkpoint, a log not empty when it must be).
+    InvalidInput(String),
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Io(e) => write!(f, "I/O error: {e}"),
+            Error::Format(e) => write!(f, "{e}"),
+            Error::Corrupted {
+                what,
+                block: Some(b),
+            } => write!(f, "corrupted metadata at block {b}: {what}"),
+            Error::Corrupted { what, block: None } => write!(f, "corrupted metadata: {what}"),
+            Error::Unsupported(m) | Error::InvalidInput(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Io(e)
+    }
+}
+
+impl From<FormatError> for Error {
+    fn from(e: FormatError) -> Self {
+        Error::Format(e)
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+pub struct Log {
+    /// Physical block of each journal block (index = journal block number).
+    map: Vec<u64>,
+    jsb: JournalSuperblock,
+    bs: usize,
+    last_commit_sec: u64,
+    /// The log block after the last committed transaction; `None` while the log is
+    /// empty (`s_start` 0).
+    head: Option<u32>,
+    /// tid of the next transaction (early or not).
+    next_tid: u32,
+    /// The chain of early commits since the last commit, if any (only ever started on
+    /// an empty log).
+    early: Option<Early>,
+}
+
+/// A chain of early commits (format crate, "rext4's early commits"): transactions
+/// written to an empty log from `s_first` on, each ending in an EARLY block, with no
+/// flush; the log stays empty for jbd2 (`s_start` 0) and the chain's start is in the
+/// journal superblock's padding. The next commit goes after the chain, so a crash while
+/// it is written still finds the chain, and ends it: with a committed transaction in
+/// the log, recovery ignores the chain's record (cleared at the next checkpoint).
+struct Early {
+    /// The log block after the chain.
+    next: u32,
+    /// Checksum of the content each home block was last logged with in the chain:
+    /// an early commit logs only what changed since the one before.
+    logged: std::collections::HashMap<u64, u32>,
+}
+
+/// What an early commit did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum EarlyOutcome {
+    Written,
+    /// Nothing changed since the last one.
+    Nothing,
+    /// The log has no room for it beside the commit that must follow: commit now.
+    NoRoom,
+}
+
+impl Log {
+    /// The log on the device blocks `map` (the device block of each log block, in
+    /// order; the journal superblock is in the first): its superblock read, checked
+    /// against the map and the block size `bs`, and its features known.
+    pub fn open<D: Device + ?Sized>(dev: &D, map: Vec<u64>, bs: usize) -> Result<Log> {
+        let Some(&sb_at) = map.first() else {
+            return Err(Error::Corrupted {
+                what: "journal of no blocks".into(),
+                block: None,
+            });
+        };
+        let mut b = vec![0u8; bs];
+        dev.read_at(&mut b, sb_at * bs as u64)?;
+        let jsb = JournalSuperblock::decode(&b).map_err(|e| e.at_block(sb_at))?;
+        jsb.verify().map_err(|e| e.at_block(sb_at))?;
+        if let Err(e) = jsb.features_supported() {
+            return Err(Error::Unsupported(format!("journal: {e}")));
+        }
+        if jsb.blocksize as usize != bs
+            || (jsb.maxlen as u64) > map.len() as u64
+            || jsb.first == 0
+            || jsb.first >= jsb.maxlen
+        {
+            return Err(Error::Corrupted {
+                what: "journal superblock geometry does not fit the journal's blocks".into(),
+                block: Some(sb_at),
+            });
+        }
+        let next_tid = jsb.sequence;
+        Ok(Log {
+            map,
+            jsb,
+            bs,
+            last_commit_sec: 0,
+            head: None,
+            next_tid,
+            early: None,
+        })
+    }
+
+    fn fmt(&self) -> LogFormat {
+        self.jsb.log_format()
+    }
+
+    /// Before the first write: upgrade the journal to 64bit + checksum v3 as the kernel
+    /// does for a metadata_csum filesystem, and require an empty log.
+    pub fn prepare_rw<D: Device + ?Sized>(
+        &mut self,
+        dev: &D,
+        metadata_csum: bool,
+        is64: bool,
+    ) -> Result<()> {
+        if self.jsb.start != 0 {
+            return Err(Error::InvalidInput(
+                "journal is not empty (recovery needed)".into(),
+            ));
+        }
+        self.head = None;
+        self.next_tid = self.jsb.sequence;
+        let f = self.jsb.features();
+        // A chain record left by an earlier run was replayed (or was not ours to
+        // replay) when the image was opened: it must not point at what we write now.
+        let mut changed = EarlyRecord::from_sb(&self.jsb).is_some();
+        EarlyRecord::store(None, &mut self.jsb);
+        if metadata_csum && !f.csum_v3() {
+            self.jsb.enable_csum_v3(is64);
+            changed = true;
+        } else if is64 && !f.is_64bit() {
+            self.jsb.feature_incompat |= jbd2::INCOMPAT_64BIT;
+            changed = true;
+        }
+        if changed {
+            self.write_jsb(dev)?;
+            dev.flush()?;
+        }
+        Ok(())
+    }
+
+    fn write_jsb<D: Device + ?Sized>(&mut self, dev: &D) -> Result<()> {
+        self.jsb.update_checksum();
+        let mut b = vec![0u8; self.bs];
+        dev.read_at(&mut b, self.map[0] * self.bs as u64)?;
+        self.jsb.encode(&mut b[..jbd2::SB_SIZE])?;
+        dev.write_at(&b, self.map[0] * self.bs as u64)?;
+        Ok(())
+    }
+
+    /// Metadata blocks one transaction may carry (log size less descriptors and commit).
+    pub fn max_blocks(&self) -> usize {
+        self.max_blocks_with(0)
+    }
+
+    /// Metadata blocks one transaction that also carries `revokes` revoke records may
+    /// carry.
+    pub fn max_blocks_with(&self, revokes: usize) -> usize {
+        let cap = (self.jsb.maxlen - self.jsb.first) as usize;
+        let tpd = jbd2::tag_capacity(self.bs, &self.jsb.features()).max(1);
+        let rb = self.revoke_blocks_for(revokes) as usize;
+        cap.saturating_sub(2 + rb) * tpd / (tpd + 1)
+    }
+
+    /// Log blocks a transaction of `n` blocks takes: descriptors, the blocks, and its
+    /// commit (or EARLY) block.
+    fn log_blocks_for(&self, n: usize) -> u32 {
+        let tpd = jbd2::tag_capacity(self.bs, &self.jsb.features()).max(1);
+        (n.div_ceil(tpd) + n + 1) as u32
+    }
+
+    /// Revoke blocks `n` records take.
+    fn revoke_blocks_for(&self, n: usize) -> u32 {
+        let per = jbd2::revoke_capacity(self.bs, &self.jsb.features()).max(1);
+        n.div_ceil(per) as u32
+    }
+
+    /// Whether the log holds no transaction (everything committed is home).
+    pub fn log_is_empty(&self) -> bool {
+        self.head.is_none()
+    }
+
+    /// Whether a transaction of `n` blocks and `revokes` revoke records fits after the
+    /// transactions in the log; when it does not, the log must be checkpointed first.
+    pub fn has_room(&self, n: usize, revokes: usize) -> bool {
+        let need = u64::from(self.log_blocks_for(n)) + u64::from(self.revoke_blocks_for(revokes));
+        self.head
+            .is_none_or(|h| u64::from(h) + need <= u64::from(self.jsb.maxlen))
+    }
+
+    /// Write descriptors and `blocks` of transaction `tid` at log block `pos`;
+    /// returns the log block after them.
+    fn write_blocks<D: Device + ?Sized>(
+        &self,
+        out: &mut LogBatch<D>,
+        tid: u32,
+        mut pos: u32,
+        blocks: &[(u64, Arc<[u8]>)],
+    ) -> Result<u32> {
+        let fmt = self.fmt();
+        let tpd = jbd2::tag_capacity(self.bs, &self.jsb.features()).max(1);
+        for chunk in blocks.chunks(tpd) {
+            let mut tags = Vec::with_capacity(chunk.len());
+            let mut datas = Vec::with_capacity(chunk.len());
+            for (home, data) in chunk {
+                let mut copy = data.to_vec();
+                let escaped = jbd2::escape(&mut copy);
+                let csum = jbd2::tag_csum_field(&fmt, tid, &copy);
+                let flags = if escaped { jbd2::TAG_FLAG_ESCAPE } else { 0 };
+                tags.push(Tag {
+                    blocknr: *home,
+                    flags,
+                    csum,
+                });
+                datas.push(copy);
+            }
+            let mut desc = vec![0u8; self.bs];
+            let n = jbd2::encode_descriptor(&mut desc, tid, &tags, &self.jsb.uuid, &fmt)?;
+            if n != tags.len() {
+                return Err(Error::InvalidInput("descriptor capacity mismatch".into()));
+            }
+            out.put(self, pos, &desc)?;
+            pos += 1;
+            for d in &datas {
+                out.put(self, pos, d)?;
+                pos += 1;
+            }
+        }
+        Ok(pos)
+    }
+
+    /// Write revoke blocks for `records` of transaction `tid` at log block `pos`;
+    /// returns the log block after them.
+    fn write_revokes<D: Device + ?Sized>(
+        &self,
+        out: &mut LogBatch<D>,
+        tid: u32,
+        mut pos: u32,
+        mut records: &[u64],
+    ) -> Result<u32> {
+        let fmt = self.fmt();
+        let mut b = vec![0u8; self.bs];
+        while !records.is_empty() {
+            let n = jbd2::encode_revoke(&mut b, tid, records, &fmt)?;
+            if n == 0 {
+                return Err(Error::InvalidInput("revoke block holds no record".into()));
+            }
+            out.put(self, pos, &b)?;
+            pos += 1;
+            records = &records[n..];
+        }
+        Ok(pos)
+    }
+
+    /// Write the blocks changed since the last early commit to the log as an early
+    /// commit (no flush: it survives a crash of this process, not of the machine;
+    /// see `Early`). `boot_id` is this boot's. Caller holds the write lock and
+    /// checkpointed a log that was not empty.
+    pub fn early_commit<D: Device + ?Sized>(
+        &mut self,
+        dev: &D,
+        blocks: &[(u64, Arc<[u8]>)],
+        boot_id: &[u8; 16],
+    ) -> Result<EarlyOutcome> {
+        if self.head.is_some() {
+            return Err(Error::InvalidInput(
+                "early commit into a log that holds transactions".into(),
+            ));
+        }
+        let first = self.jsb.first;
+        let tid = self.next_tid;
+        let next = self.early.as_ref().map_or(first, |e| e.next);
+        let sums: Vec<u32> = blocks
+            .iter()
+            .map(|(_, d)| rext4_format::csum::raw(!0, d))
+            .collect();
+        let changed: Vec<(u64, Arc<[u8]>)> = blocks
+            .iter()
+            .zip(&sums)
+            .filter(|((home, _), sum)| {
+                self.early
+                    .as_ref()
+                    .and_then(|e| e.logged.get(home))
+                    .is_none_or(|s| s != *sum)
+            })
+            .map(|(b, _)| b.clone())
+            .collect();
+        if changed.is_empty() {
+            return Ok(EarlyOutcome::Nothing);
+        }
+        // Room for this and for the commit of everything that must follow it.
+        let need = u64::from(self.log_blocks_for(changed.len()))
+            + u64::from(self.log_blocks_for(blocks.len()));
+        if u64::from(next) + need > u64::from(self.jsb.maxlen) {
+            return Ok(EarlyOutcome::NoRoom);
+        }
+        if self.early.is_none() {
+            // The record first: a crash before the chain is written finds no valid
+            // transaction where it points.
+            let rec = EarlyRecord {
+                start: first,
+                first_tid: tid,
+                boot_id: *boot_id,
+            };
+            EarlyRecord::store(Some(&rec), &mut self.jsb);
+            self.write_jsb(dev)?;
+            self.early = Some(Early {
+                next,
+                logged: Default::default(),
+            });
+        }
+        let mut out = LogBatch::new(dev);
+        let pos = self.write_blocks(&mut out, tid, next, &changed)?;
+        let mut eb = vec![0u8; self.bs];
+        jbd2::encode_early(&mut eb, tid, boot_id, self.fmt().j_seed)?;
+        out.put(self, pos, &eb)?;
+        out.finish()?;
+        self.next_tid = tid.wrapping_add(1);
+        if let Some(e) = self.early.as_mut() {
+            e.next = pos + 1;
+            for ((home, _), sum) in blocks.iter().zip(&sums) {
+                e.logged.insert(*home, *sum);
+            }
+        }
+        Ok(EarlyOutcome::Written)
+    }
+
+    /// Write one transaction (its blocks and its revoke records) to the log and
+    /// commit it (durable on return). It goes after the transactions in the log; into
+    /// an empty log after a chain of early commits when there is room (a crash while it
+    /// is written then still finds the chain), else from `s_first`, ending the chain
+    /// first. Caller checked [`Log::has_room`].
+    pub fn commit<D: Device + ?Sized>(
+        &mut self,
+        dev: &D,
+        blocks: &[(u64, Arc<[u8]>)],
+        revokes: &[u64],
+    ) -> Result<u32> {
+        let fmt = self.fmt();
+        if blocks.len() > self.max_blocks_with(revokes.len()) {
+            return Err(Error::InvalidInput(
+                "transaction larger than the journal".into(),
+            ));
+        }
+        if !self.has_room(blocks.len(), revokes.len()) {
+            return Err(Error::InvalidInput(
+                "no room in the log for the transaction (checkpoint first)".into(),
+            ));
+        }
+        let first = self.jsb.first;
+        let maxlen = u64::from(self.jsb.maxlen);
+        let need = u64::from(self.log_blocks_for(blocks.len()))
+            + u64::from(self.revoke_blocks_for(revokes.len()));
+        let tid = self.next_tid;
+        let start = match (self.head, &self.early) {
+            (Some(h), _) => h,
+            (None, Some(e)) if u64::from(e.next) + need <= maxlen => e.next,
+            (None, Some(_)) => {
+                EarlyRecord::store(None, &mut self.jsb);
+                first
+            }
+            (None, None) => first,
+        };
+        // Committed or not, the chain is over: its blocks are all in this transaction.
+        self.early = None;
+        let mut out = LogBatch::new(dev);
+        let pos = self.write_blocks(&mut out, tid, start, blocks)?;
+        let pos = self.write_revokes(&mut out, tid, pos, revokes)?;
+        // The commit block's slot is zeroed first, made durable with the rest: the
+        // commit record then differs from what is on disk only in its first sector, so
+        // a torn commit write leaves either the whole record or none of it (a torn one
+        // would read as a corrupt transaction, and recovery would refuse the log).
+        out.put(self, pos, &vec![0u8; self.bs])?;
+        out.finish()?;
+        let commit_at = self.map[pos as usize] * self.bs as u64;
+        // The revoke feature is set with the first revoke record, as jbd2 does.
+        let revoke_feature =
+            !revokes.is_empty() && self.jsb.feature_incompat & jbd2::INCOMPAT_REVOKE == 0;
+        if revoke_feature {
+            self.jsb.feature_incompat |= jbd2::INCOMPAT_REVOKE;
+        }
+        if self.head.is_none() || revoke_feature {
+            if self.head.is_none() {
+                self.jsb.start = start;
+                self.jsb.sequence = tid;
+            }
+            self.write_jsb(dev)?;
+        }
+        dev.flush()?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        // commit_sec must not go backwards (recovery tells stale from corrupt by it).
+        let sec = now.as_secs().max(self.last_commit_sec);
+        self.last_commit_sec = sec;
+        let mut cb = vec![0u8; self.bs];
+        CommitBlock::new(tid, sec, now.subsec_nanos()).encode(&mut cb, &fmt)?;
+        dev.write_at(&cb, commit_at)?;
+        dev.flush()?;
+        self.head = Some(pos + 1);
+        self.next_tid = tid.wrapping_add(1);
+        Ok(tid)
+    }
+
+    /// The journal was aborted with `errno` (negative, as jbd2 stores it): record it
+    /// in the journal superblock, durably, for recovery to mark the filesystem as
+    /// having errors.
+    pub fn record_abort<D: Device + ?Sized>(&mut self, dev: &D, errno: i32) -> Result<()> {
+        self.jsb.errno = errno;
+        self.write_jsb(dev)?;
+        dev.flush()?;
+        Ok(())
+    }
+
+    /// Every committed block is home and flushed: empty the log (and clear the record
+    /// of a chain of early commits, which a commit had ended). The caller flushes.
+    pub fn checkpointed<D: Device + ?Sized>(&mut self, dev: &D) -> Result<()> {
+        self.jsb.start = 0;
+        self.jsb.sequence = self.next_tid;
+        self.head = None;
+        self.early = None;
+        EarlyRecord::store(None, &mut self.jsb);
+        self.write_jsb(dev)
+    }
+}
+
+/// Log blocks on their way to the device: runs of blocks that follow each other on
+/// the device (the journal is usually one extent) go in one write, not one each.
+struct LogBatch<'d, D: ?Sized> {
+    dev: &'d D,
+    /// Device byte offset of `buf`'s first block.
+    at: u64,
+    buf: Vec<u8>,
+}
+
+impl<'d, D: Device + ?Sized> LogBatch<'d, D> {
+    /// At most this many bytes per write.
+    const MAX: usize = 1 << 20;
+
+    fn new(dev: &'d D) -> Self {
+        LogBatch {
+            dev,
+            at: 0,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Queue `block` for log block `pos` of `j`.
+    fn put(&mut self, j: &Log, pos: u32, block: &[u8]) -> Result<()> {
+        let at = j.map[pos as usize] * j.bs as u64;
+        if !self.buf.is_empty()
+            && (self.at + self.buf.len() as u64 != at || self.buf.len() >= Self::MAX)
+        {
+            self.finish()?;
+        }
+        if self.buf.is_empty() {
+            self.at = at;
+        }
+        self.buf.extend_from_slice(block);
+        Ok(())
+    }
+
+    /// Write what is queued.
+    fn finish(&mut self) -> Result<()> {
+        if !self.buf.is_empty() {
+            self.dev.write_at(&self.buf, self.at)?;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The writer against the recovery scanner, on a device in memory: what `Log`
+    //! writes is what `rext4_format::jbd2::Scanner` finds, revokes included.
+
+    use super::*;
+    use rext4_format::jbd2::{LogEnd, Scanner};
+    use std::sync::Mutex;
+
+    const BS: usize = 1024;
+    /// The log's first device block (a journal of one extent).
+    const AT: u64 = 10;
+    const LEN: usize = 1024;
+
+    /// Bytes in memory; flushes counted.
+    struct Mem {
+        bytes: Mutex<Vec<u8>>,
+        flushes: Mutex<usize>,
+    }
+
+    impl Device for Mem {
+        fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+            let b = self.bytes.lock().expect("bytes");
+            let off = off as usize;
+            buf.copy_from_slice(&b[off..off + buf.len()]);
+            Ok(())
+        }
+        fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
+            let mut b = self.bytes.lock().expect("bytes");
+            let off = off as usize;
+            b[off..off + buf.len()].copy_from_slice(buf);
+            Ok(())
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            *self.flushes.lock().expect("flushes") += 1;
+            Ok(())
+        }
+    }
+
+    fn fresh() -> (Mem, Vec<u64>) {
+        let mut jsb = JournalSuperblock::new(BS as u32, LEN as u32, [7; 16]);
+        jsb.update_checksum();
+        let mut bytes = vec![0u8; (AT as usize + LEN) * BS];
+        let at = AT as usize * BS;
+        jsb.encode(&mut bytes[at..at + jbd2::SB_SIZE])
+            .expect("encode jsb");
+        let map = (AT..AT + LEN as u64).collect();
+        (
+            Mem {
+                bytes: Mutex::new(bytes),
+                flushes: Mutex::new(0),
+            },
+            map,
+        )
+    }
+
+    fn block(fill: u8) -> Arc<[u8]> {
+        Arc::from(vec![fill; BS])
+    }
+
+    /// What recovery's scan finds in the log.
+    fn scan(dev: &Mem, map: &[u64]) -> rext4_format::jbd2::ScanResult {
+        let read = |log_block: u32| {
+            let mut b = vec![0u8; BS];
+            dev.read_at(&mut b, map[log_block as usize] * BS as u64)
+                .expect("read");
+            b
+        };
+        let jsb = JournalSuperblock::decode(&read(0)).expect("jsb");
+        let mut s = Scanner::new(&jsb);
+        while let Some(p) = s.next() {
+            s.feed(&read(p.0));
+        }
+        s.finish().expect("scan")
+    }
+
+    #[test]
+    fn what_the_log_writes_recovery_finds() {
+        let (dev, map) = fresh();
+        let mut log = Log::open(&dev, map.clone(), BS).expect("open");
+        log.prepare_rw(&dev, true, true).expect("prepare");
+        let before = *dev.flushes.lock().expect("flushes");
+        let t1 = log
+            .commit(&dev, &[(500, block(1)), (501, block(2))], &[])
+            .expect("commit 1");
+        // The second transaction revokes block 500: t1's copy must not be replayed.
+        let t2 = log
+            .commit(&dev, &[(502, block(3))], &[500])
+            .expect("commit 2");
+        assert_eq!(t2, t1.wrapping_add(1));
+        assert_eq!(
+            *dev.flushes.lock().expect("flushes") - before,
+            4,
+            "two flushes per commit"
+        );
+        let r = scan(&dev, &map);
+        let seqs: Vec<u32> = r.transactions.iter().map(|t| t.sequence).collect();
+        assert_eq!(seqs, vec![t1, t2]);
+        let plan: Vec<(u64, u32)> = r
+            .replay_plan()
+            .iter()
+            .map(|w| (w.tag.blocknr, w.sequence))
+            .collect();
+        assert_eq!(plan, vec![(501, t1), (502, t2)], "block 500 is revoked");
+        // Each planned block's log copy holds what was committed.
+        for w in r.replay_plan() {
+            let mut b = vec![0u8; BS];
+            dev.read_at(&mut b, map[w.log_block.0 as usize] * BS as u64)
+                .expect("read");
+            let want = if w.tag.blocknr == 501 { 2 } else { 3 };
+            assert!(b.iter().all(|&x| x == want), "block {}", w.tag.blocknr);
+        }
+        // Checkpointed: the log is empty for recovery.
+        log.checkpointed(&dev).expect("checkpointed");
+        let r = scan(&dev, &map);
+        assert!(r.transactions.is_empty());
+        assert!(matches!(r.end, LogEnd::Empty), "{:?}", r.end);
+        assert!(log.log_is_empty());
+    }
+
+    #[test]
+    fn a_transaction_the_log_cannot_hold_is_refused() {
+        let (dev, map) = fresh();
+        let mut log = Log::open(&dev, map, BS).expect("open");
+        log.prepare_rw(&dev, true, true).expect("prepare");
+        let n = log.max_blocks() + 1;
+        let blocks: Vec<(u64, Arc<[u8]>)> = (0..n as u64).map(|b| (2000 + b, block(9))).collect();
+        assert!(matches!(
+            log.commit(&dev, &blocks, &[]),
+            Err(Error::InvalidInput(_))
+        ));
+        // A map shorter than the superblock says: refused at open.
+        let (dev, map) = fresh();
+        assert!(matches!(
+            Log::open(&dev, map[..LEN / 2].to_vec(), BS),
+            Err(Error::Corrupted { .. })
+        ));
+    }
+
+    #[test]
+    fn recovery_replays_what_was_committed_and_empties_the_log() {
+        let (dev, map) = fresh();
+        let mut log = Log::open(&dev, map.clone(), BS).expect("open");
+        log.prepare_rw(&dev, true, true).expect("prepare");
+        let t1 = log
+            .commit(&dev, &[(500, block(1)), (501, block(2))], &[])
+            .expect("commit 1");
+        log.commit(&dev, &[(502, block(3))], &[500])
+            .expect("commit 2");
+        let home = |b: u64| {
+            let mut buf = vec![0u8; BS];
+            dev.read_at(&mut buf, b * BS as u64).expect("read");
+            buf
+        };
+        // Without `write`: what a replay would do, nothing written.
+        let dry = recover(&dev, map.as_slice(), BS, 4096, false, None).expect("dry run");
+        assert_eq!(
+            (dry.transactions, dry.blocks_replayed, dry.revoke_hits),
+            (2, 2, 1)
+        );
+        assert!(home(501).iter().all(|&x| x == 0));
+        let r = recover(&dev, map.as_slice(), BS, 4096, true, None).expect("recover");
+        assert_eq!(r, dry);
+        assert_eq!(r.first_sequence, t1);
+        assert_eq!(r.new_sequence, t1.wrapping_add(3), "one tid skipped");
+        assert!(home(500).iter().all(|&x| x == 0), "revoked block written");
+        assert!(home(501).iter().all(|&x| x == 2));
+        assert!(home(502).iter().all(|&x| x == 3));
+        // The log is empty now: a second recovery finds nothing.
+        let again = recover(&dev, map.as_slice(), BS, 4096, true, None).expect("again");
+        assert_eq!((again.transactions, again.end), (0, LogEnd::Empty));
+        // A home block past the filesystem's end is corruption, and nothing is written.
+        let (dev, map) = fresh();
+        let mut log = Log::open(&dev, map.clone(), BS).expect("open");
+        log.prepare_rw(&dev, true, true).expect("prepare");
+        log.commit(&dev, &[(9000, block(5))], &[]).expect("commit");
+        let e = recover(&dev, map.as_slice(), BS, 4096, true, None).expect_err("outside");
+        assert!(e.to_string().contains("outside"), "{e}");
+    }
+}

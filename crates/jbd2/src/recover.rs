@@ -1,0 +1,354 @@
+//! Recovery of a jbd2 log (format notes §2.13; the kernel's `fs/jbd2/recovery.c` and
+//! e2fsck, which share it): [`recover`] runs the SCAN pass with
+//! `rext4_format::jbd2::Scanner` from `(s_start, s_sequence)`, wrapping inside the
+//! log, the revoke table, then REPLAY, which writes each tagged block (unescaped) to
+//! its home unless a transaction with a tid `>=` its own revoked it. Then, each step
+//! made durable by a flush before the next: the replayed blocks; the journal
+//! superblock (`s_start = 0`, `s_sequence = end + 1`, one tid skipped past the last
+//! replayed as the kernel and e2fsck do, so no commit block left in the log can match
+//! the next expected sequence; a recorded `s_errno` and an early-commit record
+//! cleared). What the filesystem's own superblock needs after that (ext4's RECOVER
+//! flag, its error state) is the caller's.
+//!
+//! A log that ends on a wrong magic or sequence, or on a checksum failure whose commit
+//! time is older than the previous commit's, ends cleanly; a failed commit or
+//! descriptor/revoke checksum whose commit time does not go backwards is corruption:
+//! "journal transaction N is corrupt", and nothing is written. A data block whose tag
+//! checksum fails is skipped and reported (`bad_checksums`).
+//!
+//! rext4's early commits: when no committed transaction is in the log and the journal
+//! superblock records a chain of them written in boot `boot_id`, the chain's complete
+//! transactions (descriptors, every tag checksum and the EARLY block verified) are
+//! replayed in order. In another boot the chain does not exist.
+
+use rext4_format::jbd2::{
+    self, unescape, verify_tag, EarlyRecord, JournalSuperblock, LogEnd, ScanResult, Scanner,
+};
+use rext4_format::FormatError;
+
+use crate::{Device, Error, Result};
+
+/// Where the log's blocks are on the device.
+pub trait LogMap {
+    /// Log blocks there are.
+    fn blocks(&self) -> u64;
+    /// The device block of log block `j`.
+    fn physical(&self, j: u64) -> Result<u64>;
+}
+
+impl LogMap for [u64] {
+    fn blocks(&self) -> u64 {
+        self.len() as u64
+    }
+    fn physical(&self, j: u64) -> Result<u64> {
+        usize::try_from(j)
+            .ok()
+            .and_then(|j| self.get(j).copied())
+            .ok_or_else(|| corrupted(format!("journal block {j} is not mapped"), None))
+    }
+}
+
+fn corrupted(what: String, block: Option<u64>) -> Error {
+    Error::Corrupted { what, block }
+}
+
+/// Read log block `j` into `buf` (one block).
+fn read<D: Device + ?Sized, M: LogMap + ?Sized>(
+    dev: &D,
+    map: &M,
+    bs: usize,
+    j: u64,
+    buf: &mut [u8],
+) -> Result<()> {
+    dev.read_at(buf, map.physical(j)? * bs as u64)?;
+    Ok(())
+}
+
+/// What a recovery found and did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recovery {
+    /// Committed transactions found (and replayed), early commits included.
+    pub transactions: usize,
+    /// tid of the first transaction in the log (`s_sequence` before recovery).
+    pub first_sequence: u32,
+    /// First tid not in the log (last replayed tid + 1).
+    pub end_sequence: u32,
+    /// `s_sequence` written to the journal superblock (`end_sequence + 1`).
+    pub new_sequence: u32,
+    /// Blocks written to their home (once per copy written).
+    pub blocks_replayed: usize,
+    /// Revoke records read.
+    pub revoke_records: usize,
+    /// Logged blocks not written because a later (or the same) transaction revoked them.
+    pub revoke_hits: usize,
+    /// `(tid, home block)` of logged blocks whose tag checksum failed: not written.
+    pub bad_checksums: Vec<(u32, u64)>,
+    /// Log block where the log started (`s_start`) and the block after the last commit.
+    pub log_start: u32,
+    pub log_head: u32,
+    /// How the log ended.
+    pub end: LogEnd,
+    /// `s_errno` found in the journal superblock (0 = none).
+    pub journal_errno: i32,
+    /// Of `transactions`, rext4's early commits.
+    pub early_transactions: usize,
+}
+
+/// One transaction of a chain of early commits: tid, and where each of its logged
+/// blocks is.
+type EarlyTxn = (u32, Vec<jbd2::LoggedBlock>);
+
+/// The complete transactions of the chain of early commits `jsb` records, when it
+/// was written during boot `boot_id`: each with valid descriptors, every data block's
+/// checksum verified, and its EARLY block; the chain ends at the first that is not.
+fn early_chain<D: Device + ?Sized, M: LogMap + ?Sized>(
+    dev: &D,
+    map: &M,
+    jsb: &JournalSuperblock,
+    boot_id: Option<[u8; 16]>,
+) -> Result<Vec<EarlyTxn>> {
+    let (Some(rec), Some(boot)) = (EarlyRecord::from_sb(jsb), boot_id) else {
+        return Ok(Vec::new());
+    };
+    if rec.boot_id != boot || rec.start < jsb.first || rec.start >= jsb.maxlen {
+        return Ok(Vec::new());
+    }
+    let fmt = jsb.log_format();
+    let bs = jsb.blocksize as usize;
+    let mut buf = vec![0u8; bs];
+    let mut data = vec![0u8; bs];
+    let mut chain = Vec::new();
+    let mut pos = rec.start;
+    let mut tid = rec.first_tid;
+    let mut cur: Vec<jbd2::LoggedBlock> = Vec::new();
+    while pos < jsb.maxlen {
+        read(dev, map, bs, u64::from(pos), &mut buf)?;
+        if jbd2::is_early(&buf, tid, &boot, fmt.j_seed) {
+            chain.push((tid, std::mem::take(&mut cur)));
+            tid = tid.wrapping_add(1);
+            pos += 1;
+            continue;
+        }
+        let tags = match jbd2::classify(&buf, tid, &fmt) {
+            jbd2::BlockKind::Descriptor {
+                tags,
+                csum_ok: true,
+            } => tags,
+            _ => break,
+        };
+        let mut whole = true;
+        for (k, tag) in tags.iter().enumerate() {
+            let at = pos + 1 + k as u32;
+            if at >= jsb.maxlen {
+                whole = false;
+                break;
+            }
+            read(dev, map, bs, u64::from(at), &mut data)?;
+            if verify_tag(tag, tid, &data, &fmt).is_err() {
+                whole = false;
+                break;
+            }
+            cur.push(jbd2::LoggedBlock {
+                log_block: jbd2::LogPos(at),
+                tag: *tag,
+            });
+        }
+        if !whole {
+            break;
+        }
+        pos += 1 + tags.len() as u32;
+    }
+    Ok(chain)
+}
+
+/// Read and check the journal superblock.
+fn load_jsb<D: Device + ?Sized, M: LogMap + ?Sized>(
+    dev: &D,
+    map: &M,
+    bs: usize,
+) -> Result<JournalSuperblock> {
+    let mut b = vec![0u8; bs];
+    read(dev, map, bs, 0, &mut b)?;
+    let at = map.physical(0)?;
+    let jsb = JournalSuperblock::decode(&b).map_err(|e| e.at_block(at))?;
+    jsb.verify().map_err(|e| e.at_block(at))?;
+    if let Err(e) = jsb.features_supported() {
+        return Err(Error::Unsupported(format!("journal: {e}")));
+    }
+    let f = jsb.features();
+    if f.fast_commit() {
+        return Err(Error::Unsupported(
+            "journal feature fast_commit: fast-commit replay is not supported".into(),
+        ));
+    }
+    if jsb.blocksize as usize != bs || u64::from(jsb.maxlen) > map.blocks() {
+        return Err(corrupted(
+            format!(
+                "journal superblock geometry (block size {}, {} blocks) does not fit the \
+                 journal ({} blocks of {bs} bytes)",
+                jsb.blocksize,
+                jsb.maxlen,
+                map.blocks()
+            ),
+            Some(at),
+        ));
+    }
+    Ok(jsb)
+}
+
+/// The SCAN pass. A corrupt transaction fails with its tid.
+fn scan<D: Device + ?Sized, M: LogMap + ?Sized>(
+    dev: &D,
+    map: &M,
+    jsb: &JournalSuperblock,
+) -> Result<ScanResult> {
+    let bs = jsb.blocksize as usize;
+    let mut buf = vec![0u8; bs];
+    let mut s = Scanner::new(jsb);
+    while let Some(p) = s.next() {
+        read(dev, map, bs, u64::from(p.0), &mut buf)?;
+        s.feed(&buf);
+    }
+    let tid = s.sequence();
+    s.finish().map_err(|e| {
+        let why = match e {
+            FormatError::Corrupted { what, .. } => what,
+            other => other.to_string(),
+        };
+        corrupted(format!("journal transaction {tid} is corrupt: {why}"), None)
+    })
+}
+
+/// Recover the log on the blocks `map` of `dev` (block size `bs`; home blocks must lie
+/// below `fs_blocks`): replay what it holds, then empty it — or, without `write`, only
+/// say what a replay would do. `boot_id`: this boot's, for rext4's early commits.
+///
+/// Errors: `Unsupported` for journal features that cannot be replayed (fast commits),
+/// `Corrupted` for an unreadable journal or a corrupt transaction; in both cases
+/// nothing was written.
+pub fn recover<D: Device + ?Sized, M: LogMap + ?Sized>(
+    dev: &D,
+    map: &M,
+    bs: usize,
+    fs_blocks: u64,
+    write: bool,
+    boot_id: Option<[u8; 16]>,
+) -> Result<Recovery> {
+    let jsb = load_jsb(dev, map, bs)?;
+    let mut report = Recovery {
+        transactions: 0,
+        first_sequence: jsb.sequence,
+        end_sequence: jsb.sequence,
+        new_sequence: jsb.sequence,
+        blocks_replayed: 0,
+        revoke_records: 0,
+        revoke_hits: 0,
+        bad_checksums: Vec::new(),
+        log_start: jsb.start,
+        log_head: jsb.start,
+        end: LogEnd::Empty,
+        journal_errno: jsb.errno,
+        early_transactions: 0,
+    };
+    let mut update_jsb = jsb.errno != 0;
+    if !jsb.is_empty() {
+        let result = scan(dev, map, &jsb)?;
+        let plan = result.replay_plan();
+        let logged: usize = result.transactions.iter().map(|t| t.blocks.len()).sum();
+        report.transactions = result.transactions.len();
+        report.end_sequence = result.end_sequence;
+        report.new_sequence = result.end_sequence.wrapping_add(1);
+        report.log_head = result.head.0;
+        report.end = result.end;
+        report.revoke_records = result.transactions.iter().map(|t| t.revoked.len()).sum();
+        report.revoke_hits = logged - plan.len();
+        let fmt = jsb.log_format();
+        let mut buf = vec![0u8; bs];
+        for w in &plan {
+            let home = w.tag.blocknr;
+            if home >= fs_blocks {
+                return Err(corrupted(
+                    format!(
+                        "journal transaction {} is corrupt: it logs block {home}, outside \
+                         the filesystem ({fs_blocks} blocks)",
+                        w.sequence
+                    ),
+                    None,
+                ));
+            }
+            read(dev, map, bs, u64::from(w.log_block.0), &mut buf)?;
+            if verify_tag(&w.tag, w.sequence, &buf, &fmt).is_err() {
+                report.bad_checksums.push((w.sequence, home));
+                continue;
+            }
+            if w.tag.escaped() {
+                unescape(&mut buf);
+            }
+            if write {
+                dev.write_at(&buf, home * bs as u64)?;
+            }
+            report.blocks_replayed += 1;
+        }
+        update_jsb = true;
+    }
+    // Nothing committed for jbd2 (or a commit cut short after a chain of early
+    // commits): the chain, when this boot wrote it.
+    let record = EarlyRecord::from_sb(&jsb).is_some();
+    let mut chain_end = None;
+    if report.transactions == 0 && record {
+        let chain = early_chain(dev, map, &jsb, boot_id)?;
+        let mut buf = vec![0u8; bs];
+        for (tid, blocks) in &chain {
+            for b in blocks {
+                let home = b.tag.blocknr;
+                if home >= fs_blocks {
+                    return Err(corrupted(
+                        format!("early commit {tid} logs block {home}, outside the filesystem"),
+                        None,
+                    ));
+                }
+                read(dev, map, bs, u64::from(b.log_block.0), &mut buf)?;
+                if b.tag.escaped() {
+                    unescape(&mut buf);
+                }
+                if write {
+                    dev.write_at(&buf, home * bs as u64)?;
+                }
+                report.blocks_replayed += 1;
+            }
+        }
+        report.transactions += chain.len();
+        report.early_transactions = chain.len();
+        chain_end = chain.last().map(|(t, _)| t.wrapping_add(1));
+    }
+    update_jsb |= record;
+    if !write {
+        return Ok(report);
+    }
+    dev.flush()?;
+
+    if update_jsb {
+        let mut new = jsb.clone();
+        if !jsb.is_empty() {
+            new.start = 0;
+            new.sequence = report.new_sequence;
+        }
+        if let Some(end) = chain_end {
+            // As after jbd2's replay: one tid skipped past the last replayed.
+            report.end_sequence = end;
+            report.new_sequence = end.wrapping_add(1);
+            new.start = 0;
+            new.sequence = report.new_sequence;
+        }
+        EarlyRecord::store(None, &mut new);
+        new.errno = 0;
+        new.update_checksum();
+        let mut b = vec![0u8; bs];
+        read(dev, map, bs, 0, &mut b)?;
+        new.encode(&mut b[..jbd2::SB_SIZE])?;
+        dev.write_at(&b, map.physical(0)? * bs as u64)?;
+        dev.flush()?;
+    }
+
+    Ok(report)
+}
