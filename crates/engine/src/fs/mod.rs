@@ -1083,20 +1083,16 @@ impl Inner {
     /// nothing. Takes `live` and, to abort, the journal's mutex.
     pub(crate) fn settle_errors(&self, extra: u64) {
         use std::sync::atomic::Ordering::SeqCst;
-        let seen = self.cache.errors_seen();
-        let noted = self.errors_noted.load(SeqCst);
-        if (seen <= noted && extra == 0) || self.read_only {
+        if self.read_only {
             return;
         }
-        if seen > noted
-            && self
-                .errors_noted
-                .compare_exchange(noted, seen, SeqCst, SeqCst)
-                .is_err()
-        {
-            return; // another thread marks them
-        }
+        // Of threads that look at once, one takes the new errors (fetch_max).
+        let seen = self.cache.errors_seen();
+        let noted = self.errors_noted.fetch_max(seen, SeqCst);
         let n = seen.saturating_sub(noted) + extra;
+        if n == 0 {
+            return;
+        }
         {
             let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
             if live.closed {
@@ -1399,6 +1395,8 @@ impl WriteGuard<'_> {
 }
 
 thread_local! {
+    /// This thread's failed metadata reads when it last called `note_error`.
+    static NOTED_READ_ERRORS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     static HOLDS_WRITE_LOCK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
@@ -1553,13 +1551,11 @@ impl Fs {
         if !matches!(e, Error::Corrupted { .. } | Error::Io(_)) {
             return;
         }
-        // An error the cache met is counted there; one found elsewhere (in a decoded
-        // record, in file data) counts once here.
-        let from_cache = self.inner.cache.errors_seen()
-            > self
-                .inner
-                .errors_noted
-                .load(std::sync::atomic::Ordering::SeqCst);
+        // An error the cache met (a failed read of this thread since its last call)
+        // is counted there; one found elsewhere (a decoded record, file data) counts
+        // once here.
+        let reads = crate::cache::thread_read_errors();
+        let from_cache = NOTED_READ_ERRORS.with(|c| c.replace(reads)) < reads;
         self.inner.settle_errors(if from_cache { 0 } else { 1 });
     }
 
