@@ -83,6 +83,12 @@ struct Blocks {
     committing: std::collections::HashSet<u64>,
     /// Every block of the transaction being committed (until `end_commit`).
     commit_all: std::collections::HashSet<u64>,
+    /// Committed contents of logged blocks freed by a transaction that is not
+    /// committed yet: a checkpoint before that commit still writes them home (the
+    /// committed state, which a crash then recovers to, still uses them); once the
+    /// freeing transaction's revoke records are committed they are dropped
+    /// (`revokes_committed`), before the blocks may be reused.
+    freed_logged: HashMap<u64, Arc<[u8]>>,
 }
 
 pub struct BufferCache {
@@ -315,12 +321,14 @@ impl BufferCache {
         let mut logged_gone = 0;
         let mut revoked = Vec::new();
         let committing = &mut b.committing;
+        let freed_logged = &mut b.freed_logged;
         let mut gone = |blk: u64, e: &Entry| {
             if e.dirty {
                 dropped_dirty += 1;
             }
-            if e.logged.is_some() {
+            if let Some(d) = &e.logged {
                 logged_gone += 1;
+                freed_logged.insert(blk, d.clone());
             }
             // Both: the committing set must lose the block either way.
             if committing.remove(&blk) | e.logged.is_some() {
@@ -378,6 +386,9 @@ impl BufferCache {
         let map = &mut *guard;
         for (blk, data) in blocks {
             if !map.committing.remove(blk) {
+                // Freed while the commit was written: these committed contents go
+                // home at a checkpoint until the free is committed.
+                map.freed_logged.insert(*blk, data.clone());
                 continue;
             }
             if let Some(e) = map.map.get_mut(blk) {
@@ -393,9 +404,11 @@ impl BufferCache {
     }
 
     /// Write every logged block's committed contents home, in block order (the
-    /// checkpoint; the caller flushes and then empties the log). Returns how many.
+    /// checkpoint; the caller flushes and then empties the log), freed ones whose free
+    /// is not committed included. Returns how many.
     pub fn checkpoint(&self) -> Result<usize> {
-        let logged: Vec<(u64, Arc<[u8]>)> = {
+        type Contents = Vec<(u64, Arc<[u8]>)>;
+        let (logged, freed): (Contents, Contents) = {
             let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
             let mut v: Vec<_> = map
                 .map
@@ -403,12 +416,27 @@ impl BufferCache {
                 .filter_map(|(k, e)| e.logged.as_ref().map(|d| (*k, d.clone())))
                 .collect();
             v.sort_by_key(|(k, _)| *k);
-            v
+            let mut f: Vec<_> = map
+                .freed_logged
+                .iter()
+                .map(|(k, d)| (*k, d.clone()))
+                .collect();
+            f.sort_by_key(|(k, _)| *k);
+            (v, f)
         };
-        for (blk, data) in &logged {
+        for (blk, data) in logged.iter().chain(&freed) {
             self.dev.write_at(data, blk * self.block_size as u64)?;
         }
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        for (blk, data) in &freed {
+            if map
+                .freed_logged
+                .get(blk)
+                .is_some_and(|d| Arc::ptr_eq(d, data))
+            {
+                map.freed_logged.remove(blk);
+            }
+        }
         for (blk, data) in &logged {
             if let Some(e) = map.map.get_mut(blk) {
                 if e.logged.as_ref().is_some_and(|d| Arc::ptr_eq(d, data)) {
@@ -418,6 +446,15 @@ impl BufferCache {
             }
         }
         Ok(logged.len())
+    }
+
+    /// The revoke records of `blocks` are committed: their old contents are never
+    /// needed again, and the blocks may be reused (call before they stop being busy).
+    pub fn revokes_committed(&self, blocks: &[u64]) {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        for b in blocks {
+            map.freed_logged.remove(b);
+        }
     }
 
     /// Whether logged blocks were freed since the last commit.

@@ -285,3 +285,81 @@ fn concurrent_fsyncs_share_commits() {
         }
     }
 }
+
+/// A directory's blocks are committed (logged, not yet home); then many files are
+/// made elsewhere, so the log fills, and the directory is removed: the transaction
+/// that frees its blocks finds no room and checkpoints before it commits. That
+/// checkpoint must still write the directory's committed blocks home, though the
+/// running transaction has freed them: a crash after the checkpoint emptied the log
+/// and before the freeing commit must find the directory whole. Every flush point of
+/// the run is recovered (by rext4, and by e2fsck when it is not rext4's turn) and
+/// e2fsck -fn must be clean.
+#[test]
+fn a_freed_logged_block_goes_home_at_a_checkpoint_before_its_free_commits() {
+    let base = base_image(1024, 8 << 20);
+    let dev = Arc::new(Recorder::new(base.clone()));
+    let fs = rw(dev.clone());
+    fs.create_dir("/d").expect("mkdir");
+    fs.create_dir("/e").expect("mkdir");
+    let name = |i: usize| format!("/d/a-rather-long-name-to-fill-directory-blocks-{i:05}");
+    for i in 0..600 {
+        fs.write(name(i), b"").expect("create");
+    }
+    fs.sync().expect("sync");
+    let logged_dir = blocks_of(&fs, "/d");
+    assert!(
+        logged_dir.len() > 20,
+        "directory of {} blocks",
+        logged_dir.len()
+    );
+    // Fill the log with small committed transactions until the removal below (about
+    // 190 blocks: the inode table blocks of 600 inodes, the directory's blocks)
+    // cannot fit after them, yet is too small to be committed in parts.
+    let head = || {
+        let r = rext4::journal::examine(&MemDevice::new(dev.mem.snapshot())).expect("examine");
+        r.log_head
+    };
+    let mut i = 0;
+    while head() < 950 {
+        for _ in 0..10 {
+            fs.write(format!("/e/filler-{i:05}"), b"").expect("create");
+            i += 1;
+        }
+        fs.sync().expect("sync");
+        assert!(i < 20_000, "the log never filled");
+    }
+    let before = fs.journal_stats().checkpoints;
+    let head_before = head();
+    for i in 0..600 {
+        fs.remove_file(name(i)).expect("unlink");
+    }
+    fs.remove_dir("/d").expect("rmdir");
+    fs.sync().expect("sync");
+    assert!(
+        fs.journal_stats().checkpoints > before,
+        "no checkpoint came while the directory's frees were uncommitted (log head \
+         {head_before} of 1024 before the removal, {i} fillers)"
+    );
+    fs.close().expect("close");
+    let events = dev.take();
+    let tmp = TempDir::new("freed-logged").expect("tmp");
+    let path = tmp.join("img");
+    let points = rext4_testkit::crash::flush_points(&events);
+    for (k, &fp) in points.iter().enumerate() {
+        std::fs::write(
+            &path,
+            rext4_testkit::crash::image_at(&base, &events, fp + 1),
+        )
+        .expect("write image");
+        let how = if k % 2 == 0 { "rext4" } else { "e2fsck" };
+        recover(&path, how).unwrap_or_else(|e| panic!("flush {k}, {how}: {e}"));
+        let r = e2fsck_fn(&path);
+        assert!(
+            r.clean,
+            "flush {k}/{} recovered by {how}: e2fsck:\n{}",
+            points.len(),
+            r.output
+        );
+    }
+    assert!(points.len() > 8, "{} flush points", points.len());
+}

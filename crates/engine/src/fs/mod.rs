@@ -1282,6 +1282,7 @@ impl Inner {
             j.commit(dev.as_ref(), txn, &revoked)?;
             self.commits.fetch_add(1, Relaxed);
             self.cache.committed(txn);
+            self.cache.revokes_committed(&revoked);
             revoked.clear();
             rest = after;
         }
