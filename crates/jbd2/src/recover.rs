@@ -73,9 +73,11 @@ pub struct Recovery {
     pub first_sequence: u32,
     /// First tid not in the log (last replayed tid + 1).
     pub end_sequence: u32,
-    /// `s_sequence` written to the journal superblock (`end_sequence + 1`).
+    /// `s_sequence` written to the journal superblock (`end_sequence + 1`); the
+    /// superblock is left alone for an empty log.
     pub new_sequence: u32,
-    /// Blocks written to their home (once per copy written).
+    /// Blocks written to their home (a block logged by several transactions counts
+    /// once per copy written).
     pub blocks_replayed: usize,
     /// Revoke records read.
     pub revoke_records: usize,
@@ -83,15 +85,38 @@ pub struct Recovery {
     pub revoke_hits: usize,
     /// `(tid, home block)` of logged blocks whose tag checksum failed: not written.
     pub bad_checksums: Vec<(u32, u64)>,
-    /// Log block where the log started (`s_start`) and the block after the last commit.
+    /// Log block where the log started (`s_start`) and the block after the last
+    /// commit; the log wrapped around the end of the journal when `head <= start`.
     pub log_start: u32,
     pub log_head: u32,
     /// How the log ended.
     pub end: LogEnd,
     /// `s_errno` found in the journal superblock (0 = none).
     pub journal_errno: i32,
-    /// Of `transactions`, rext4's early commits.
+    /// Of `transactions`, rext4's early commits (replayed only in the boot that wrote
+    /// them).
     pub early_transactions: usize,
+}
+
+impl Default for Recovery {
+    /// Nothing found, nothing done.
+    fn default() -> Recovery {
+        Recovery {
+            transactions: 0,
+            first_sequence: 0,
+            end_sequence: 0,
+            new_sequence: 0,
+            blocks_replayed: 0,
+            revoke_records: 0,
+            revoke_hits: 0,
+            bad_checksums: Vec::new(),
+            log_start: 0,
+            log_head: 0,
+            end: LogEnd::Empty,
+            journal_errno: 0,
+            early_transactions: 0,
+        }
+    }
 }
 
 /// One transaction of a chain of early commits: tid, and where each of its logged
@@ -236,19 +261,13 @@ pub fn recover<D: Device + ?Sized, M: LogMap + ?Sized>(
 ) -> Result<Recovery> {
     let jsb = load_jsb(dev, map, bs)?;
     let mut report = Recovery {
-        transactions: 0,
         first_sequence: jsb.sequence,
         end_sequence: jsb.sequence,
         new_sequence: jsb.sequence,
-        blocks_replayed: 0,
-        revoke_records: 0,
-        revoke_hits: 0,
-        bad_checksums: Vec::new(),
         log_start: jsb.start,
         log_head: jsb.start,
-        end: LogEnd::Empty,
         journal_errno: jsb.errno,
-        early_transactions: 0,
+        ..Recovery::default()
     };
     let mut update_jsb = jsb.errno != 0;
     if !jsb.is_empty() {

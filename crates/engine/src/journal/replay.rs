@@ -17,67 +17,42 @@
 //! Not handled: fast-commit replay (a journal with FAST_COMMIT is refused as
 //! unsupported), external journals.
 
-use rext4_format::jbd2::LogEnd;
 use rext4_format::superblock::{feature, SB_OFFSET, STATE_ERROR};
 
 use super::{read_superblock, JournalMap};
 use crate::device::BlockDevice;
 use crate::error::Result;
 
-/// What a replay found and did.
+/// What a replay found and did: whether the filesystem asked for one, and what the
+/// log's recovery found and did (`rext4_jbd2::Recovery`, whose fields read through
+/// the report: `report.transactions`, `report.end`, ...).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReplayReport {
     /// The superblock asked for recovery (has_journal + RECOVER). When false nothing
     /// was read from the journal and nothing was written.
     pub needed: bool,
-    /// Committed transactions found (and replayed).
-    pub transactions: usize,
-    /// tid of the first transaction in the log (`s_sequence` before replay).
-    pub first_sequence: u32,
-    /// First tid not in the log (last replayed tid + 1).
-    pub end_sequence: u32,
-    /// `s_sequence` written to the journal superblock (`end_sequence + 1`); the
-    /// superblock is left alone for an empty log.
-    pub new_sequence: u32,
-    /// Blocks written to their home location (a block logged by several transactions
-    /// counts once per copy written).
-    pub blocks_replayed: usize,
-    /// Revoke records read.
-    pub revoke_records: usize,
-    /// Logged blocks not written because a later (or the same) transaction revoked them.
-    pub revoke_hits: usize,
-    /// `(tid, fs block)` of logged blocks whose tag checksum failed: not written.
-    pub bad_checksums: Vec<(u32, u64)>,
-    /// Journal block where the log started (`s_start`) and the block after the last
-    /// commit; the log wrapped around the end of the journal when `head <= start`.
-    pub log_start: u32,
-    pub log_head: u32,
-    /// How the log ended.
-    pub end: LogEnd,
-    /// `s_errno` found in the journal superblock (0 = none).
-    pub journal_errno: i32,
-    /// Of `transactions`, rext4's early commits (replayed only in the boot that wrote
-    /// them; see `jwrite`).
-    pub early_transactions: usize,
+    /// The log's recovery (all zero when not needed).
+    pub log: rext4_jbd2::Recovery,
+}
+
+impl std::ops::Deref for ReplayReport {
+    type Target = rext4_jbd2::Recovery;
+    fn deref(&self) -> &rext4_jbd2::Recovery {
+        &self.log
+    }
+}
+
+impl std::ops::DerefMut for ReplayReport {
+    fn deref_mut(&mut self) -> &mut rext4_jbd2::Recovery {
+        &mut self.log
+    }
 }
 
 impl ReplayReport {
     fn nothing() -> ReplayReport {
         ReplayReport {
             needed: false,
-            transactions: 0,
-            first_sequence: 0,
-            end_sequence: 0,
-            new_sequence: 0,
-            blocks_replayed: 0,
-            revoke_records: 0,
-            revoke_hits: 0,
-            bad_checksums: Vec::new(),
-            log_start: 0,
-            log_head: 0,
-            end: LogEnd::Empty,
-            journal_errno: 0,
-            early_transactions: 0,
+            log: rext4_jbd2::Recovery::default(),
         }
     }
 
@@ -159,22 +134,9 @@ fn run(dev: &dyn BlockDevice, write: bool, boot_id: Option<[u8; 16]>) -> Result<
     }
     let bs = sb.block_size() as usize;
     let map = JournalMap::locate(dev, &sb)?;
-    let r = rext4_jbd2::recover(dev, &map, bs, sb.blocks_count, write, boot_id)?;
     let report = ReplayReport {
         needed: true,
-        transactions: r.transactions,
-        first_sequence: r.first_sequence,
-        end_sequence: r.end_sequence,
-        new_sequence: r.new_sequence,
-        blocks_replayed: r.blocks_replayed,
-        revoke_records: r.revoke_records,
-        revoke_hits: r.revoke_hits,
-        bad_checksums: r.bad_checksums,
-        log_start: r.log_start,
-        log_head: r.log_head,
-        end: r.end,
-        journal_errno: r.journal_errno,
-        early_transactions: r.early_transactions,
+        log: rext4_jbd2::recover(dev, &map, bs, sb.blocks_count, write, boot_id)?,
     };
     if !write {
         return Ok(report);
