@@ -948,7 +948,6 @@ struct Swept {
 fn sweep(name: &str, run: Run, recoverers: &[&str]) -> Swept {
     let variants = env_u64("REXT4_CRASH_VARIANTS", 3);
     let tmp = TempDir::new("crash").expect("tmp");
-    let path = tmp.join("img");
     let mut rng = Rng(0xC4A5_0000 ^ name.len() as u64);
     let mut images = 0;
     let mut checked = Checked::default();
@@ -982,6 +981,10 @@ fn sweep(name: &str, run: Run, recoverers: &[&str]) -> Swept {
         }
         for (img, hi, what) in imgs {
             let how = recoverers[(k + images) % recoverers.len()];
+            // A file of its own for each image: the loop device of the kernel's
+            // recovery of the one before may linger a moment after its detach (udev
+            // still probing it), and rext4 refuses to write to a file under a loop.
+            let path = tmp.join(format!("img-{images}"));
             std::fs::write(&path, &img).expect("write image");
             let label = format!(
                 "{name} flush {k}/{} ({what}), recovered by {how}",
@@ -1004,6 +1007,7 @@ fn sweep(name: &str, run: Run, recoverers: &[&str]) -> Swept {
             }
             images += 1;
             *used.entry(how).or_insert(0usize) += 1;
+            let _ = std::fs::remove_file(&path);
         }
     }
     eprintln!(
