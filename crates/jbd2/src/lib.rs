@@ -140,13 +140,7 @@ impl Log {
                 block: None,
             });
         };
-        let mut b = vec![0u8; bs];
-        dev.read_at(&mut b, sb_at * bs as u64)?;
-        let jsb = JournalSuperblock::decode(&b).map_err(|e| e.at_block(sb_at))?;
-        jsb.verify().map_err(|e| e.at_block(sb_at))?;
-        if let Err(e) = jsb.features_supported() {
-            return Err(Error::Unsupported(format!("journal: {e}")));
-        }
+        let jsb = recover::read_superblock(dev, map.as_slice(), bs)?;
         if jsb.blocksize as usize != bs
             || (jsb.maxlen as u64) > map.len() as u64
             || jsb.first == 0

@@ -186,8 +186,9 @@ fn early_chain<D: Device + ?Sized, M: LogMap + ?Sized>(
     Ok(chain)
 }
 
-/// Read and check the journal superblock.
-fn load_jsb<D: Device + ?Sized, M: LogMap + ?Sized>(
+/// The journal superblock in log block 0, decoded and verified, its features known
+/// (what the writer's `Log::open` and recovery both start from).
+pub(crate) fn read_superblock<D: Device + ?Sized, M: LogMap + ?Sized>(
     dev: &D,
     map: &M,
     bs: usize,
@@ -200,6 +201,17 @@ fn load_jsb<D: Device + ?Sized, M: LogMap + ?Sized>(
     if let Err(e) = jsb.features_supported() {
         return Err(Error::Unsupported(format!("journal: {e}")));
     }
+    Ok(jsb)
+}
+
+/// Read and check the journal superblock for recovery.
+fn load_jsb<D: Device + ?Sized, M: LogMap + ?Sized>(
+    dev: &D,
+    map: &M,
+    bs: usize,
+) -> Result<JournalSuperblock> {
+    let at = map.physical(0)?;
+    let jsb = read_superblock(dev, map, bs)?;
     let f = jsb.features();
     if f.fast_commit() {
         return Err(Error::Unsupported(

@@ -1086,8 +1086,12 @@ impl Inner {
         if self.read_only {
             return;
         }
-        // Of threads that look at once, one takes the new errors (fetch_max).
+        // Every change's start comes here: a load when nothing is new. Of threads
+        // that find new errors at once, one takes them (fetch_max).
         let seen = self.cache.errors_seen();
+        if extra == 0 && seen <= self.errors_noted.load(SeqCst) {
+            return;
+        }
         let noted = self.errors_noted.fetch_max(seen, SeqCst);
         let n = seen.saturating_sub(noted) + extra;
         if n == 0 {
