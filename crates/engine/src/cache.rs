@@ -468,12 +468,19 @@ impl BufferCache {
     }
 
     /// The log was emptied: no revoke record is needed any more, but for blocks of
-    /// the transaction being committed (it is written into the emptied log).
+    /// the transaction being committed (it is written into the emptied log) — and no
+    /// freed block's committed copy needs to go home any more either: the checkpoint
+    /// that emptied the log wrote every logged block, and a block freed while it ran
+    /// (which the checkpoint wrote as logged, and `forget` then kept as freed) must
+    /// not be written again by a later one, over whatever reuses it once its free
+    /// commits — a free whose revoke record this drops, so that its commit would not
+    /// drop the copy either.
     pub fn log_emptied(&self) {
         let mut guard = self.map.lock().unwrap_or_else(|p| p.into_inner());
         let map = &mut *guard;
         let all = &map.commit_all;
         map.revoked.retain(|b| all.contains(b));
+        map.freed_logged.retain(|b, _| all.contains(b));
     }
 
     /// Number of logged blocks (committed, not yet home).
@@ -553,6 +560,40 @@ mod tests {
     /// not marked logged afterwards (the checkpoint would write stale metadata over
     /// whatever reuses it), and its revoke record goes to the next commit, surviving a
     /// checkpoint that empties the log before this transaction is written into it.
+    /// A logged block freed while a checkpoint runs (after it took the logged blocks
+    /// to write home, before it emptied the log): the emptied log drops its revoke,
+    /// and must drop its freed copy with it. Otherwise no commit ever drops that copy
+    /// (its free commits without the revoke), and the next checkpoint writes it over
+    /// whatever reused the block — a directory block of another directory, as the
+    /// concurrent namespace test found.
+    #[test]
+    fn the_emptied_log_forgets_freed_copies_with_their_revokes() {
+        let dev = Arc::new(MemDevice::new(vec![0u8; 1024 * 16]));
+        let c = BufferCache::new(dev.clone(), 1024, 16, 16);
+        c.write(3, Kind::Raw, vec![1u8; 1024], |_| Ok(()))
+            .expect("write");
+        let t1 = c.dirty_blocks();
+        c.begin_commit(&t1);
+        c.committed(&t1);
+        c.end_commit();
+        // The checkpoint has written block 3 home (as logged); now it is freed, and
+        // then the checkpoint empties the log.
+        c.forget(3, 1);
+        c.log_emptied();
+        assert!(c.take_revoked().is_empty(), "nothing in the log to revoke");
+        // Its free committed: block 3 is reused, committed, checkpointed.
+        c.write(3, Kind::Raw, vec![2u8; 1024], |_| Ok(()))
+            .expect("write");
+        let t2 = c.dirty_blocks();
+        c.begin_commit(&t2);
+        c.committed(&t2);
+        c.end_commit();
+        c.checkpoint().expect("checkpoint");
+        let mut home = vec![0u8; 1024];
+        dev.read_at(&mut home, 3 * 1024).expect("read");
+        assert_eq!(home, vec![2u8; 1024], "the new owner's contents are home");
+    }
+
     #[test]
     fn a_block_freed_during_its_commit_is_revoked_not_logged() {
         let dev = Arc::new(MemDevice::new(vec![0u8; 1024 * 16]));
