@@ -65,9 +65,21 @@ pub fn block_capacity(block_size: usize) -> u16 {
 /// Entries that fit in the inode root (4).
 pub const ROOT_CAPACITY: u16 = 4;
 
-impl Node {
-    /// Decode a node from the inode's i_block (`in_inode`) or from a tree block.
-    pub fn decode(b: &[u8], in_inode: bool) -> Result<Node> {
+/// A node read in place: the header checked, entries decoded one at a time. For
+/// lookups, which read a few entries of a node by binary search instead of decoding all
+/// of them; [`NodeRef::check`] checks every entry as [`Node::decode`] does, without
+/// allocating (a caller that has checked the bytes before, as a verifying cache does,
+/// need not again).
+#[derive(Debug, Clone, Copy)]
+pub struct NodeRef<'a> {
+    b: &'a [u8],
+    pub header: Header,
+}
+
+impl<'a> NodeRef<'a> {
+    /// Read the header of a node from the inode's i_block (`in_inode`) or a tree block.
+    #[inline]
+    pub fn new(b: &'a [u8], in_inode: bool) -> Result<NodeRef<'a>> {
         need(b, HEADER_SIZE, "extent header")?;
         let magic = le16(b, 0);
         ensure(magic == MAGIC, || {
@@ -102,55 +114,124 @@ impl Node {
         ensure(h.depth <= MAX_DEPTH, || {
             format!("extent depth {} too deep", h.depth)
         })?;
-        let n = usize::from(h.entries);
-        let at = |i: usize| HEADER_SIZE + i * ENTRY_SIZE;
-        if h.depth == 0 {
-            let mut v: Vec<Extent> = Vec::with_capacity(n);
-            for i in 0..n {
-                let o = at(i);
-                let raw_len = le16(b, o + 4);
-                let (len, unwritten) = if raw_len > MAX_INIT_LEN {
-                    (raw_len - MAX_INIT_LEN, true)
-                } else {
-                    (raw_len, false)
-                };
-                let e = Extent {
-                    logical: le32(b, o),
-                    len,
-                    physical: lohi(le32(b, o + 8), u32::from(le16(b, o + 6))),
-                    unwritten,
-                };
+        Ok(NodeRef { b, header: h })
+    }
+
+    /// Number of entries.
+    #[inline]
+    pub fn len(&self) -> usize {
+        usize::from(self.header.entries)
+    }
+
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.header.entries == 0
+    }
+
+    /// Whether the entries are extents (depth 0) rather than index entries.
+    #[inline]
+    pub fn is_leaf(&self) -> bool {
+        self.header.depth == 0
+    }
+
+    #[inline]
+    fn at(i: usize) -> usize {
+        HEADER_SIZE + i * ENTRY_SIZE
+    }
+
+    /// The first logical block of entry `i` (< `len`), extent or index.
+    #[inline]
+    pub fn logical(&self, i: usize) -> u32 {
+        le32(self.b, Self::at(i))
+    }
+
+    /// Leaf entry `i` (< `len`).
+    #[inline]
+    pub fn extent(&self, i: usize) -> Extent {
+        let o = Self::at(i);
+        let raw_len = le16(self.b, o + 4);
+        let (len, unwritten) = if raw_len > MAX_INIT_LEN {
+            (raw_len - MAX_INIT_LEN, true)
+        } else {
+            (raw_len, false)
+        };
+        Extent {
+            logical: le32(self.b, o),
+            len,
+            physical: lohi(le32(self.b, o + 8), u32::from(le16(self.b, o + 6))),
+            unwritten,
+        }
+    }
+
+    /// Index entry `i` (< `len`).
+    #[inline]
+    pub fn index(&self, i: usize) -> Index {
+        let o = Self::at(i);
+        Index {
+            logical: le32(self.b, o),
+            child: lohi(le32(self.b, o + 4), u32::from(le16(self.b, o + 8))),
+        }
+    }
+
+    /// How many entries start at or before logical block `lblk` (entries are sorted:
+    /// a binary search).
+    #[inline]
+    pub fn count_at_or_before(&self, lblk: u64) -> usize {
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if u64::from(self.logical(mid)) <= lblk {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    /// Check every entry as [`Node::decode`] does: extents non-empty, within 2^32
+    /// blocks and in order without overlap; index entries strictly increasing.
+    #[inline]
+    pub fn check(&self) -> Result<()> {
+        if self.is_leaf() {
+            let mut prev_end: Option<u64> = None;
+            for i in 0..self.len() {
+                let e = self.extent(i);
                 ensure(e.len > 0, || format!("extent {i} has length 0"))?;
                 ensure(e.end() <= 1 << 32, || {
                     format!("extent {i} passes logical block 2^32")
                 })?;
-                if let Some(prev) = v.last() {
-                    ensure(prev.end() <= u64::from(e.logical), || {
+                if let Some(end) = prev_end {
+                    ensure(end <= u64::from(e.logical), || {
                         format!(
                             "extent {i} at {} overlaps or precedes the previous",
                             e.logical
                         )
                     })?;
                 }
-                v.push(e);
+                prev_end = Some(e.end());
             }
-            Ok(Node::Leaf(h, v))
         } else {
-            let mut v: Vec<Index> = Vec::with_capacity(n);
-            for i in 0..n {
-                let o = at(i);
-                let ix = Index {
-                    logical: le32(b, o),
-                    child: lohi(le32(b, o + 4), u32::from(le16(b, o + 8))),
-                };
-                if let Some(prev) = v.last() {
-                    ensure(prev.logical < ix.logical, || {
-                        format!("extent index {i} not sorted")
-                    })?;
-                }
-                v.push(ix);
+            for i in 1..self.len() {
+                ensure(self.logical(i - 1) < self.logical(i), || {
+                    format!("extent index {i} not sorted")
+                })?;
             }
-            Ok(Node::Index(h, v))
+        }
+        Ok(())
+    }
+}
+
+impl Node {
+    /// Decode a node from the inode's i_block (`in_inode`) or from a tree block.
+    pub fn decode(b: &[u8], in_inode: bool) -> Result<Node> {
+        let r = NodeRef::new(b, in_inode)?;
+        r.check()?;
+        let h = r.header;
+        if r.is_leaf() {
+            Ok(Node::Leaf(h, (0..r.len()).map(|i| r.extent(i)).collect()))
+        } else {
+            Ok(Node::Index(h, (0..r.len()).map(|i| r.index(i)).collect()))
         }
     }
 

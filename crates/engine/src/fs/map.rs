@@ -9,7 +9,7 @@
 //! against the fs size by the buffer cache and verified (magic, bounds, checksum) before
 //! use; extents pointing outside the filesystem are reported as corruption.
 
-use rext4_format::extent::{self, Node};
+use rext4_format::extent::{self, Node, NodeRef};
 use rext4_format::inode::{flags, Inode};
 use rext4_format::resize;
 
@@ -49,73 +49,88 @@ impl Fs {
         Ok(())
     }
 
+    /// One block's mapping, by binary search in each node of the path (a node is
+    /// not decoded whole: tree blocks come from the cache, which checked every entry
+    /// when it read them; the root in the inode is checked here).
     fn map_extent(&self, ino: Ino, inode: &Inode, lblk: u64) -> Result<Mapping> {
-        let mut node = Node::decode(&inode.block, true)
-            .map_err(|e| Error::corrupted(format!("inode {} extent root: {e}", ino.0), None))?;
+        let root_err = |e: rext4_format::FormatError| {
+            Error::corrupted(format!("inode {} extent root: {e}", ino.0), None)
+        };
+        let root = NodeRef::new(&inode.block, true).map_err(root_err)?;
+        root.check().map_err(root_err)?;
         let mut here: Option<u64> = None;
         // Logical end of the subtree we are in (exclusive).
         let mut upper = MAX_LOGICAL;
         let seed = self.inode_seed(ino, inode);
         let bs = self.inner.block_size as usize;
+        // The tree block the current node lives in (none: the root), and the depth
+        // its parent index says it has.
+        let mut block: Option<std::sync::Arc<[u8]>> = None;
+        let mut parent_depth = 0;
         loop {
-            match node {
-                Node::Leaf(_, exts) => {
-                    let i = exts.partition_point(|e| u64::from(e.logical) <= lblk);
-                    if i > 0 {
-                        let e = exts[i - 1];
-                        if lblk < e.end() {
-                            self.check_physical(e.physical, u64::from(e.len), here)?;
-                            let off = lblk - u64::from(e.logical);
-                            return Ok(Mapping::Mapped {
-                                physical: e.physical + off,
-                                len: u64::from(e.len) - off,
-                                unwritten: e.unwritten,
-                            });
-                        }
-                    }
-                    let next = exts
-                        .get(i)
-                        .map_or(upper, |e| u64::from(e.logical).min(upper));
-                    return Ok(Mapping::Hole {
-                        len: next.saturating_sub(lblk).max(1),
-                    });
-                }
-                Node::Index(h, idx) => {
-                    let i = idx.partition_point(|x| u64::from(x.logical) <= lblk);
-                    if i == 0 {
-                        let next = idx
-                            .first()
-                            .map_or(upper, |x| u64::from(x.logical).min(upper));
-                        return Ok(Mapping::Hole {
-                            len: next.saturating_sub(lblk).max(1),
-                        });
-                    }
-                    if let Some(n) = idx.get(i) {
-                        upper = upper.min(u64::from(n.logical));
-                    }
-                    let child = idx[i - 1].child;
-                    let data = self.cache().read(child, Kind::ExtentNode, |b| {
-                        if self.inner.metadata_csum {
-                            extent::verify_csum(b, seed)?;
-                        }
-                        Node::decode(b, false)?;
-                        Ok(())
-                    })?;
-                    let n = Node::decode(&data[..bs.min(data.len())], false).at(child)?;
-                    if n.header().depth + 1 != h.depth {
+            let node = match &block {
+                None => root,
+                Some(b) => {
+                    let n = NodeRef::new(&b[..bs.min(b.len())], false).at(here.unwrap_or(0))?;
+                    if n.header.depth + 1 != parent_depth {
                         return Err(Error::corrupted(
                             format!(
                                 "extent node depth {} under a parent of depth {}",
-                                n.header().depth,
-                                h.depth
+                                n.header.depth, parent_depth
                             ),
-                            Some(child),
+                            here,
                         ));
                     }
-                    here = Some(child);
-                    node = n;
+                    n
                 }
+            };
+            let i = node.count_at_or_before(lblk);
+            if node.is_leaf() {
+                if i > 0 {
+                    let e = node.extent(i - 1);
+                    if lblk < e.end() {
+                        self.check_physical(e.physical, u64::from(e.len), here)?;
+                        let off = lblk - u64::from(e.logical);
+                        return Ok(Mapping::Mapped {
+                            physical: e.physical + off,
+                            len: u64::from(e.len) - off,
+                            unwritten: e.unwritten,
+                        });
+                    }
+                }
+                let next = if i < node.len() {
+                    u64::from(node.logical(i)).min(upper)
+                } else {
+                    upper
+                };
+                return Ok(Mapping::Hole {
+                    len: next.saturating_sub(lblk).max(1),
+                });
             }
+            if i == 0 {
+                let next = if node.is_empty() {
+                    upper
+                } else {
+                    u64::from(node.logical(0)).min(upper)
+                };
+                return Ok(Mapping::Hole {
+                    len: next.saturating_sub(lblk).max(1),
+                });
+            }
+            if i < node.len() {
+                upper = upper.min(u64::from(node.logical(i)));
+            }
+            parent_depth = node.header.depth;
+            let child = node.index(i - 1).child;
+            let data = self.cache().read(child, Kind::ExtentNode, |b| {
+                if self.inner.metadata_csum {
+                    extent::verify_csum(b, seed)?;
+                }
+                Node::decode(b, false)?;
+                Ok(())
+            })?;
+            here = Some(child);
+            block = Some(data);
         }
     }
 
