@@ -18,8 +18,10 @@
 //! bits are set: free blocks promised to delayed allocation or kept back (the pool,
 //! the root reserve) are not there for every caller.
 //!
-//! Locking: callers hold `Fs::write_lock`; inside, one group mutex at a time, then the
-//! superblock (`live`) — never the other way round.
+//! Locking: callers hold `Fs::write_lock` or a handle (handles allocate side by
+//! side); inside, one group mutex at a time — around each bitmap's read-modify-write —
+//! then the superblock (`live`), never the other way round; a free marks its blocks
+//! busy before their bits go, so no other allocator takes them in between.
 
 use rext4_format::bitmap;
 use rext4_format::group::{FLAG_BLOCK_UNINIT, FLAG_INODE_UNINIT};

@@ -19,11 +19,18 @@
 //! *revoked*: the next commit carries a revoke record for it, so that recovery never
 //! writes its logged copy over whatever the block is reused for.
 //!
-//! Locking: one mutex around the map, never held across device I/O.
+//! Locking: the map is split in [`SHARDS`] shards by block number, each behind its own
+//! mutex (the state of a block — contents, dirty, logged, revoked, committing — is all
+//! in its shard, so every rule above is per shard); no shard mutex is held across
+//! device I/O or while another is taken. A caller's
+//! read-modify-write of a block (read, change a copy, `write`) is atomic only under
+//! whatever keeps other writers of that block out: the inode lock of the one inode a
+//! block belongs to (directory and extent blocks), the group mutex (bitmaps), or
+//! `Fs::block_lock` for blocks inodes share (inode tables, xattr blocks).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
@@ -48,6 +55,14 @@ thread_local! {
     /// Metadata reads of this thread that failed in [`BufferCache::read`]: device
     /// errors, and blocks that failed their checks.
     static READ_ERRORS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Metadata writes of this thread accepted by [`BufferCache::write`].
+    static WRITES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many metadata writes this thread made (compare two readings: whether an
+/// operation changed metadata, whatever other threads did meanwhile).
+pub fn thread_writes() -> u64 {
+    WRITES.with(|c| c.get())
 }
 
 /// How many metadata reads of this thread have failed, by a device error or a failed
@@ -72,7 +87,17 @@ impl Entry {
     }
 }
 
-/// What the map mutex guards.
+/// Shards of the map: threads working on different blocks rarely meet.
+pub const SHARDS: usize = 16;
+
+/// A counter alone on its cache line (written by every thread: it must not slow the
+/// reads of its neighbours).
+#[repr(align(64))]
+#[derive(Default)]
+struct Padded<T>(T);
+
+/// What a shard's mutex guards: the blocks whose number is the shard's modulo
+/// [`SHARDS`].
 #[derive(Default)]
 struct Blocks {
     map: HashMap<u64, Entry>,
@@ -89,6 +114,9 @@ struct Blocks {
     /// freeing transaction's revoke records are committed they are dropped
     /// (`revokes_committed`), before the blocks may be reused.
     freed_logged: HashMap<u64, Arc<[u8]>>,
+    /// Map size at which the next eviction scan runs (raised when a scan finds too few
+    /// clean entries, so a shard full of dirty blocks is not rescanned on every insert).
+    scan_at: usize,
 }
 
 pub struct BufferCache {
@@ -96,16 +124,15 @@ pub struct BufferCache {
     block_size: usize,
     blocks_count: u64,
     cap: usize,
-    map: Mutex<Blocks>,
-    /// Map size at which the next eviction scan runs (raised when a scan finds too few
-    /// clean entries, so a cache full of dirty blocks is not rescanned on every insert).
-    scan_at: AtomicUsize,
-    dirty: AtomicUsize,
-    logged: AtomicUsize,
+    /// Each shard's share of `cap`.
+    shard_cap: usize,
+    shards: Box<[Padded<Mutex<Blocks>>]>,
+    dirty: Padded<AtomicUsize>,
+    logged: Padded<AtomicUsize>,
     /// Bumped by every accepted write (whether something changed since a moment).
-    writes: std::sync::atomic::AtomicU64,
+    writes: Padded<std::sync::atomic::AtomicU64>,
     /// Failed metadata reads (`errors_seen`).
-    errors: std::sync::atomic::AtomicU64,
+    errors: Padded<std::sync::atomic::AtomicU64>,
 }
 
 impl BufferCache {
@@ -116,24 +143,47 @@ impl BufferCache {
         cap: usize,
     ) -> Self {
         let cap = cap.max(16);
+        let shard_cap = (cap / SHARDS).max(4);
         BufferCache {
             dev,
             block_size,
             blocks_count,
             cap,
-            map: Mutex::new(Blocks::default()),
-            scan_at: AtomicUsize::new(cap),
-            dirty: AtomicUsize::new(0),
-            logged: AtomicUsize::new(0),
-            writes: std::sync::atomic::AtomicU64::new(0),
-            errors: std::sync::atomic::AtomicU64::new(0),
+            shard_cap,
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Padded(Mutex::new(Blocks {
+                        scan_at: shard_cap,
+                        ..Blocks::default()
+                    }))
+                })
+                .collect(),
+            dirty: Padded::default(),
+            logged: Padded::default(),
+            writes: Padded::default(),
+            errors: Padded::default(),
+        }
+    }
+
+    /// The shard of block `blk`, locked.
+    fn at(&self, blk: u64) -> MutexGuard<'_, Blocks> {
+        self.shards[(blk % SHARDS as u64) as usize]
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every shard in turn, locked (one at a time).
+    fn each(&self, mut f: impl FnMut(&mut Blocks)) {
+        for sh in self.shards.iter() {
+            f(&mut sh.0.lock().unwrap_or_else(|p| p.into_inner()));
         }
     }
 
     /// Metadata reads that failed, by a device error or a failed check, since the
     /// cache was made (the filesystem marks itself with errors from it: `Inner::settle_errors`).
     pub fn errors_seen(&self) -> u64 {
-        self.errors.load(Ordering::SeqCst)
+        self.errors.0.load(Ordering::SeqCst)
     }
 
     pub fn device(&self) -> &Arc<dyn BlockDevice> {
@@ -162,7 +212,7 @@ impl BufferCache {
         }
         let bit = 1u32 << (kind as u32);
         let cached = {
-            let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+            let map = self.at(blk);
             map.map
                 .get(&blk)
                 .map(|e| (e.data.clone(), e.verified & bit != 0))
@@ -174,7 +224,7 @@ impl BufferCache {
                 let mut v = vec![0u8; self.block_size];
                 if let Err(e) = self.dev.read_at(&mut v, blk * self.block_size as u64) {
                     READ_ERRORS.with(|c| c.set(c.get() + 1));
-                    self.errors.fetch_add(1, Ordering::SeqCst);
+                    self.errors.0.fetch_add(1, Ordering::SeqCst);
                     return Err(e.into());
                 }
                 Arc::from(v)
@@ -185,7 +235,7 @@ impl BufferCache {
                 // Corruption found on the way counts as a failed read: an operation
                 // that changed metadata before it aborts (`WriteGuard`).
                 READ_ERRORS.with(|c| c.set(c.get() + 1));
-                self.errors.fetch_add(1, Ordering::SeqCst);
+                self.errors.0.fetch_add(1, Ordering::SeqCst);
                 Error::Corrupted {
                     what,
                     block: block.or(Some(blk)),
@@ -193,8 +243,9 @@ impl BufferCache {
             }
             other => other,
         })?;
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        self.make_room(&mut map.map);
+        let mut guard = self.at(blk);
+        let map = &mut *guard;
+        self.make_room(map);
         let e = map.map.entry(blk).or_insert(Entry {
             data: data.clone(),
             verified: 0,
@@ -205,13 +256,14 @@ impl BufferCache {
         Ok(e.data.clone())
     }
 
-    /// Drop clean entries when the cache is full (dirty and logged ones stay until
+    /// Drop clean entries when the shard is full (dirty and logged ones stay until
     /// committed and written home).
-    fn make_room(&self, map: &mut HashMap<u64, Entry>) {
-        if map.len() < self.scan_at.load(Ordering::Relaxed) {
+    fn make_room(&self, b: &mut Blocks) {
+        let map = &mut b.map;
+        if map.len() < b.scan_at {
             return;
         }
-        let want = self.cap / 4;
+        let want = (self.shard_cap / 4).max(1);
         let victims: Vec<u64> = map
             .iter()
             .filter(|(_, e)| e.droppable())
@@ -221,24 +273,23 @@ impl BufferCache {
         for v in &victims {
             map.remove(v);
         }
-        let next = if victims.len() < want {
+        b.scan_at = if victims.len() < want {
             map.len() + want
         } else {
-            self.cap
+            self.shard_cap
         };
-        self.scan_at.store(next, Ordering::Relaxed);
     }
 
     /// Whether so many blocks are dirty or waiting for their checkpoint that they
     /// should be committed (and written home) now.
     pub fn wants_writeback(&self) -> bool {
-        self.dirty.load(Ordering::Relaxed) + self.logged.load(Ordering::Relaxed) > self.cap / 2
+        self.dirty.0.load(Ordering::Relaxed) + self.logged.0.load(Ordering::Relaxed) > self.cap / 2
     }
 
     /// Whether the logged blocks take so much of the cache that the checkpoint should
     /// write them home now.
     pub fn wants_checkpoint(&self) -> bool {
-        self.logged.load(Ordering::Relaxed) > self.cap / 4
+        self.logged.0.load(Ordering::Relaxed) > self.cap / 4
     }
 
     /// Replace block `blk` with `data` and mark it dirty: the one place where a metadata
@@ -249,33 +300,63 @@ impl BufferCache {
         &self,
         blk: u64,
         kind: Kind,
-        data: Vec<u8>,
+        data: impl AsRef<[u8]>,
         verify: impl FnOnce(&[u8]) -> Result<()>,
     ) -> Result<()> {
+        let data = data.as_ref();
         if blk >= self.blocks_count || data.len() != self.block_size {
             return Err(Error::InvalidInput(format!(
                 "metadata write of {} bytes to block {blk} outside the filesystem",
                 data.len()
             )));
         }
-        verify(&data).map_err(|e| match e {
+        verify(data).map_err(|e| match e {
             Error::Corrupted { what, .. } => Error::Corrupted {
                 what: format!("refusing to write bad {kind:?} block: {what}"),
                 block: Some(blk),
             },
             other => other,
         })?;
-        let mut guard = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.at(blk);
         let b = &mut *guard;
-        self.make_room(&mut b.map);
+        self.make_room(b);
         // Logged again: this transaction's copy is replayed after the older ones, so
         // the revoke of a freed and reused block is withdrawn (as jbd2 cancels one).
         b.revoked.remove(&blk);
         let data: Arc<[u8]> = Arc::from(data);
+        self.put(b, blk, kind, data);
+        Ok(())
+    }
+
+    /// Change block `blk` in place of a copy: `f` gets the current contents (read as
+    /// `kind`, unverified) to change; the result replaces the block, dirty — one copy
+    /// where a read, a change and a `write` take two. The caller keeps other writers
+    /// of the block out (see the module note).
+    pub fn update<R>(
+        &self,
+        blk: u64,
+        kind: Kind,
+        f: impl FnOnce(&mut [u8]) -> Result<R>,
+    ) -> Result<R> {
+        let cur = self.read(blk, kind, |_| Ok(()))?;
+        let mut new: Arc<[u8]> = Arc::from(&cur[..]);
+        drop(cur);
+        let r = f(Arc::get_mut(&mut new)
+            .ok_or_else(|| Error::InvalidInput("a fresh buffer is shared".into()))?)?;
+        let mut guard = self.at(blk);
+        let b = &mut *guard;
+        self.make_room(b);
+        b.revoked.remove(&blk);
+        self.put(b, blk, kind, new);
+        Ok(r)
+    }
+
+    /// Store `data` as the dirty contents of `blk` in its shard `b`.
+    fn put(&self, b: &mut Blocks, blk: u64, kind: Kind, data: Arc<[u8]>) {
         match b.map.get_mut(&blk) {
             Some(e) => {
                 if !e.dirty {
-                    self.dirty.fetch_add(1, Ordering::Relaxed);
+                    self.dirty.0.fetch_add(1, Ordering::Relaxed);
                 }
                 e.data = data;
                 e.verified = 1 << (kind as u32);
@@ -291,17 +372,17 @@ impl BufferCache {
                         logged: None,
                     },
                 );
-                self.dirty.fetch_add(1, Ordering::Relaxed);
+                self.dirty.0.fetch_add(1, Ordering::Relaxed);
             }
         }
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        self.writes.0.fetch_add(1, Ordering::Relaxed);
+        WRITES.with(|c| c.set(c.get() + 1));
     }
 
     /// How many writes were accepted so far (compare two readings to know whether
     /// anything was written in between).
     pub fn write_count(&self) -> u64 {
-        self.writes.load(Ordering::Relaxed)
+        self.writes.0.load(Ordering::Relaxed)
     }
 
     /// Write every dirty block to the device, in block order. Blocks stay cached.
@@ -315,76 +396,102 @@ impl BufferCache {
     /// freed, so no older contents may later be written over whatever they are reused
     /// for. Logged ones become revoked (see the module note).
     pub fn forget(&self, start: u64, len: u64) {
-        let mut guard = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        let b = &mut *guard;
-        let mut dropped_dirty = 0;
-        let mut logged_gone = 0;
-        let mut revoked = Vec::new();
-        let committing = &mut b.committing;
-        let freed_logged = &mut b.freed_logged;
-        let mut gone = |blk: u64, e: &Entry| {
-            if e.dirty {
-                dropped_dirty += 1;
-            }
-            if let Some(d) = &e.logged {
-                logged_gone += 1;
-                freed_logged.insert(blk, d.clone());
-            }
-            // Both: the committing set must lose the block either way.
-            if committing.remove(&blk) | e.logged.is_some() {
-                revoked.push(blk);
-            }
-        };
+        let end = start.saturating_add(len);
         if len <= 64 {
-            for blk in start..start.saturating_add(len) {
-                if let Some(e) = b.map.remove(&blk) {
-                    gone(blk, &e);
-                }
+            for blk in start..end {
+                self.forget_in(&mut self.at(blk), |f| {
+                    f(blk);
+                });
             }
         } else {
-            let end = start.saturating_add(len);
-            b.map.retain(|&blk, e| {
-                let keep = blk < start || blk >= end;
-                if !keep {
-                    gone(blk, e);
-                }
-                keep
+            self.each(|b| {
+                let gone: Vec<u64> = b
+                    .map
+                    .keys()
+                    .copied()
+                    .filter(|&k| k >= start && k < end)
+                    .collect();
+                // Blocks being committed need not be cached (a clean one evicted).
+                let committing: Vec<u64> = b
+                    .committing
+                    .iter()
+                    .copied()
+                    .filter(|&k| k >= start && k < end && !b.map.contains_key(&k))
+                    .collect();
+                self.forget_in(b, |f| {
+                    for k in gone.iter().chain(&committing) {
+                        f(*k);
+                    }
+                });
             });
         }
-        self.dirty.fetch_sub(dropped_dirty, Ordering::Relaxed);
-        self.logged.fetch_sub(logged_gone, Ordering::Relaxed);
-        b.revoked.extend(revoked);
+    }
+
+    /// Forget, in one shard, each block `blocks` names.
+    fn forget_in(&self, b: &mut Blocks, blocks: impl FnOnce(&mut dyn FnMut(u64))) {
+        let mut dropped_dirty = 0;
+        let mut logged_gone = 0;
+        let mut gone = |blk: u64| {
+            let e = b.map.remove(&blk);
+            if let Some(e) = &e {
+                if e.dirty {
+                    dropped_dirty += 1;
+                }
+                if let Some(d) = &e.logged {
+                    logged_gone += 1;
+                    b.freed_logged.insert(blk, d.clone());
+                }
+            }
+            // Both: the committing set must lose the block either way.
+            let logged = e.as_ref().is_some_and(|e| e.logged.is_some());
+            if b.committing.remove(&blk) | logged {
+                b.revoked.insert(blk);
+            }
+        };
+        blocks(&mut gone);
+        self.dirty.0.fetch_sub(dropped_dirty, Ordering::Relaxed);
+        self.logged.0.fetch_sub(logged_gone, Ordering::Relaxed);
     }
 
     /// The revoke records of the next commit (logged blocks freed since the last one);
     /// they are handed over, so the set is empty afterwards.
     pub fn take_revoked(&self) -> Vec<u64> {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        std::mem::take(&mut map.revoked).into_iter().collect()
+        let mut v = Vec::new();
+        self.each(|b| v.extend(std::mem::take(&mut b.revoked)));
+        v.sort_unstable();
+        v
     }
 
     /// A commit of these blocks begins (they may change or be freed while it is
     /// written; see `committing`).
     pub fn begin_commit(&self, blocks: &[(u64, Arc<[u8]>)]) {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        map.committing = blocks.iter().map(|(b, _)| *b).collect();
-        map.commit_all = map.committing.clone();
+        let mut i = 0;
+        self.each(|b| {
+            b.committing = blocks
+                .iter()
+                .map(|(k, _)| *k)
+                .filter(|k| (k % SHARDS as u64) as usize == i)
+                .collect();
+            b.commit_all = b.committing.clone();
+            i += 1;
+        });
     }
 
     /// The commit is over (done or failed).
     pub fn end_commit(&self) {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        map.committing.clear();
-        map.commit_all.clear();
+        self.each(|b| {
+            b.committing.clear();
+            b.commit_all.clear();
+        });
     }
 
     /// These blocks were committed (they are in the log): they wait for the checkpoint
     /// with these contents, and are clean unless changed since. Blocks freed since
     /// `begin_commit` are left alone (their revoke records are on their way).
     pub fn committed(&self, blocks: &[(u64, Arc<[u8]>)]) {
-        let mut guard = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        let map = &mut *guard;
         for (blk, data) in blocks {
+            let mut guard = self.at(*blk);
+            let map = &mut *guard;
             if !map.committing.remove(blk) {
                 // Freed while the commit was written: these committed contents go
                 // home at a checkpoint until the free is committed.
@@ -393,11 +500,11 @@ impl BufferCache {
             }
             if let Some(e) = map.map.get_mut(blk) {
                 if e.logged.replace(data.clone()).is_none() {
-                    self.logged.fetch_add(1, Ordering::Relaxed);
+                    self.logged.0.fetch_add(1, Ordering::Relaxed);
                 }
                 if e.dirty && Arc::ptr_eq(&e.data, data) {
                     e.dirty = false;
-                    self.dirty.fetch_sub(1, Ordering::Relaxed);
+                    self.dirty.0.fetch_sub(1, Ordering::Relaxed);
                 }
             }
         }
@@ -409,26 +516,24 @@ impl BufferCache {
     pub fn checkpoint(&self) -> Result<usize> {
         type Contents = Vec<(u64, Arc<[u8]>)>;
         let (logged, freed): (Contents, Contents) = {
-            let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-            let mut v: Vec<_> = map
-                .map
-                .iter()
-                .filter_map(|(k, e)| e.logged.as_ref().map(|d| (*k, d.clone())))
-                .collect();
+            let (mut v, mut f) = (Vec::new(), Vec::new());
+            self.each(|map| {
+                v.extend(
+                    map.map
+                        .iter()
+                        .filter_map(|(k, e)| e.logged.as_ref().map(|d| (*k, d.clone()))),
+                );
+                f.extend(map.freed_logged.iter().map(|(k, d)| (*k, d.clone())));
+            });
             v.sort_by_key(|(k, _)| *k);
-            let mut f: Vec<_> = map
-                .freed_logged
-                .iter()
-                .map(|(k, d)| (*k, d.clone()))
-                .collect();
             f.sort_by_key(|(k, _)| *k);
             (v, f)
         };
         for (blk, data) in logged.iter().chain(&freed) {
             self.dev.write_at(data, blk * self.block_size as u64)?;
         }
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         for (blk, data) in &freed {
+            let mut map = self.at(*blk);
             if map
                 .freed_logged
                 .get(blk)
@@ -438,10 +543,10 @@ impl BufferCache {
             }
         }
         for (blk, data) in &logged {
-            if let Some(e) = map.map.get_mut(blk) {
+            if let Some(e) = self.at(*blk).map.get_mut(blk) {
                 if e.logged.as_ref().is_some_and(|d| Arc::ptr_eq(d, data)) {
                     e.logged = None;
-                    self.logged.fetch_sub(1, Ordering::Relaxed);
+                    self.logged.0.fetch_sub(1, Ordering::Relaxed);
                 }
             }
         }
@@ -451,20 +556,16 @@ impl BufferCache {
     /// The revoke records of `blocks` are committed: their old contents are never
     /// needed again, and the blocks may be reused (call before they stop being busy).
     pub fn revokes_committed(&self, blocks: &[u64]) {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         for b in blocks {
-            map.freed_logged.remove(b);
+            self.at(*b).freed_logged.remove(b);
         }
     }
 
     /// Whether logged blocks were freed since the last commit.
     pub fn has_revoked(&self) -> bool {
-        !self
-            .map
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .revoked
-            .is_empty()
+        let mut any = false;
+        self.each(|b| any |= !b.revoked.is_empty());
+        any
     }
 
     /// The log was emptied: no revoke record is needed any more, but for blocks of
@@ -476,27 +577,29 @@ impl BufferCache {
     /// commits — a free whose revoke record this drops, so that its commit would not
     /// drop the copy either.
     pub fn log_emptied(&self) {
-        let mut guard = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        let map = &mut *guard;
-        let all = &map.commit_all;
-        map.revoked.retain(|b| all.contains(b));
-        map.freed_logged.retain(|b, _| all.contains(b));
+        self.each(|map| {
+            let all = &map.commit_all;
+            map.revoked.retain(|b| all.contains(b));
+            map.freed_logged.retain(|b, _| all.contains(b));
+        });
     }
 
     /// Number of logged blocks (committed, not yet home).
     pub fn logged_count(&self) -> usize {
-        self.logged.load(Ordering::Relaxed)
+        self.logged.0.load(Ordering::Relaxed)
     }
 
     /// Every dirty block, in block order (the next transaction's contents).
     pub fn dirty_blocks(&self) -> Vec<(u64, Arc<[u8]>)> {
-        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        let mut v: Vec<_> = map
-            .map
-            .iter()
-            .filter(|(_, e)| e.dirty)
-            .map(|(k, e)| (*k, e.data.clone()))
-            .collect();
+        let mut v = Vec::new();
+        self.each(|map| {
+            v.extend(
+                map.map
+                    .iter()
+                    .filter(|(_, e)| e.dirty)
+                    .map(|(k, e)| (*k, e.data.clone())),
+            )
+        });
         v.sort_by_key(|(k, _)| *k);
         v
     }
@@ -506,12 +609,11 @@ impl BufferCache {
         for (blk, data) in blocks {
             self.dev.write_at(data, blk * self.block_size as u64)?;
         }
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         for (blk, data) in blocks {
-            if let Some(e) = map.map.get_mut(blk) {
+            if let Some(e) = self.at(*blk).map.get_mut(blk) {
                 if Arc::ptr_eq(&e.data, data) && e.dirty {
                     e.dirty = false;
-                    self.dirty.fetch_sub(1, Ordering::Relaxed);
+                    self.dirty.0.fetch_sub(1, Ordering::Relaxed);
                 }
             }
         }
@@ -520,7 +622,7 @@ impl BufferCache {
 
     /// Number of dirty blocks.
     pub fn dirty_count(&self) -> usize {
-        self.dirty.load(Ordering::Relaxed)
+        self.dirty.0.load(Ordering::Relaxed)
     }
 
     /// Read without a verifier (data blocks of symlinks, raw dumps).
@@ -530,11 +632,7 @@ impl BufferCache {
 
     /// Forget every clean block (after the device changed underneath).
     pub fn invalidate(&self) {
-        self.map
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .map
-            .retain(|_, e| !e.droppable());
+        self.each(|b| b.map.retain(|_, e| !e.droppable()));
     }
 }
 

@@ -314,8 +314,13 @@ impl Fs {
 
     /// Open inode `ino` as a read-only [`File`].
     pub fn open_ino(&self, ino: Ino) -> Result<File> {
-        self.read_live_inode(ino)?;
+        // Pinned before the check: an unlink after it leaves an orphan this handle
+        // keeps; one before it freed the inode, which the check sees.
         self.pin(ino);
+        if let Err(e) = self.read_live_inode(ino) {
+            let _ = self.unpin(ino);
+            return Err(e);
+        }
         Ok(File {
             fs: self.clone(),
             ino,

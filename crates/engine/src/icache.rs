@@ -7,7 +7,7 @@
 //!
 //! Source of truth: the buffer cache. These caches hold what decoding it gives, so
 //! they must never hold something older than it. Writers (who change the buffer cache
-//! under `Fs::write_lock`) call [`Cache::set`] or [`Cache::invalidate`] *after* the
+//! under `Fs::write_lock`, or under the inode lock of what a handle changes) call [`Cache::set`] or [`Cache::invalidate`] *after* the
 //! change; readers that miss decode from the buffer cache and [`Cache::fill`] with a
 //! ticket taken *before* they read. Each key hashes to one of [`STRIPES`] sequence
 //! counters; `set`/`invalidate` bump the key's counter, and `fill` inserts only if the

@@ -29,8 +29,9 @@
 //! Warnings the engine cannot return to a caller (a writeback that failed in the
 //! background) go through the `log` crate; the embedding program routes them.
 //!
-//! Metadata readers take no lock but the buffer cache's map mutex (never held across
-//! I/O); metadata writers serialize on `Fs::write_lock`; file data takes the inode's
+//! Metadata readers take no lock but a buffer cache shard's mutex (never held across
+//! I/O); creating and removing names runs as concurrent handles under inode locks, the
+//! other metadata writers serialize on `Fs::write_lock`; file data takes the inode's
 //! I/O lock (shared for reads and writes inside the file). The lock order is in
 //! docs/ARCHITECTURE.md. An image whose journal needs recovery is replayed at open (in
 //! memory for read-only opens). Call [`Fs::close`] at the end: it writes the page cache

@@ -1,8 +1,10 @@
 //! Lock-order checking in debug builds: a small lockdep for the engine's own locks.
 //!
 //! Owns: the ranks of the lock order docs/ARCHITECTURE.md gives (one inode's I/O lock
-//! → its DAX mapping lock → its tree lock → `Fs::write_lock` → the journal → one group
-//! mutex → `busy` → `live`), and, per thread, the locks of that order it holds.
+//! → its DAX mapping lock → its tree lock → `Fs::write_lock` or a handle → the rename
+//! lock → directory inode locks → one non-directory's inode lock → the orphan list →
+//! one block lock → the journal → one group mutex → `busy` → `live`), and, per thread,
+//! the locks of that order it holds.
 //!
 //! Every helper that takes one of these locks first calls [`Held::acquire`] with the
 //! lock's rank and the filesystem it belongs to: in debug builds (the tests) that
@@ -33,8 +35,21 @@ pub(crate) enum Rank {
     DaxMap = 15,
     /// One inode's tree lock (`Fs::tree_shared` / `tree_exclusive`).
     Tree = 20,
-    /// `Fs::write_lock`.
+    /// The transaction: `Fs::write_lock` (exclusive) or a handle (`Fs::handle`,
+    /// shared).
     Write = 30,
+    /// The rename lock: held by an operation that locks two directories.
+    Rename = 32,
+    /// A directory's inode lock (`Fs::lock_dir`). The one rank a thread may hold
+    /// twice: a parent and then its child, or two under the rename lock.
+    Dir = 34,
+    /// A non-directory's inode lock (`Fs::lock_nondir`).
+    NonDir = 36,
+    /// The orphan list (`Fs::orphan_lock`).
+    Orphan = 37,
+    /// One metadata block's read-modify-write lock (`Fs::block_lock`): inode table
+    /// and extended-attribute blocks that several inodes share.
+    Block = 38,
     /// The journal's mutex.
     Journal = 40,
     /// One group's mutex (`Fs::group`).
@@ -62,13 +77,17 @@ mod imp {
         let here = Location::caller();
         HELD.with(|h| {
             let mut h = h.borrow_mut();
-            if let Some((_, r, at)) = h.iter().find(|(f, r, _)| *f == fs && *r >= rank) {
+            // Directories may nest (see `Rank::Dir`); every other rank is taken once.
+            let later = |r: Rank| r > rank || (r == rank && rank != Rank::Dir);
+            if let Some((_, r, at)) = h.iter().find(|(f, r, _)| *f == fs && later(*r)) {
                 let (r, at) = (*r, *at);
                 drop(h);
                 panic!(
                     "lock order: taking {rank:?} at {here} while holding {r:?} (taken at {at}); \
-                     the order is I/O lock -> DAX mapping lock -> tree lock -> write lock -> \
-                     journal -> one group -> busy -> live (docs/ARCHITECTURE.md)"
+                     the order is I/O lock -> DAX mapping lock -> tree lock -> write lock or \
+                     handle -> rename lock -> directories -> one non-directory -> orphan \
+                     list -> one block -> journal -> one group -> busy -> live \
+                     (docs/ARCHITECTURE.md)"
                 );
             }
             h.push((fs, rank, here));
@@ -228,6 +247,23 @@ mod tests {
         // Everything was released on the way out: the filesystem works on.
         fs.sync().expect("sync");
         fs.close().expect("close");
+    }
+
+    #[test]
+    fn directories_nest_and_nothing_else_does() {
+        let _a = Held::acquire(4, Rank::Dir);
+        let _b = Held::acquire(4, Rank::Dir);
+        let _f = Held::acquire(4, Rank::NonDir);
+        let r = std::panic::catch_unwind(|| {
+            let _c = Held::acquire(5, Rank::NonDir);
+            let _d = Held::acquire(5, Rank::Dir);
+        });
+        assert!(r.is_err(), "a directory after a non-directory");
+        let r = std::panic::catch_unwind(|| {
+            let _c = Held::acquire(6, Rank::NonDir);
+            let _d = Held::acquire(6, Rank::NonDir);
+        });
+        assert!(r.is_err(), "two non-directories");
     }
 
     #[test]

@@ -2,8 +2,11 @@
 //! The path-based, std::fs-like API (`path.rs`, `file.rs`) is built on these; FUSE
 //! will call them directly.
 //!
-//! Every operation takes `Fs::write_lock` for its whole duration (a coarse lock until
-//! the mount issue brings per-inode locks), checks POSIX preconditions first and only
+//! Creating and removing names (mknod, mkdir, symlink, unlink, rmdir) runs as a
+//! handle (`Fs::handle`): beside other handles, under the inode locks of the
+//! directory it changes and of the inode it unlinks (rmdir: the rename lock, then
+//! parent and child). Every other operation takes `Fs::write_lock`, which excludes all
+//! handles, for its whole duration. Each checks POSIX preconditions first and only
 //! then changes anything, so a failed precondition leaves the image untouched. Inode
 //! link counts follow ext4: a directory has 2 + subdirectories (dir_nlink: 1 once that
 //! would pass 64999); an inode whose last link goes is truncated and freed at once
@@ -276,7 +279,8 @@ impl Fs {
                 "mknod of an unsupported file type".into(),
             ));
         }
-        let _w = self.write_lock();
+        let _h = self.handle();
+        let _p = self.lock_dir(parent);
         let mut d = self.dir_for_new_name(parent, name)?;
         let inherited = self.inherit_acl(&d.inode, parent, &mut mode)?;
         let ino = self.alloc_inode(parent, false)?;
@@ -382,7 +386,8 @@ impl Fs {
         gid: u32,
     ) -> Result<Ino> {
         check_name(name)?;
-        let _w = self.write_lock();
+        let _h = self.handle();
+        let _p = self.lock_dir(parent);
         let mut pd = self.dir_for_new_name(parent, name)?;
         if pd.inode.links_count >= LINK_MAX
             && !self.inner.sb.has_ro_compat(feature::RO_COMPAT_DIR_NLINK)
@@ -434,7 +439,8 @@ impl Fs {
         if target.len() >= bs.min(4096) {
             return Err(Error::NameTooLong);
         }
-        let _w = self.write_lock();
+        let _h = self.handle();
+        let _p = self.lock_dir(parent);
         let mut d = self.dir_for_new_name(parent, name)?;
         let ino = self.alloc_inode(parent, false)?;
         let mut written = false;
@@ -519,10 +525,12 @@ impl Fs {
     /// Remove the non-directory `name` from `parent`.
     pub fn unlink_ino(&self, parent: Ino, name: &[u8]) -> Result<()> {
         check_name(name)?;
-        let _w = self.write_lock();
+        let _h = self.handle();
+        let _p = self.lock_dir(parent);
         self.check_writable()?;
         let mut d = self.dir_handle(parent)?;
         let e = self.lookup(parent, name)?.ok_or(Error::NotFound)?;
+        let _c = self.lock_nondir(self.not_itself(parent, e.ino)?);
         let inode = self.read_live_inode(e.ino)?;
         may_change(&d.inode, "remove a name", false)?;
         may_change(&inode, "unlink", false)?;
@@ -594,10 +602,14 @@ impl Fs {
     /// Remove the empty directory `name` from `parent`.
     pub fn rmdir_ino(&self, parent: Ino, name: &[u8]) -> Result<()> {
         check_name(name)?;
-        let _w = self.write_lock();
+        let _h = self.handle();
+        // Two directories: the rename lock first (see `inode_locks`).
+        let _r = self.rename_lock();
+        let _p = self.lock_dir(parent);
         self.check_writable()?;
         let mut d = self.dir_handle(parent)?;
         let e = self.lookup(parent, name)?.ok_or(Error::NotFound)?;
+        let _c = self.lock_dir(self.not_itself(parent, e.ino)?);
         let child = self.dir_handle(e.ino)?;
         may_change(&d.inode, "remove a name", false)?;
         may_change(&child.inode, "rmdir", false)?;
@@ -615,6 +627,18 @@ impl Fs {
         d.dirty = true;
         self.finish_dir(d)?;
         self.release_unlinked(e.ino, inode)
+    }
+
+    /// `child`, named in directory `dir`, unless it is `dir` itself (a corrupted
+    /// entry: its inode lock would be one this thread holds).
+    fn not_itself(&self, dir: Ino, child: Ino) -> Result<Ino> {
+        if child == dir {
+            return Err(Error::corrupted(
+                format!("directory {} has an entry for itself", dir.0),
+                None,
+            ));
+        }
+        Ok(child)
     }
 
     /// Is `anc` an ancestor of (or equal to) directory `dir`? Walks ".." to the root.
@@ -1739,6 +1763,8 @@ impl Fs {
         if blk == 0 {
             return Ok(());
         }
+        // A shared block's count is changed by each of its inodes' writers.
+        let _b = self.block_lock(blk);
         let data = self.cache().read(blk, Kind::Xattr, |_| Ok(()))?.to_vec();
         let refs = u32::from_le_bytes([data[4], data[5], data[6], data[7]]);
         if refs <= 1 {

@@ -106,8 +106,15 @@ impl Fs {
         if self.check_writable().is_err() {
             return Ok(());
         }
-        // Cheap common case: the file still has names.
-        if self.read_inode(ino).map_or(true, |i| i.links_count > 0) {
+        // Cheap common case: the file still has names. Read under the inode's lock:
+        // an unlink that found this inode pinned (before the last unpin) writes it as
+        // an orphan under that lock, and that write must be seen here, or the orphan
+        // would stay on the list with no reference left to free it.
+        let linked = {
+            let _l = self.lock_nondir(ino);
+            self.read_inode(ino).map_or(true, |i| i.links_count > 0)
+        };
+        if linked {
             return Ok(());
         }
         let _io = self.io_exclusive(ino);
@@ -165,6 +172,7 @@ impl Fs {
     /// Put `ino` (links_count already 0, not yet written) on the orphan list; returns
     /// the inode to write (the legacy list links through i_dtime).
     pub(crate) fn orphan_add(&self, ino: Ino, mut inode: Inode) -> Result<Inode> {
+        let _o = self.orphan_lock();
         if let Some(of) = self.orphan_file() {
             let (blocks, seed) = self.orphan_blocks(of)?;
             for b in blocks {
@@ -188,6 +196,7 @@ impl Fs {
 
     /// Take `ino` off the orphan list.
     pub(crate) fn orphan_remove(&self, ino: Ino, inode: &Inode) -> Result<()> {
+        let _o = self.orphan_lock();
         if let Some(of) = self.orphan_file() {
             let (blocks, seed) = self.orphan_blocks(of)?;
             let mut found = false;

@@ -287,6 +287,17 @@ impl OpenOptions {
     /// Open `path` in `fs`.
     pub fn open(&self, fs: &Fs, path: impl AsRef<Path>) -> Result<File> {
         let p = path_bytes(path.as_ref());
+        match self.open_once(fs, p) {
+            // The name was resolved without a lock: an unlink may have freed its inode
+            // before this open read it, which reads as an entry to a deleted inode. A
+            // second try sees the name gone (ENOENT), or made again; corruption that
+            // is really there fails again.
+            Err(Error::Corrupted { .. }) => self.open_once(fs, p),
+            r => r,
+        }
+    }
+
+    fn open_once(&self, fs: &Fs, p: &[u8]) -> Result<File> {
         let writing = self.write || self.append;
         if (self.truncate || self.create || self.create_new) && !writing {
             return Err(Error::InvalidInput(

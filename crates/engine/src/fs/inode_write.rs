@@ -63,33 +63,28 @@ impl Fs {
 
     fn write_inode_record_with(&self, ino: Ino, inode: &Inode, base: Option<&[u8]>) -> Result<()> {
         self.check_writable()?;
-        let (_, blk) = self.inode_bytes(ino)?;
-        let sb = &self.inner.sb;
-        let isz = usize::from(sb.inode_size);
-        let bs = u64::from(self.inner.block_size);
-        let idx = u64::from((ino.0 - 1) % sb.inodes_per_group);
-        let off = ((idx * isz as u64) % bs) as usize;
-        let mut data = self
-            .cache()
-            .read(blk, Kind::InodeTable, |_| Ok(()))?
-            .to_vec();
-        let rec = data
-            .get_mut(off..off + isz)
-            .ok_or_else(|| Error::corrupted("inode record outside its block", Some(blk)))?;
-        if let Some(b) = base {
-            if b.len() != rec.len() {
-                return Err(Error::InvalidInput("inode record of the wrong size".into()));
-            }
-            rec.copy_from_slice(b);
-        }
-        inode.encode_into(rec);
-        if self.inner.metadata_csum {
-            fi::set_csum(rec, ino.0, self.inner.csum_seed);
-        }
+        let (blk, off) = self.inode_location(ino)?;
+        let isz = usize::from(self.inner.sb.inode_size);
+        // Other inodes' records share the block: their writers may run beside this
+        // one (handles), each under its own inode lock.
+        let _b = self.block_lock(blk);
         // What a reader decoding the new record would get, for the inode cache.
-        let decoded = Inode::decode(rec).ok();
-        self.cache()
-            .write(blk, Kind::InodeTable, data, |_| Ok(()))?;
+        let decoded = self.cache().update(blk, Kind::InodeTable, |data| {
+            let rec = data
+                .get_mut(off..off + isz)
+                .ok_or_else(|| Error::corrupted("inode record outside its block", Some(blk)))?;
+            if let Some(b) = base {
+                if b.len() != rec.len() {
+                    return Err(Error::InvalidInput("inode record of the wrong size".into()));
+                }
+                rec.copy_from_slice(b);
+            }
+            inode.encode_into(rec);
+            if self.inner.metadata_csum {
+                fi::set_csum(rec, ino.0, self.inner.csum_seed);
+            }
+            Ok(Inode::decode(rec).ok())
+        })?;
         let icache = &self.inner.caches.inodes;
         match decoded {
             Some(i) => icache.set(ino.0, std::sync::Arc::new(i)),
@@ -223,15 +218,13 @@ impl BlockStore for FsBlocks<'_> {
     }
     fn write_meta(&mut self, blk: u64, data: &[u8]) -> Result<()> {
         let seed = self.seed;
-        self.fs
-            .cache()
-            .write(blk, Kind::ExtentNode, data.to_vec(), |b| {
-                if let Some(s) = seed {
-                    extent::verify_csum(b, s)?;
-                }
-                extent::Node::decode(b, false)?;
-                Ok(())
-            })
+        self.fs.cache().write(blk, Kind::ExtentNode, data, |b| {
+            if let Some(s) = seed {
+                extent::verify_csum(b, s)?;
+            }
+            extent::Node::decode(b, false)?;
+            Ok(())
+        })
     }
     /// Extent tree blocks: from the end of the goal's group (see `alloc_meta_block`).
     fn alloc(&mut self, goal: u64, max_len: u32) -> Result<(u64, u32)> {
@@ -335,9 +328,7 @@ impl DirStore for FsDir<'_> {
     }
     fn write_block(&mut self, lblk: u64, data: &[u8]) -> Result<()> {
         let p = self.phys(lblk)?;
-        self.fs
-            .cache()
-            .write(p, Kind::Raw, data.to_vec(), |_| Ok(()))
+        self.fs.cache().write(p, Kind::Raw, data, |_| Ok(()))
     }
     fn read_leaf(&self, lblk: u64) -> Result<Vec<u8>> {
         let p = self.phys(lblk)?;
@@ -349,9 +340,9 @@ impl DirStore for FsDir<'_> {
         // every write (and on the next read) was a quarter of a create's time. Debug
         // builds (the tests) still check it.
         let verify = cfg!(debug_assertions).then(|| self.fs.leaf_verifier(self.ino, &self.inode));
-        self.fs.cache().write(p, Kind::DirLeaf, data.to_vec(), |b| {
-            verify.map_or(Ok(()), |v| v(b))
-        })
+        self.fs
+            .cache()
+            .write(p, Kind::DirLeaf, data, |b| verify.map_or(Ok(()), |v| v(b)))
     }
     fn append_block(&mut self) -> Result<u64> {
         let bs = u64::from(self.fs.inner.block_size);

@@ -5,7 +5,9 @@
 //! blocks ([`load`]) and runs the periodic commit and early commit threads.
 //!
 //! Model: a transaction is everything made dirty between two commits. Operations run
-//! under `Fs::write_lock`, and a transaction is closed only between operations (at
+//! under `Fs::write_lock` or as handles (the transaction gate shared; closing takes it
+//! exclusively, so it waits for the open handles), and a transaction is closed only
+//! between operations (at
 //! `sync`, `fsync`, the periodic commit, or when the dirty set grows large), so every
 //! transaction holds whole operations. It is written under the journal's mutex,
 //! usually after the write lock was given up (`Fs::commit_concurrently`): the next

@@ -16,6 +16,7 @@
 
 pub(crate) mod dax_file;
 mod group_commit;
+mod inode_locks;
 pub mod inode_write;
 pub(crate) mod jwrite;
 pub mod map;
@@ -267,9 +268,23 @@ pub(crate) struct Inner {
     /// `[start, end)` runs: superblock and descriptor copies, reserved descriptor
     /// blocks, bitmaps and inode tables. No file frees one (see `Fs::in_system_zone`).
     pub(crate) system_zone: Vec<(u64, u64)>,
-    /// Serializes namespace and allocation changes (a coarse lock until the mount issue
-    /// brings per-inode locks). Lock order: write_lock, then a group, then live.
-    pub(crate) write_lock: Mutex<()>,
+    /// Each group's inode table (first block), as opened: tables never move.
+    pub(crate) inode_tables: Vec<u64>,
+    /// The running transaction's gate: shared by each handle (an operation that
+    /// changes metadata under inode locks, `Fs::handle`), exclusive for the
+    /// operations that still run alone (`Fs::write_lock`) and to close the transaction
+    /// for commit (which so waits for the open handles: jbd2's t_updates).
+    pub(crate) txn: RwLock<()>,
+    /// Per-inode namespace locks of the handles (`inode_locks`).
+    inode_locks: inode_locks::InodeLocks,
+    /// Held by a handle that locks two directories (rmdir, and rename when it runs as
+    /// a handle), as the VFS's rename mutex.
+    rename_lock: Mutex<()>,
+    /// Read-modify-write locks of metadata blocks that several inodes share (inode
+    /// table blocks, xattr blocks), striped by block number.
+    block_locks: Box<[Mutex<()>]>,
+    /// The orphan list (the superblock's chain head, the orphan file's blocks).
+    orphan_lock: Mutex<()>,
     /// The journal when the filesystem has one and is open read-write.
     pub(crate) journal: Mutex<Option<crate::fs::jwrite::Journal>>,
     /// Blocks freed by the running transaction: not reallocated until it commits
@@ -487,6 +502,7 @@ impl Fs {
         let metadata_csum = sb.metadata_csum();
         let groups = read_groups(&cache, &sb, csum_seed)?;
         let system_zone = system_zone(&sb, &groups);
+        let inode_tables = groups.iter().map(|g| g.inode_table).collect();
         if !read_only && cache.device().is_read_only() {
             read_only = true;
         }
@@ -515,7 +531,12 @@ impl Fs {
                     .into_iter()
                     .map(|desc| Mutex::new(Group { desc, dirty: false }))
                     .collect(),
-                write_lock: Mutex::new(()),
+                inode_tables,
+                txn: RwLock::new(()),
+                inode_locks: inode_locks::InodeLocks::new(),
+                rename_lock: Mutex::new(()),
+                block_locks: (0..IO_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+                orphan_lock: Mutex::new(()),
                 journal: Mutex::new(None),
                 busy: Mutex::new(Busy::default()),
                 syncs_started: Default::default(),
@@ -686,15 +707,15 @@ impl Fs {
         self.ranked_write(Rank::Tree, self.tree_stripe(ino))
     }
 
-    /// Take the write lock. When the guard goes and too many metadata blocks are
-    /// dirty, they are written back (background-style writeback; errors surface at the
-    /// next `sync`, whose flush retries them).
+    /// Take the write lock: the transaction, exclusively (no handle is open while it
+    /// is held). When the guard goes and too many metadata blocks are dirty, they are
+    /// committed (errors surface at the next `sync`, whose flush retries them).
     #[track_caller]
     pub(crate) fn write_lock(&self) -> WriteGuard<'_> {
         let held = Held::acquire(self.lock_id(), Rank::Write);
         let g = WriteGuard {
             inner: &self.inner,
-            _g: self.inner.write_lock.lock().unwrap_or_else(|p| {
+            _g: self.inner.txn.write().unwrap_or_else(|p| {
                 // A thread panicked holding it: what it left half done must never be
                 // committed (its own release aborted already; this is the latch).
                 self.inner
@@ -704,10 +725,93 @@ impl Fs {
             _held: held,
             check_on_drop: true,
             read_errors_at: crate::cache::thread_read_errors(),
-            writes_at: self.inner.cache.write_count(),
+            writes_at: crate::cache::thread_writes(),
         };
         HOLDS_WRITE_LOCK.with(|h| h.set(true));
         g
+    }
+
+    /// Start a handle: join the running transaction beside other handles (the
+    /// transaction shared). The operation then takes the inode locks of what it
+    /// changes (`lock_dir`, `lock_nondir`), and block locks for blocks other inodes
+    /// share. Before it joins, a transaction grown past its commit threshold is
+    /// committed; the threshold keeps half the journal's transaction size as room for
+    /// the handles open at once, each of which changes a bounded number of blocks (a
+    /// namespace operation: its directory's blocks and index, two inodes, bitmaps; the
+    /// final free of a file — one extent tree — like the write lock's operations).
+    /// On release the same checks as the write lock's run (abort after a failure
+    /// halfway; commit when grown), the commit after the handle is closed and by
+    /// group commit (`commit_concurrently`: only closing the transaction excludes the
+    /// other handles, not writing it).
+    #[track_caller]
+    pub(crate) fn handle(&self) -> Handle<'_> {
+        if !self.inner.read_only && self.inner.txn_full() {
+            // Errors latch the shutdown, which the operation then meets.
+            let _ = self.commit_concurrently(None);
+        }
+        let held = Held::acquire(self.lock_id(), Rank::Write);
+        let g = self.inner.txn.read().unwrap_or_else(|p| {
+            self.inner
+                .shut_down("an operation panicked holding the write lock".into());
+            p.into_inner()
+        });
+        HOLDS_WRITE_LOCK.with(|h| h.set(true));
+        Handle {
+            fs: self,
+            g: Some(g),
+            held: Some(held),
+            read_errors_at: crate::cache::thread_read_errors(),
+            writes_at: crate::cache::thread_writes(),
+        }
+    }
+
+    /// The inode lock of directory `ino` (under a handle; see `inode_locks`).
+    #[track_caller]
+    pub(crate) fn lock_dir(&self, ino: Ino) -> inode_locks::InodeGuard<'_> {
+        let held = Held::acquire(self.lock_id(), Rank::Dir);
+        self.inner.inode_locks.lock(ino.0, held)
+    }
+
+    /// The inode lock of `ino`, a non-directory or an inode whose kind is not known
+    /// yet (under a handle, after any directory's lock).
+    #[track_caller]
+    pub(crate) fn lock_nondir(&self, ino: Ino) -> inode_locks::InodeGuard<'_> {
+        let held = Held::acquire(self.lock_id(), Rank::NonDir);
+        self.inner.inode_locks.lock(ino.0, held)
+    }
+
+    /// The rename lock: taken before a second directory's lock.
+    #[track_caller]
+    pub(crate) fn rename_lock(&self) -> Ranked<MutexGuard<'_, ()>> {
+        let held = Held::acquire(self.lock_id(), Rank::Rename);
+        Ranked::new(
+            held,
+            self.inner
+                .rename_lock
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        )
+    }
+
+    /// The read-modify-write lock of metadata block `blk` (a stripe of them).
+    #[track_caller]
+    pub(crate) fn block_lock(&self, blk: u64) -> Ranked<MutexGuard<'_, ()>> {
+        let held = Held::acquire(self.lock_id(), Rank::Block);
+        let m = &self.inner.block_locks[(blk % IO_LOCK_STRIPES as u64) as usize];
+        Ranked::new(held, m.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The orphan list's lock.
+    #[track_caller]
+    pub(crate) fn orphan_lock(&self) -> Ranked<MutexGuard<'_, ()>> {
+        let held = Held::acquire(self.lock_id(), Rank::Orphan);
+        Ranked::new(
+            held,
+            self.inner
+                .orphan_lock
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        )
     }
 
     /// Whether this thread holds the write lock (of any filesystem).
@@ -900,6 +1004,33 @@ impl Fs {
     }
 
     /// The raw record of inode `ino` and the block it lives in.
+    /// Where inode `ino`'s record lives: (inode table block, byte offset in it).
+    /// Inode tables do not move while the filesystem is open, so no group lock.
+    pub(crate) fn inode_location(&self, ino: Ino) -> Result<(u64, usize)> {
+        let sb = &self.inner.sb;
+        if ino.0 == 0 || ino.0 > sb.inodes_count {
+            return Err(Error::corrupted(
+                format!("inode number {} out of range", ino.0),
+                None,
+            ));
+        }
+        let ipg = sb.inodes_per_group;
+        let g = ((ino.0 - 1) / ipg) as usize;
+        let idx = u64::from((ino.0 - 1) % ipg);
+        let isz = u64::from(sb.inode_size);
+        let bs = u64::from(self.inner.block_size);
+        let table = *self.inner.inode_tables.get(g).ok_or_else(|| {
+            Error::corrupted(
+                format!("inode {} in a group that does not exist", ino.0),
+                None,
+            )
+        })?;
+        Ok((
+            table.saturating_add(idx * isz / bs),
+            ((idx * isz) % bs) as usize,
+        ))
+    }
+
     pub fn inode_bytes(&self, ino: Ino) -> Result<(Vec<u8>, u64)> {
         let sb = &self.inner.sb;
         if ino.0 == 0 || ino.0 > sb.inodes_count {
@@ -911,14 +1042,17 @@ impl Fs {
         let ipg = sb.inodes_per_group;
         let g = ((ino.0 - 1) / ipg) as usize;
         let idx = u64::from((ino.0 - 1) % ipg);
-        let gd = self.group(g)?.desc.clone();
+        let (table, uninit) = {
+            let gd = &self.group(g)?.desc;
+            (gd.inode_table, gd.has_flag(group::FLAG_INODE_UNINIT))
+        };
         let isz = u64::from(sb.inode_size);
         let bs = u64::from(self.inner.block_size);
-        if gd.has_flag(group::FLAG_INODE_UNINIT) {
+        if uninit {
             // Never initialized: reads as a zeroed record.
-            return Ok((vec![0u8; isz as usize], gd.inode_table));
+            return Ok((vec![0u8; isz as usize], table));
         }
-        let blk = gd.inode_table.saturating_add(idx * isz / bs);
+        let blk = table.saturating_add(idx * isz / bs);
         let off = ((idx * isz) % bs) as usize;
         let data = self.inner.cache.read(blk, Kind::InodeTable, |_| Ok(()))?;
         let rec = data
@@ -944,16 +1078,40 @@ impl Inner {
     /// Whether the running transaction should be committed now: the cache is half
     /// dirty, the dirty set approaches half the log, or freed-but-busy blocks crowd the
     /// free space (they are reusable only after a commit).
-    fn wants_commit(&self) -> bool {
+    /// Whether the operation that began when this thread had `read_errors_at` failed
+    /// metadata reads and `writes_at` metadata writes both read in error and changed
+    /// metadata since: then it aborted here (ext4's abort: what it left in the
+    /// running transaction must never be committed).
+    fn failed_halfway(&self, read_errors_at: u64, writes_at: u64) -> bool {
+        if crate::cache::thread_read_errors() > read_errors_at
+            && crate::cache::thread_writes() > writes_at
+        {
+            self.abort(
+                "a metadata read failed (device error or corruption) in an operation \
+                 that had changed metadata; the running transaction is dropped"
+                    .into(),
+            );
+            return true;
+        }
+        false
+    }
+
+    /// The running transaction has grown to its commit threshold (atomics only: the
+    /// check at every handle's start).
+    fn txn_full(&self) -> bool {
         if self.cache.wants_writeback() {
             return true;
         }
         let max = self.max_txn.load(Relaxed);
-        if max == 0 {
-            return false;
-        }
-        if self.cache.dirty_count() + self.groups.len() / 8 + 2 > max / 2 {
+        max > 0 && self.cache.dirty_count() + self.groups.len() / 8 + 2 > max / 2
+    }
+
+    fn wants_commit(&self) -> bool {
+        if self.txn_full() {
             return true;
+        }
+        if self.max_txn.load(Relaxed) == 0 {
+            return false;
         }
         let busy = self.busy().block_count;
         busy > 0 && self.live().sb.free_blocks_count < 2 * busy + 1024
@@ -1379,7 +1537,7 @@ impl Inner {
 /// Guard of [`Inner::write_lock`]; see [`Fs::write_lock`].
 pub(crate) struct WriteGuard<'a> {
     inner: &'a Inner,
-    _g: MutexGuard<'a, ()>,
+    _g: RwLockWriteGuard<'a, ()>,
     /// Dropped after the lock (fields drop in order).
     _held: Held,
     /// On release: abort after a failure halfway, or commit when the running
@@ -1396,6 +1554,40 @@ impl WriteGuard<'_> {
     /// journal's mutex and commits, or aborts when closing the transaction failed).
     fn release_without_commit(mut self) {
         self.check_on_drop = false;
+    }
+}
+
+/// A handle: the running transaction shared (see [`Fs::handle`]).
+pub(crate) struct Handle<'a> {
+    fs: &'a Fs,
+    g: Option<RwLockReadGuard<'a, ()>>,
+    held: Option<Held>,
+    read_errors_at: u64,
+    writes_at: u64,
+}
+
+impl Drop for Handle<'_> {
+    fn drop(&mut self) {
+        let inner = &*self.fs.inner;
+        let mut commit = false;
+        if inner.read_only {
+            // Nothing to check.
+        } else if std::thread::panicking() {
+            inner.abort(
+                "an operation panicked in a handle; the running transaction is dropped".into(),
+            );
+        } else if !inner.failed_halfway(self.read_errors_at, self.writes_at) {
+            inner.settle_errors(0);
+            commit = inner.wants_commit();
+        }
+        drop(self.g.take());
+        drop(self.held.take());
+        HOLDS_WRITE_LOCK.with(|h| h.set(false));
+        if commit && inner.wants_commit() {
+            // Written outside the write lock: the other handles go on meanwhile.
+            // Errors latch the shutdown (the next operation or sync meets it).
+            let _ = self.fs.commit_concurrently(None);
+        }
     }
 }
 
@@ -1416,17 +1608,11 @@ impl Drop for WriteGuard<'_> {
                  transaction is dropped"
                     .into(),
             );
-        } else if crate::cache::thread_read_errors() > self.read_errors_at
-            && self.inner.cache.write_count() > self.writes_at
+        } else if self
+            .inner
+            .failed_halfway(self.read_errors_at, self.writes_at)
         {
-            // An operation that changed metadata met a device error or corruption:
-            // what it left in the running transaction must never be committed
-            // (ext4's abort).
-            self.inner.abort(
-                "a metadata read failed (device error or corruption) in an operation \
-                 that had changed metadata; the running transaction is dropped"
-                    .into(),
-            );
+            // Aborted.
         } else {
             self.inner.settle_errors(0);
             if self.inner.wants_commit() {
