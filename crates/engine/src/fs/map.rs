@@ -122,16 +122,22 @@ impl Fs {
             }
             parent_depth = node.header.depth;
             let child = node.index(i - 1).child;
-            let data = self.cache().read(child, Kind::ExtentNode, |b| {
-                if self.inner.metadata_csum {
-                    extent::verify_csum(b, seed)?;
-                }
-                Node::decode(b, false)?;
-                Ok(())
-            })?;
+            let data = self.read_extent_node(child, seed)?;
             here = Some(child);
             block = Some(data);
         }
+    }
+
+    /// Extent tree block `blk` through the cache, whose verifier checks it (checksum
+    /// with the inode's `seed`, every entry) the first time it is read as one.
+    fn read_extent_node(&self, blk: u64, seed: u32) -> Result<std::sync::Arc<[u8]>> {
+        self.cache().read(blk, Kind::ExtentNode, |b| {
+            if self.inner.metadata_csum {
+                extent::verify_csum(b, seed)?;
+            }
+            Node::decode(b, false)?;
+            Ok(())
+        })
     }
 
     /// Where block `lblk` of an extent-mapped file would continue its neighbours: the
@@ -163,13 +169,7 @@ impl Fs {
                         return Ok(None);
                     };
                     let child = x.child;
-                    let data = self.cache().read(child, Kind::ExtentNode, |b| {
-                        if self.inner.metadata_csum {
-                            extent::verify_csum(b, seed)?;
-                        }
-                        Node::decode(b, false)?;
-                        Ok(())
-                    })?;
+                    let data = self.read_extent_node(child, seed)?;
                     let n = Node::decode(&data[..bs.min(data.len())], false).at(child)?;
                     if n.header().depth + 1 != h.depth {
                         return Err(Error::corrupted("extent node depth", Some(child)));

@@ -1003,35 +1003,21 @@ impl Fs {
         (c.inodes.stats(), c.dentries.stats())
     }
 
-    /// The raw record of inode `ino` and the block it lives in.
     /// Where inode `ino`'s record lives: (inode table block, byte offset in it).
     /// Inode tables do not move while the filesystem is open, so no group lock.
     pub(crate) fn inode_location(&self, ino: Ino) -> Result<(u64, usize)> {
-        let sb = &self.inner.sb;
-        if ino.0 == 0 || ino.0 > sb.inodes_count {
-            return Err(Error::corrupted(
-                format!("inode number {} out of range", ino.0),
-                None,
-            ));
-        }
-        let ipg = sb.inodes_per_group;
-        let g = ((ino.0 - 1) / ipg) as usize;
-        let idx = u64::from((ino.0 - 1) % ipg);
-        let isz = u64::from(sb.inode_size);
-        let bs = u64::from(self.inner.block_size);
+        let (g, idx) = self.inode_slot(ino)?;
         let table = *self.inner.inode_tables.get(g).ok_or_else(|| {
             Error::corrupted(
                 format!("inode {} in a group that does not exist", ino.0),
                 None,
             )
         })?;
-        Ok((
-            table.saturating_add(idx * isz / bs),
-            ((idx * isz) % bs) as usize,
-        ))
+        Ok(self.in_table(table, idx))
     }
 
-    pub fn inode_bytes(&self, ino: Ino) -> Result<(Vec<u8>, u64)> {
+    /// (group, index in the group's table) of inode `ino`, checked against the count.
+    fn inode_slot(&self, ino: Ino) -> Result<(usize, u64)> {
         let sb = &self.inner.sb;
         if ino.0 == 0 || ino.0 > sb.inodes_count {
             return Err(Error::corrupted(
@@ -1040,20 +1026,32 @@ impl Fs {
             ));
         }
         let ipg = sb.inodes_per_group;
-        let g = ((ino.0 - 1) / ipg) as usize;
-        let idx = u64::from((ino.0 - 1) % ipg);
+        Ok((((ino.0 - 1) / ipg) as usize, u64::from((ino.0 - 1) % ipg)))
+    }
+
+    /// (block, byte offset) of the record at `idx` of the table starting at `table`.
+    fn in_table(&self, table: u64, idx: u64) -> (u64, usize) {
+        let isz = u64::from(self.inner.sb.inode_size);
+        let bs = u64::from(self.inner.block_size);
+        (
+            table.saturating_add(idx * isz / bs),
+            ((idx * isz) % bs) as usize,
+        )
+    }
+
+    /// The raw record of inode `ino` and the block it lives in.
+    pub fn inode_bytes(&self, ino: Ino) -> Result<(Vec<u8>, u64)> {
+        let (g, idx) = self.inode_slot(ino)?;
         let (table, uninit) = {
             let gd = &self.group(g)?.desc;
             (gd.inode_table, gd.has_flag(group::FLAG_INODE_UNINIT))
         };
-        let isz = u64::from(sb.inode_size);
-        let bs = u64::from(self.inner.block_size);
+        let isz = u64::from(self.inner.sb.inode_size);
         if uninit {
             // Never initialized: reads as a zeroed record.
             return Ok((vec![0u8; isz as usize], table));
         }
-        let blk = table.saturating_add(idx * isz / bs);
-        let off = ((idx * isz) % bs) as usize;
+        let (blk, off) = self.in_table(table, idx);
         let data = self.inner.cache.read(blk, Kind::InodeTable, |_| Ok(()))?;
         let rec = data
             .get(off..off + isz as usize)
