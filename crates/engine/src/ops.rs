@@ -530,6 +530,11 @@ impl Fs {
         self.check_writable()?;
         let mut d = self.dir_handle(parent)?;
         let e = self.lookup(parent, name)?.ok_or(Error::NotFound)?;
+        // A directory is refused before its lock is taken: a non-directory's lock is
+        // the last of the order, and a directory's holder may wait for this parent.
+        if e.file_type == crate::FileType::Dir {
+            return Err(Error::IsADirectory);
+        }
         let _c = self.lock_nondir(self.not_itself(parent, e.ino)?);
         let inode = self.read_live_inode(e.ino)?;
         may_change(&d.inode, "remove a name", false)?;
