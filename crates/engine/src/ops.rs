@@ -532,7 +532,10 @@ impl Fs {
         let e = self.lookup(parent, name)?.ok_or(Error::NotFound)?;
         // A directory is refused before its lock is taken: a non-directory's lock is
         // the last of the order, and a directory's holder may wait for this parent.
+        // (Its flags are checked first, unlocked, for the kernel's order of errors.)
         if e.file_type == crate::FileType::Dir {
+            may_change(&d.inode, "remove a name", false)?;
+            may_change(&self.read_live_inode(e.ino)?, "unlink", false)?;
             return Err(Error::IsADirectory);
         }
         let _c = self.lock_nondir(self.not_itself(parent, e.ino)?);
