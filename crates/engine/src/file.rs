@@ -321,14 +321,20 @@ impl Fs {
             let _ = self.unpin(ino);
             return Err(e);
         }
-        Ok(File {
+        Ok(self.file_pinned(ino))
+    }
+
+    /// A read-only [`File`] for `ino`, which the caller has pinned (the pin becomes
+    /// the handle's).
+    pub(crate) fn file_pinned(&self, ino: Ino) -> File {
+        File {
             fs: self.clone(),
             ino,
             read: true,
             write: false,
             append: false,
             direct: false,
-        })
+        }
     }
 }
 

@@ -271,6 +271,21 @@ impl Fs {
         gid: u32,
         rdev: (u32, u32),
     ) -> Result<Ino> {
+        self.mknod_pinning(parent, name, mode, (uid, gid), rdev, false)
+    }
+
+    /// [`Fs::mknod_ino`], the new inode pinned (when `pin`) before its directory is
+    /// unlocked: an unlink of the new name then leaves an orphan for the caller's
+    /// reference, never frees the inode under it (open with O_CREAT).
+    pub(crate) fn mknod_pinning(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        (uid, gid): (u32, u32),
+        rdev: (u32, u32),
+        pin: bool,
+    ) -> Result<Ino> {
         check_name(name)?;
         let mut mode = mode as u16;
         let ft = mode & m::S_IFMT;
@@ -300,6 +315,9 @@ impl Fs {
         })();
         self.keep_or_abandon(ino, false, written, made)?;
         self.finish_dir(d)?;
+        if pin {
+            self.pin(ino);
+        }
         Ok(ino)
     }
 

@@ -306,6 +306,9 @@ impl OpenOptions {
         }
         let c = self.creds.as_ref();
         let mut created = false;
+        // A file this open made is pinned from its creation on (its `File` holds the
+        // pin, released if the open fails later).
+        let mut made: Option<File> = None;
         let ino = match fs.resolve_checked(p, true, c) {
             Ok(ino) => {
                 if self.create_new {
@@ -325,9 +328,10 @@ impl OpenOptions {
                     None => (self.uid, self.gid),
                 };
                 let mode = u32::from(rext4_format::inode::mode::S_IFREG) | (self.mode & 0o7777);
-                match fs.mknod_ino(parent, name, mode, uid, gid, (0, 0)) {
+                match fs.mknod_pinning(parent, name, mode, (uid, gid), (0, 0), true) {
                     Ok(ino) => {
                         created = true;
+                        made = Some(fs.file_pinned(ino));
                         ino
                     }
                     Err(Error::Exists) if !self.create_new => fs.resolve_checked(p, true, c)?,
@@ -347,7 +351,10 @@ impl OpenOptions {
             fs.permission_ino(ino, c, w)?;
         }
         fs.may_open_ino(ino, writing, self.append, self.truncate)?;
-        let f = fs.open_ino(ino)?;
+        let f = match made {
+            Some(f) => f,
+            None => fs.open_ino(ino)?,
+        };
         let meta = f.metadata()?;
         if meta.is_dir() && writing {
             return Err(Error::IsADirectory);
