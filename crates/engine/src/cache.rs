@@ -317,14 +317,7 @@ impl BufferCache {
             },
             other => other,
         })?;
-        let mut guard = self.at(blk);
-        let b = &mut *guard;
-        self.make_room(b);
-        // Logged again: this transaction's copy is replayed after the older ones, so
-        // the revoke of a freed and reused block is withdrawn (as jbd2 cancels one).
-        b.revoked.remove(&blk);
-        let data: Arc<[u8]> = Arc::from(data);
-        self.put(b, blk, kind, data);
+        self.put(blk, kind, Arc::from(data));
         Ok(())
     }
 
@@ -343,16 +336,18 @@ impl BufferCache {
         drop(cur);
         let r = f(Arc::get_mut(&mut new)
             .ok_or_else(|| Error::InvalidInput("a fresh buffer is shared".into()))?)?;
-        let mut guard = self.at(blk);
-        let b = &mut *guard;
-        self.make_room(b);
-        b.revoked.remove(&blk);
-        self.put(b, blk, kind, new);
+        self.put(blk, kind, new);
         Ok(r)
     }
 
-    /// Store `data` as the dirty contents of `blk` in its shard `b`.
-    fn put(&self, b: &mut Blocks, blk: u64, kind: Kind, data: Arc<[u8]>) {
+    /// Store `data` as the dirty contents of `blk`, verified as `kind`.
+    fn put(&self, blk: u64, kind: Kind, data: Arc<[u8]>) {
+        let mut guard = self.at(blk);
+        let b = &mut *guard;
+        self.make_room(b);
+        // Logged again: this transaction's copy is replayed after the older ones, so
+        // the revoke of a freed and reused block is withdrawn (as jbd2 cancels one).
+        b.revoked.remove(&blk);
         match b.map.get_mut(&blk) {
             Some(e) => {
                 if !e.dirty {

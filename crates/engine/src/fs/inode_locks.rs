@@ -22,20 +22,20 @@
 
 use std::sync::{Condvar, Mutex};
 
-use crate::lockdep::Held as Rank;
+use crate::lockdep::Held;
 
 const SHARDS: usize = 64;
 
 /// The numbers of one shard locked now (a handful: a linear scan beats hashing), and
 /// how many threads wait for one of them (no wake-up call when none does).
 #[derive(Default)]
-struct Held {
+struct Holders {
     inos: Vec<u32>,
     waiters: usize,
 }
 
 struct Shard {
-    held: Mutex<Held>,
+    held: Mutex<Holders>,
     freed: Condvar,
 }
 
@@ -49,7 +49,7 @@ impl InodeLocks {
         InodeLocks {
             shards: (0..SHARDS)
                 .map(|_| Shard {
-                    held: Mutex::new(Held::default()),
+                    held: Mutex::new(Holders::default()),
                     freed: Condvar::new(),
                 })
                 .collect(),
@@ -62,7 +62,7 @@ impl InodeLocks {
 
     /// Wait until `ino` is free and take it. `held` is the caller's lock-order record,
     /// kept by the guard.
-    pub(crate) fn lock(&self, ino: u32, held: Rank) -> InodeGuard<'_> {
+    pub(crate) fn lock(&self, ino: u32, held: Held) -> InodeGuard<'_> {
         let s = self.shard(ino);
         let mut h = s.held.lock().unwrap_or_else(|p| p.into_inner());
         while h.inos.contains(&ino) {
@@ -94,7 +94,7 @@ impl InodeLocks {
 pub(crate) struct InodeGuard<'a> {
     locks: &'a InodeLocks,
     ino: u32,
-    _held: Rank,
+    _held: Held,
 }
 
 impl Drop for InodeGuard<'_> {
@@ -113,7 +113,7 @@ impl Drop for InodeGuard<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lockdep::Rank as R;
+    use crate::lockdep::Rank;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
 
@@ -121,8 +121,8 @@ mod tests {
     fn one_holder_per_inode_and_no_stripe_collisions() {
         let locks = Arc::new(InodeLocks::new());
         // 7 and 7 + SHARDS share a shard but are different locks: both at once.
-        let a = locks.lock(7, Rank::acquire(1, R::Dir));
-        let b = locks.lock(7 + SHARDS as u32, Rank::acquire(1, R::Dir));
+        let a = locks.lock(7, Held::acquire(1, Rank::Dir));
+        let b = locks.lock(7 + SHARDS as u32, Held::acquire(1, Rank::Dir));
         assert!(locks.is_locked(7) && locks.is_locked(7 + SHARDS as u32));
         drop((a, b));
         assert!(!locks.is_locked(7));
@@ -134,7 +134,7 @@ mod tests {
                 let (locks, inside, total) = (locks.clone(), inside.clone(), total.clone());
                 std::thread::spawn(move || {
                     for _ in 0..2000 {
-                        let _g = locks.lock(42, Rank::acquire(2, R::NonDir));
+                        let _g = locks.lock(42, Held::acquire(2, Rank::NonDir));
                         assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0);
                         total.fetch_add(1, Ordering::Relaxed);
                         inside.fetch_sub(1, Ordering::SeqCst);

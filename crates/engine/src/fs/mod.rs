@@ -1567,7 +1567,7 @@ pub(crate) struct Handle<'a> {
 impl Drop for Handle<'_> {
     fn drop(&mut self) {
         let inner = &*self.fs.inner;
-        let mut commit = false;
+        let mut settled = false;
         if inner.read_only {
             // Nothing to check.
         } else if std::thread::panicking() {
@@ -1576,12 +1576,14 @@ impl Drop for Handle<'_> {
             );
         } else if !inner.failed_halfway(self.read_errors_at, self.writes_at) {
             inner.settle_errors(0);
-            commit = inner.wants_commit();
+            settled = true;
         }
         drop(self.g.take());
         drop(self.held.take());
         HOLDS_WRITE_LOCK.with(|h| h.set(false));
-        if commit && inner.wants_commit() {
+        // Looked at once, after the handle is closed (another thread may have
+        // committed meanwhile).
+        if settled && inner.wants_commit() {
             // Written outside the write lock: the other handles go on meanwhile.
             // Errors latch the shutdown (the next operation or sync meets it).
             let _ = self.fs.commit_concurrently(None);
