@@ -119,6 +119,16 @@ impl Fs {
         }
         let _io = self.io_exclusive(ino);
         let _w = self.write_lock();
+        // Referenced again while this thread waited for the locks: that reference's
+        // last unpin frees it. The number may even be another file's by now — freed
+        // by another last unpin of this one (a writeback's pin and unpin make a second
+        // "last"), then reused and pinned by its opener — which must not be freed
+        // under its handle. (No pin can come meanwhile that matters: a new file needs
+        // a handle, which the write lock excludes, and writeback finds a freed file's
+        // cache dead.)
+        if self.is_pinned(ino) {
+            return Ok(());
+        }
         let inode = self.read_inode(ino)?;
         // A lookup that raced an unlink can pin an inode that was freed before the pin
         // (the grace period keeps its number from reuse meanwhile): nothing to free.
@@ -346,6 +356,67 @@ mod tests {
         fs.pin(other);
         fs.unpin(other).expect("unpin");
         assert_eq!(fs.statfs().inodes_free, free_before + 1, "not freed later");
+        fs.close().expect("close");
+    }
+
+    /// Two last unpins of one orphan (a writeback's pin and unpin after the opener's
+    /// make a second "last"): the first frees it, its number goes to a new file, which
+    /// its opener has pinned and another thread unlinks — the second, which waited for
+    /// the locks meanwhile, must leave that file alone. (It freed it under its open
+    /// handle: the opener's data then went into a freed inode, and writeback gave it a
+    /// block no inode referred to.)
+    #[test]
+    fn a_stale_last_unpin_leaves_the_numbers_next_file_alone() {
+        let fs = crate::fs::mem_fs_rw(8 << 20);
+        fs.write("/old", b"x").expect("create");
+        let n = fs.metadata("/old").expect("stat").ino;
+        let free_before = fs.statfs().inodes_free;
+        fs.pin(n);
+        fs.remove_file("/old").expect("unlink");
+        // The stale freer: it passes the link check and waits for the I/O lock.
+        let io = fs.io_exclusive(n);
+        let stale = {
+            let fs = fs.clone();
+            std::thread::spawn(move || fs.unpin(n))
+        };
+        while fs.is_pinned(n) {
+            std::thread::yield_now();
+        }
+        // Meanwhile the orphan is freed by the other last unpin (done here, as
+        // `free_if_orphan` does it) and its number reused by a file that is open and
+        // then unlinked.
+        {
+            let _w = fs.write_lock();
+            let inode = fs.read_inode(n).expect("read");
+            fs.orphan_remove(n, &inode).expect("orphan remove");
+            let inode = fs.read_inode(n).expect("read");
+            fs.free_inode_and_blocks(n, inode).expect("free");
+        }
+        let f = crate::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&fs, "/new")
+            .expect("create");
+        assert_eq!(f.ino(), n, "the freed number is reused");
+        fs.remove_file("/new").expect("unlink");
+        drop(io);
+        stale.join().expect("stale unpin").expect("unpin");
+        assert!(
+            fs.inode_in_use(n).expect("bitmap"),
+            "freed under its handle"
+        );
+        assert_ne!(fs.read_inode(n).expect("read").mode, 0);
+        f.write_all_at(b"still mine", 0).expect("write");
+        let mut back = [0u8; 10];
+        f.read_exact_at(&mut back, 0).expect("read");
+        assert_eq!(&back, b"still mine");
+        drop(f);
+        assert_eq!(
+            fs.statfs().inodes_free,
+            free_before + 1,
+            "freed at its close"
+        );
         fs.close().expect("close");
     }
 }

@@ -238,13 +238,12 @@ fn namespace_handles_race_and_stay_consistent() {
     }
 }
 
-/// The same with data written into each shared file the open makes. A known failure,
-/// found by this test under CPU load (issue #13's notes): now and then a block stays
-/// marked in the bitmap with no inode referring to it (e2fsck: block bitmap
-/// differences) — a page-cache writeback racing the unlink and free of a file just
-/// written; not fixed yet.
+/// The same with data written into each shared file the open makes, so that
+/// writeback's pins and unpins race the opens, unlinks and closes. (Under CPU load it
+/// found a stale last unpin freeing the next file to get the inode number, under that
+/// file's open handle: its data then went into a freed inode, and writeback gave it a
+/// block no inode referred to — e2fsck: block bitmap differences.)
 #[test]
-#[ignore = "known failure: writeback racing an unlink can leak a block (issue #13)"]
 fn namespace_handles_race_with_data() {
     for round in 0..6 {
         namespace_race_round(round, true);
