@@ -111,8 +111,9 @@ impl Fs {
         }
     }
 
-    /// Read logical block `lblk` as a dx index block (root if `lblk == 0`).
-    fn read_index(
+    /// Read logical block `lblk` as a dx index block (root if `lblk == 0`), verified
+    /// as `DirStore::read_index` promises, once per read from the device.
+    pub(crate) fn read_index(
         &self,
         ino: Ino,
         inode: &Inode,
@@ -123,15 +124,7 @@ impl Fs {
         let seed = self.inode_seed(ino, inode);
         let largedir = self.inner.sb.has_incompat(feature::INCOMPAT_LARGEDIR);
         let data = self.cache().read(phys, Kind::DirIndex, |b| {
-            if csum {
-                fdir::verify_dx_csum(b, seed)?;
-            }
-            if lblk == 0 {
-                DxRoot::decode(b, csum, largedir)?;
-            } else {
-                DxNode::decode(b, csum)?;
-            }
-            Ok(())
+            crate::store::verify_index(b, lblk, csum.then_some(seed), largedir)
         })?;
         Ok((data, phys))
     }
@@ -329,6 +322,39 @@ impl Fs {
         }))
     }
 
+    /// A verified index block of directory `ino` (`lblk` 0: the root), checked to be
+    /// in range. The cache's verifier decoded it whole (the order of its hashes
+    /// included) when it was read from the device; lookups read it in place.
+    fn index_block(
+        &self,
+        ino: Ino,
+        inode: &Inode,
+        lblk: u64,
+        nblocks: u64,
+    ) -> Result<(std::sync::Arc<[u8]>, u64)> {
+        if lblk >= nblocks {
+            return Err(Error::corrupted(
+                format!(
+                    "directory {} index points at block {lblk} of {nblocks}",
+                    ino.0
+                ),
+                None,
+            ));
+        }
+        self.read_index(ino, inode, lblk)
+    }
+
+    /// The entries of an index block from `index_block`, in place.
+    fn index_entries<'a>(&self, b: &'a [u8], root: bool, phys: u64) -> Result<fdir::DxEntries<'a>> {
+        let csum = self.inner.metadata_csum;
+        if root {
+            let largedir = self.inner.sb.has_incompat(feature::INCOMPAT_LARGEDIR);
+            Ok(DxRoot::view(b, csum, largedir).at(phys)?.1)
+        } else {
+            DxNode::view(b, csum).at(phys)
+        }
+    }
+
     fn htree_lookup(
         &self,
         dir: Ino,
@@ -336,7 +362,9 @@ impl Fs {
         n: u64,
         name: &[u8],
     ) -> Result<Option<DirEntry>> {
-        let root = self.dx_root(dir, inode)?;
+        let (rb, rphys) = self.index_block(dir, inode, 0, n)?;
+        let largedir = self.inner.sb.has_incompat(feature::INCOMPAT_LARGEDIR);
+        let (root, _) = DxRoot::view(&rb, self.inner.metadata_csum, largedir).at(rphys)?;
         let sb = &self.inner.sb;
         let version = HashVersion::effective(root.hash_version, sb.flags).ok_or_else(|| {
             Error::corrupted(
@@ -345,28 +373,30 @@ impl Fs {
             )
         })?;
         let (hash, _) = dx_hash(name, version, &sb.hash_seed);
-        // Path of (entries, chosen index) from the root down to the leaf's parent.
-        let mut path: Vec<(Vec<fdir::DxEntry>, usize)> = Vec::new();
-        let mut entries = root.entries;
-        for _ in 0..=root.indirect_levels {
-            let i = fdir::lookup_index(&entries, hash);
-            path.push((entries, i));
-            if path.len() > usize::from(root.indirect_levels) {
+        let levels = usize::from(root.indirect_levels);
+        // Path from the root down to the leaf's parent: (index block, where it is,
+        // chosen entry).
+        let mut path: Vec<(std::sync::Arc<[u8]>, u64, usize)> = Vec::with_capacity(levels + 1);
+        let mut blk = (rb, rphys);
+        loop {
+            let i = self
+                .index_entries(&blk.0, path.is_empty(), blk.1)?
+                .lookup(hash);
+            path.push((blk.0, blk.1, i));
+            if path.len() > levels {
                 break;
             }
-            let (ents, i) = &path[path.len() - 1];
-            let child = u64::from(ents[*i].block);
-            entries = self.dx_node(dir, inode, child, n)?.entries;
+            let child = self.path_child(&path)?;
+            if child == 0 {
+                return Err(self.index_loop(dir, child, n));
+            }
+            blk = self.index_block(dir, inode, child, n)?;
         }
         // Bound: a collision chain cannot visit more leaves than the directory has.
         for _ in 0..n.max(1) {
-            let (ents, i) = &path[path.len() - 1];
-            let leaf = u64::from(ents[*i].block);
+            let leaf = self.path_child(&path)?;
             if leaf == 0 || leaf >= n {
-                return Err(Error::corrupted(
-                    format!("directory {} index points at block {leaf} of {n}", dir.0),
-                    None,
-                ));
+                return Err(self.index_loop(dir, leaf, n));
             }
             if let Some(e) = self.search_leaf(dir, inode, leaf, name)? {
                 return Ok(Some(e));
@@ -378,10 +408,11 @@ impl Fs {
                     return Ok(None);
                 }
                 lvl -= 1;
-                let (ents, i) = &mut path[lvl];
+                let (b, phys, i) = &mut path[lvl];
+                let ents = self.index_entries(b, lvl == 0, *phys)?;
                 if *i + 1 < ents.len() {
                     *i += 1;
-                    break ents[*i].hash;
+                    break ents.get(*i).hash;
                 }
             };
             if !fdir::collision_continues(next_hash, hash) {
@@ -389,13 +420,29 @@ impl Fs {
             }
             // Descend to the leftmost leaf under the new position.
             path.truncate(lvl + 1);
-            while path.len() <= usize::from(root.indirect_levels) {
-                let (ents, i) = &path[path.len() - 1];
-                let child = u64::from(ents[*i].block);
-                let node = self.dx_node(dir, inode, child, n)?;
-                path.push((node.entries, 0));
+            while path.len() <= levels {
+                let child = self.path_child(&path)?;
+                if child == 0 {
+                    return Err(self.index_loop(dir, child, n));
+                }
+                let (b, phys) = self.index_block(dir, inode, child, n)?;
+                path.push((b, phys, 0));
             }
         }
         Ok(None)
+    }
+
+    /// The block the last step of an index path points at.
+    fn path_child(&self, path: &[(std::sync::Arc<[u8]>, u64, usize)]) -> Result<u64> {
+        let (b, phys, i) = &path[path.len() - 1];
+        let ents = self.index_entries(b, path.len() == 1, *phys)?;
+        Ok(u64::from(ents.get(*i).block))
+    }
+
+    fn index_loop(&self, dir: Ino, blk: u64, n: u64) -> Error {
+        Error::corrupted(
+            format!("directory {} index points at block {blk} of {n}", dir.0),
+            None,
+        )
     }
 }

@@ -39,8 +39,9 @@
 //! [`DirStore`] for the parent directory.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
-use rext4_format::dir::{self as fdir, DxEntry, DxNode, DxRoot, FileType};
+use rext4_format::dir::{self as fdir, DxEntries, DxEntry, DxNode, DxRoot, FileType};
 use rext4_format::hash::{dx_hash, HashVersion};
 use rext4_format::FormatError;
 
@@ -113,8 +114,15 @@ fn corrupt(what: String) -> Error {
     Error::corrupted(what, None)
 }
 
-fn read_raw(dir: &impl DirStore, c: &Ctx, lblk: u64) -> Result<Vec<u8>> {
-    let b = dir.read_block(lblk)?;
+/// Read a verified index block (`lblk` 0: the root; see `DirStore::read_index`).
+fn read_index(dir: &impl DirStore, c: &Ctx, lblk: u64) -> Result<Arc<[u8]>> {
+    let b = dir.read_index(lblk).map_err(|e| match e {
+        Error::Corrupted { what, block } => Error::Corrupted {
+            what: format!("{what} (directory block {lblk})"),
+            block,
+        },
+        other => other,
+    })?;
     if b.len() != c.bs {
         return Err(corrupt(format!(
             "directory block {lblk} read as {} bytes, block size {}",
@@ -160,21 +168,17 @@ fn write_index(dir: &mut impl DirStore, c: &Ctx, lblk: u64, mut b: Vec<u8>) -> R
     dir.write_block(lblk, &b)
 }
 
-fn read_root_raw(dir: &impl DirStore, c: &Ctx) -> Result<(DxRoot, Vec<u8>)> {
-    let b = read_raw(dir, c, 0)?;
-    if let Some(s) = c.seed {
-        fdir::verify_dx_csum(&b, s).map_err(in_block(0))?;
-    }
-    let root = DxRoot::decode(&b, c.csum(), c.largedir).map_err(in_block(0))?;
+/// The verified root: its fields (`entries` left empty: read them in place with
+/// [`root_view`]) and its bytes.
+fn read_root(dir: &impl DirStore, c: &Ctx) -> Result<(DxRoot, Arc<[u8]>)> {
+    let b = read_index(dir, c, 0)?;
+    let (root, _) = root_view(c, &b)?;
     Ok((root, b))
 }
 
-fn read_node(dir: &impl DirStore, c: &Ctx, lblk: u64) -> Result<DxNode> {
-    let b = read_raw(dir, c, lblk)?;
-    if let Some(s) = c.seed {
-        fdir::verify_dx_csum(&b, s).map_err(in_block(lblk))?;
-    }
-    DxNode::decode(&b, c.csum()).map_err(in_block(lblk))
+/// The root's fields and its entries, in place.
+fn root_view<'a>(c: &Ctx, b: &'a [u8]) -> Result<(DxRoot, DxEntries<'a>)> {
+    DxRoot::view(b, c.csum(), c.largedir).map_err(in_block(0))
 }
 
 fn write_root(dir: &mut impl DirStore, c: &Ctx, root: &DxRoot) -> Result<()> {
@@ -195,19 +199,32 @@ fn to_u32_block(lblk: u64) -> Result<u32> {
     u32::try_from(lblk).map_err(|_| Error::NoSpace)
 }
 
-/// One level of a descent: the index block, its entries and the chosen one.
+/// One level of a descent: the index block (verified) and the chosen entry.
 struct Frame {
     lblk: u64,
-    entries: Vec<DxEntry>,
+    data: Arc<[u8]>,
     at: usize,
 }
 
 impl Frame {
-    fn child(&self) -> Result<u64> {
-        self.entries
-            .get(self.at)
-            .map(|e| u64::from(e.block))
-            .ok_or_else(|| corrupt(format!("directory index block {} is empty", self.lblk)))
+    /// The block's entries, in place.
+    fn entries(&self, c: &Ctx) -> Result<DxEntries<'_>> {
+        if self.lblk == 0 {
+            Ok(root_view(c, &self.data)?.1)
+        } else {
+            DxNode::view(&self.data, c.csum()).map_err(in_block(self.lblk))
+        }
+    }
+
+    fn child(&self, c: &Ctx) -> Result<u64> {
+        let e = self.entries(c)?;
+        if self.at >= e.len() {
+            return Err(corrupt(format!(
+                "directory index block {} is empty",
+                self.lblk
+            )));
+        }
+        Ok(u64::from(e.get(self.at).block))
     }
 }
 
@@ -222,24 +239,36 @@ fn check_child(child: u64, n: u64, frames: &[Frame]) -> Result<()> {
     Ok(())
 }
 
-/// Descend from the root to the leaf for `hash` (the kernel's `dx_probe`). The last
-/// frame's chosen entry names the leaf, which is checked to be in range.
-fn probe(dir: &impl DirStore, c: &Ctx, root: &DxRoot, hash: u32) -> Result<Vec<Frame>> {
+/// Descend from the root (`root`, with `levels` index levels below it) to the leaf
+/// for `hash` (the kernel's `dx_probe`). The last frame's chosen entry names the leaf,
+/// which is checked to be in range.
+fn probe(
+    dir: &impl DirStore,
+    c: &Ctx,
+    root: &Arc<[u8]>,
+    levels: u8,
+    hash: u32,
+) -> Result<Vec<Frame>> {
     let n = dir.nblocks();
-    let mut frames: Vec<Frame> = Vec::new();
-    let mut lblk = 0;
-    let mut entries = root.entries.clone();
+    let mut frames: Vec<Frame> = Vec::with_capacity(usize::from(levels) + 1);
+    let mut f = Frame {
+        lblk: 0,
+        data: root.clone(),
+        at: 0,
+    };
     loop {
-        let at = fdir::lookup_index(&entries, hash);
-        frames.push(Frame { lblk, entries, at });
-        let last = &frames[frames.len() - 1];
-        let child = last.child()?;
+        f.at = f.entries(c)?.lookup(hash);
+        let child = f.child(c)?;
+        frames.push(f);
         check_child(child, n, &frames)?;
-        if frames.len() > usize::from(root.indirect_levels) {
+        if frames.len() > usize::from(levels) {
             return Ok(frames);
         }
-        entries = read_node(dir, c, child)?.entries;
-        lblk = child;
+        f = Frame {
+            lblk: child,
+            data: read_index(dir, c, child)?,
+            at: 0,
+        };
     }
 }
 
@@ -259,9 +288,13 @@ fn next_leaf(
         }
         lvl -= 1;
         let f = &mut frames[lvl];
-        if f.at + 1 < f.entries.len() {
+        let next = {
+            let e = f.entries(c)?;
+            (f.at + 1 < e.len()).then(|| e.get(f.at + 1).hash)
+        };
+        if let Some(h) = next {
             f.at += 1;
-            break f.entries[f.at].hash;
+            break h;
         }
     };
     if !fdir::collision_continues(next_hash, hash) {
@@ -270,16 +303,15 @@ fn next_leaf(
     frames.truncate(lvl + 1);
     let n = dir.nblocks();
     while frames.len() <= usize::from(levels) {
-        let child = frames[frames.len() - 1].child()?;
+        let child = frames[frames.len() - 1].child(c)?;
         check_child(child, n, frames)?;
-        let node = read_node(dir, c, child)?;
         frames.push(Frame {
             lblk: child,
-            entries: node.entries,
+            data: read_index(dir, c, child)?,
             at: 0,
         });
     }
-    let child = frames[frames.len() - 1].child()?;
+    let child = frames[frames.len() - 1].child(c)?;
     check_child(child, n, frames)?;
     Ok(true)
 }
@@ -299,12 +331,12 @@ fn find(dir: &impl DirStore, c: &Ctx, name: &[u8]) -> Result<Option<(u64, Vec<u8
         }
         return Ok(None);
     }
-    let (root, _) = read_root_raw(dir, c)?;
+    let (root, rb) = read_root(dir, c)?;
     let hash = c.hash(name, c.version(root.hash_version)?);
-    let mut frames = probe(dir, c, &root, hash)?;
+    let mut frames = probe(dir, c, &rb, root.indirect_levels, hash)?;
     // A collision chain visits each leaf at most once.
     for _ in 0..n.max(1) {
-        let leaf = frames[frames.len() - 1].child()?;
+        let leaf = frames[frames.len() - 1].child(c)?;
         let b = read_leaf(dir, c, leaf)?;
         if fdir::lookup(&b, name, c.csum())
             .map_err(in_block(leaf))?
@@ -344,7 +376,7 @@ pub fn lookup(dir: &impl DirStore, name: &[u8]) -> Result<Option<(u32, u8)>> {
     check_name(name)?;
     let c = Ctx::new(dir);
     if dir.is_indexed() && (name == b"." || name == b"..") {
-        let (root, _) = read_root_raw(dir, &c)?;
+        let (root, _) = read_root(dir, &c)?;
         let ino = if name == b"." {
             root.dot_inode
         } else {
@@ -485,23 +517,23 @@ fn split_leaf(
     })
 }
 
-/// Write the index block of `frames[k]` with its (edited) entries.
+/// Write index block `lblk` (0: the root, whose other fields are `root`'s) with
+/// `entries`.
 fn write_frame(
     dir: &mut impl DirStore,
     c: &Ctx,
     root: &DxRoot,
-    frames: &[Frame],
-    k: usize,
+    lblk: u64,
+    entries: Vec<DxEntry>,
 ) -> Result<()> {
-    let f = &frames[k];
-    if k == 0 {
+    if lblk == 0 {
         let r = DxRoot {
-            entries: f.entries.clone(),
+            entries,
             ..root.clone()
         };
         write_root(dir, c, &r)
     } else {
-        write_node(dir, c, f.lblk, f.entries.clone())
+        write_node(dir, c, lblk, entries)
     }
 }
 
@@ -597,12 +629,12 @@ fn make_indexed(dir: &mut impl DirStore, c: &Ctx, b0: Vec<u8>, new: &Ent) -> Res
 
 fn add_indexed(dir: &mut impl DirStore, c: &Ctx, new: &Ent) -> Result<()> {
     for _ in 0..MAX_RESTARTS {
-        let (root, _) = read_root_raw(dir, c)?;
+        let (root, rb) = read_root(dir, c)?;
         let v = c.version(root.hash_version)?;
         let hash = c.hash(&new.name, v);
-        let mut frames = probe(dir, c, &root, hash)?;
+        let frames = probe(dir, c, &rb, root.indirect_levels, hash)?;
         let last = frames.len() - 1;
-        let leaf = frames[last].child()?;
+        let leaf = frames[last].child(c)?;
         let mut b = read_leaf(dir, c, leaf)?;
         if insert_raw(&mut b, new, c.csum()).map_err(in_block(leaf))? {
             return write_leaf(dir, c, leaf, b);
@@ -614,15 +646,16 @@ fn add_indexed(dir: &mut impl DirStore, c: &Ctx, new: &Ent) -> Result<()> {
                 c.node_limit()
             }
         };
-        if frames[last].entries.len() >= limit(last) {
+        if frames[last].entries(c)?.len() >= limit(last) {
             grow_index(dir, c, &root, &frames, limit)?;
             continue;
         }
         let ents = live(&b, c, leaf, false)?;
         let e = split_leaf(dir, c, v, leaf, &ents, new)?;
-        let f = &mut frames[last];
-        f.entries.insert(f.at + 1, e);
-        return write_frame(dir, c, &root, &frames, last);
+        let f = &frames[last];
+        let mut entries = f.entries(c)?.to_vec();
+        entries.insert(f.at + 1, e);
+        return write_frame(dir, c, &root, f.lblk, entries);
     }
     Err(corrupt(
         "directory index keeps growing while adding one name".into(),
@@ -640,7 +673,7 @@ fn grow_index(
 ) -> Result<()> {
     // The highest full index block below a parent with room, or the root.
     let mut k = frames.len() - 1;
-    while k > 0 && frames[k - 1].entries.len() >= limit(k - 1) {
+    while k > 0 && frames[k - 1].entries(c)?.len() >= limit(k - 1) {
         k -= 1;
     }
     if k == 0 {
@@ -648,7 +681,7 @@ fn grow_index(
             return Err(Error::NoSpace);
         }
         let nb = dir.append_block()?;
-        write_node(dir, c, nb, root.entries.clone())?;
+        write_node(dir, c, nb, frames[0].entries(c)?.to_vec())?;
         let r = DxRoot {
             indirect_levels: root.indirect_levels + 1,
             entries: vec![DxEntry {
@@ -660,15 +693,16 @@ fn grow_index(
         return write_root(dir, c, &r);
     }
     let f = &frames[k];
-    let icount1 = f.entries.len() / 2;
-    let right = f.entries[icount1..].to_vec();
+    let fentries = f.entries(c)?.to_vec();
+    let icount1 = fentries.len() / 2;
+    let right = fentries[icount1..].to_vec();
     let hash2 = right[0].hash;
     let nb = dir.append_block()?;
     let nb32 = to_u32_block(nb)?;
     write_node(dir, c, nb, right)?;
-    write_node(dir, c, f.lblk, f.entries[..icount1].to_vec())?;
+    write_node(dir, c, f.lblk, fentries[..icount1].to_vec())?;
     let parent = &frames[k - 1];
-    let mut pentries = parent.entries.clone();
+    let mut pentries = parent.entries(c)?.to_vec();
     pentries.insert(
         parent.at + 1,
         DxEntry {
@@ -676,18 +710,7 @@ fn grow_index(
             block: nb32,
         },
     );
-    if k - 1 == 0 {
-        write_root(
-            dir,
-            c,
-            &DxRoot {
-                entries: pentries,
-                ..root.clone()
-            },
-        )
-    } else {
-        write_node(dir, c, parent.lblk, pentries)
-    }
+    write_frame(dir, c, root, parent.lblk, pentries)
 }
 
 /// Remove the entry `name`: `(inode, raw file type)` it named, `None` if absent.
@@ -737,7 +760,7 @@ pub fn replace_entry(
 pub fn set_dotdot(dir: &mut impl DirStore, parent_ino: u32) -> Result<()> {
     let c = Ctx::new(dir);
     if dir.is_indexed() {
-        let (_, mut b) = read_root_raw(dir, &c)?;
+        let mut b = read_index(dir, &c, 0)?.to_vec();
         rext4_format::bytes::set_le32(&mut b, fdir::MIN_REC_LEN + fdir::DIRENT_INODE, parent_ino);
         return write_index(dir, &c, 0, b);
     }
@@ -761,9 +784,14 @@ fn index_blocks(dir: &impl DirStore, c: &Ctx) -> Result<BTreeSet<u64>> {
         return Ok(set);
     }
     let n = dir.nblocks();
-    let (root, _) = read_root_raw(dir, c)?;
+    let (root, rb) = read_root(dir, c)?;
     set.insert(0);
-    let mut level: Vec<u64> = root.entries.iter().map(|e| u64::from(e.block)).collect();
+    let mut level: Vec<u64> = root_view(c, &rb)?
+        .1
+        .to_vec()
+        .iter()
+        .map(|e| u64::from(e.block))
+        .collect();
     for _ in 0..root.indirect_levels {
         let mut next = Vec::new();
         for b in level {
@@ -772,12 +800,9 @@ fn index_blocks(dir: &impl DirStore, c: &Ctx) -> Result<BTreeSet<u64>> {
                     "directory index block {b} out of range or referenced twice"
                 )));
             }
-            next.extend(
-                read_node(dir, c, b)?
-                    .entries
-                    .iter()
-                    .map(|e| u64::from(e.block)),
-            );
+            let node = read_index(dir, c, b)?;
+            let ents = DxNode::view(&node, c.csum()).map_err(in_block(b))?;
+            next.extend((0..ents.len()).map(|i| u64::from(ents.get(i).block)));
         }
         level = next;
     }

@@ -43,6 +43,15 @@ pub trait DirStore {
     /// tail and its checksum, always every entry's bounds. A store that remembers what
     /// it verified (or what `write_leaf` gave it) need not check again.
     fn read_leaf(&self, lblk: u64) -> Result<Vec<u8>>;
+    /// Read logical block `lblk` as an index block (0: the dx root), verified: with a
+    /// checksum seed its dx tail and checksum, always its header, limit and count and
+    /// the order of its hashes (the directory code then reads its entries in place).
+    /// A store that remembers what it verified need not check again.
+    fn read_index(&self, lblk: u64) -> Result<std::sync::Arc<[u8]>> {
+        let b = self.read_block(lblk)?;
+        verify_index(&b, lblk, self.csum_seed(), self.largedir())?;
+        Ok(b.into())
+    }
     /// Write a leaf the directory code built from a verified one (checksum set): the
     /// store may count it as verified for later `read_leaf`s.
     fn write_leaf(&mut self, lblk: u64, data: &[u8]) -> Result<()> {
@@ -98,3 +107,17 @@ impl Mapping {
 
 /// Logical blocks are 32-bit.
 pub const MAX_LOGICAL: u64 = 1 << 32;
+
+/// Verify an index block as `DirStore::read_index` promises (`lblk` 0: the root).
+pub fn verify_index(b: &[u8], lblk: u64, seed: Option<u32>, largedir: bool) -> Result<()> {
+    use rext4_format::dir as fdir;
+    if let Some(s) = seed {
+        fdir::verify_dx_csum(b, s)?;
+    }
+    if lblk == 0 {
+        fdir::DxRoot::decode(b, seed.is_some(), largedir)?;
+    } else {
+        fdir::DxNode::decode(b, seed.is_some())?;
+    }
+    Ok(())
+}

@@ -718,46 +718,86 @@ pub struct DxNode {
     pub entries: Vec<DxEntry>,
 }
 
-/// Read and check `{limit, count}` and the entries at `count_offset`.
-fn decode_dx_entries(
-    block: &[u8],
-    count_offset: usize,
-    expect_limit: usize,
-    what: &str,
-) -> Result<Vec<DxEntry>> {
-    let limit = usize::from(le16(block, count_offset));
-    let count = usize::from(le16(block, count_offset + 2));
-    ensure(limit == expect_limit, || {
-        format!("{what}: limit {limit}, expected {expect_limit}")
-    })?;
-    ensure(count >= 1 && count <= limit, || {
-        format!("{what}: count {count} outside 1..={limit}")
-    })?;
-    ensure(count_offset + count * DX_ENTRY_LEN <= block.len(), || {
-        format!("{what}: entries cross the block end")
-    })?;
-    let mut out = Vec::with_capacity(count);
-    out.push(DxEntry {
-        hash: 0,
-        block: le32(block, count_offset + 4),
-    });
-    let mut prev = 0u32;
-    for i in 1..count {
-        let at = count_offset + i * DX_ENTRY_LEN;
-        let e = DxEntry {
-            hash: le32(block, at),
-            block: le32(block, at + 4),
-        };
-        ensure(e.hash >= prev, || {
-            format!(
-                "{what}: hash {:#x} of entry {i} below {prev:#x} (unordered)",
-                e.hash
-            )
+/// The entries of an index block (root or node), read in place: `{limit, count}`
+/// checked against the kernel's limit and the block's end when made, each entry read
+/// when asked for. The order of the hashes is checked only by [`DxEntries::check_order`]
+/// (the decoders, and so the buffer cache's verifier, which runs once per block read
+/// from the device): a lookup costs a binary search, not a decode of every entry.
+#[derive(Debug, Clone, Copy)]
+pub struct DxEntries<'a> {
+    block: &'a [u8],
+    at: usize,
+    count: usize,
+}
+
+impl<'a> DxEntries<'a> {
+    fn new(block: &'a [u8], at: usize, expect_limit: usize, what: &'static str) -> Result<Self> {
+        need(block, at + DX_ENTRY_LEN, what)?;
+        let limit = usize::from(le16(block, at));
+        let count = usize::from(le16(block, at + 2));
+        ensure(limit == expect_limit, || {
+            format!("{what}: limit {limit}, expected {expect_limit}")
         })?;
-        prev = e.hash;
-        out.push(e);
+        ensure(count >= 1 && count <= limit, || {
+            format!("{what}: count {count} outside 1..={limit}")
+        })?;
+        ensure(at + count * DX_ENTRY_LEN <= block.len(), || {
+            format!("{what}: entries cross the block end")
+        })?;
+        Ok(DxEntries { block, at, count })
     }
-    Ok(out)
+
+    /// How many entries (the header slot included): at least 1.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Never: a view has at least the header slot.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Entry `i` (`i < len()`); entry 0's hash reads as 0.
+    pub fn get(&self, i: usize) -> DxEntry {
+        let at = self.at + i * DX_ENTRY_LEN;
+        DxEntry {
+            hash: if i == 0 { 0 } else { le32(self.block, at) },
+            block: le32(self.block, at + 4),
+        }
+    }
+
+    /// [`lookup_index`] in place: the last entry whose hash ≤ `hash`, entry 0
+    /// standing for −∞.
+    pub fn lookup(&self, hash: u32) -> usize {
+        let (mut lo, mut hi) = (1, self.count);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if le32(self.block, self.at + mid * DX_ENTRY_LEN) <= hash {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo - 1
+    }
+
+    /// Check that the hashes do not decrease.
+    pub fn check_order(&self, what: &str) -> Result<()> {
+        let mut prev = 0u32;
+        for i in 1..self.count {
+            let h = self.get(i).hash;
+            ensure(h >= prev, || {
+                format!("{what}: hash {h:#x} of entry {i} below {prev:#x} (unordered)")
+            })?;
+            prev = h;
+        }
+        Ok(())
+    }
+
+    /// Every entry, copied out.
+    pub fn to_vec(&self) -> Vec<DxEntry> {
+        (0..self.count).map(|i| self.get(i)).collect()
+    }
 }
 
 /// Write `{limit, count}` and the entries at `count_offset`, zero the unused slots and
@@ -794,6 +834,17 @@ impl DxRoot {
     /// the block size and metadata_csum, 1 ≤ count ≤ limit, hashes non-decreasing.
     /// Does not check the checksum: see [`verify_dx_csum`].
     pub fn decode(block: &[u8], has_csum: bool, largedir: bool) -> Result<DxRoot> {
+        let (head, view) = Self::view(block, has_csum, largedir)?;
+        view.check_order("dx root")?;
+        Ok(DxRoot {
+            entries: view.to_vec(),
+            ..head
+        })
+    }
+
+    /// What [`DxRoot::decode`] checks but the order of the hashes, with the entries
+    /// left in place: the root's fields (its `entries` empty) and a view of them.
+    pub fn view(block: &[u8], has_csum: bool, largedir: bool) -> Result<(DxRoot, DxEntries<'_>)> {
         need(block, DX_ROOT_COUNT_OFFSET + DX_ENTRY_LEN, "dx root")?;
         let bs = block.len();
         let rec = |off: usize| rec_len_from_disk(le16(block, off + DIRENT_REC_LEN), bs);
@@ -832,19 +883,20 @@ impl DxRoot {
         ensure(u8_at(block, DX_ROOT_UNUSED_FLAGS) & 1 == 0, || {
             "dx root: unimplemented hash flags".into()
         })?;
-        let entries = decode_dx_entries(
+        let view = DxEntries::new(
             block,
             DX_ROOT_COUNT_OFFSET,
             dx_root_limit(bs, has_csum),
             "dx root",
         )?;
-        Ok(DxRoot {
+        let head = DxRoot {
             dot_inode: le32(block, DIRENT_INODE),
             dotdot_inode: le32(block, dd + DIRENT_INODE),
             hash_version,
             indirect_levels: levels,
-            entries,
-        })
+            entries: Vec::new(),
+        };
+        Ok((head, view))
     }
 
     /// Write this root over all of `block` ("." and ".." entries, info, entries; the
@@ -883,6 +935,16 @@ impl DxNode {
     /// the kernel's `limit`, 1 ≤ count ≤ limit, hashes non-decreasing. Does not check
     /// the checksum: see [`verify_dx_csum`].
     pub fn decode(block: &[u8], has_csum: bool) -> Result<DxNode> {
+        let view = Self::view(block, has_csum)?;
+        view.check_order("dx node")?;
+        Ok(DxNode {
+            entries: view.to_vec(),
+        })
+    }
+
+    /// What [`DxNode::decode`] checks but the order of the hashes, with the entries
+    /// left in place.
+    pub fn view(block: &[u8], has_csum: bool) -> Result<DxEntries<'_>> {
         need(block, DX_NODE_COUNT_OFFSET + DX_ENTRY_LEN, "dx node")?;
         let bs = block.len();
         ensure(
@@ -891,13 +953,12 @@ impl DxNode {
                 && u8_at(block, DIRENT_NAME_LEN) == 0,
             || "dx node: bad fake dirent".into(),
         )?;
-        let entries = decode_dx_entries(
+        DxEntries::new(
             block,
             DX_NODE_COUNT_OFFSET,
             dx_node_limit(bs, has_csum),
             "dx node",
-        )?;
-        Ok(DxNode { entries })
+        )
     }
 
     /// Write this node over all of `block` (tail checksum left 0 — call [`set_dx_csum`]).
@@ -1235,6 +1296,58 @@ mod tests {
         assert!(collision_continues(21, 20));
         assert!(collision_continues(20, 20));
         assert!(!collision_continues(23, 20));
+    }
+
+    /// The in-place view finds the child `lookup_index` finds on the decoded entries,
+    /// for every hash around every entry (duplicates included); its order check is the
+    /// decoder's.
+    #[test]
+    fn dx_view_lookup_matches_decoded_lookup() {
+        for count in [1usize, 2, 3, 7, 64, 200] {
+            let entries: Vec<DxEntry> = (0..count as u32)
+                .map(|i| DxEntry {
+                    hash: if i == 0 { 0 } else { (i / 2) * 4 + 2 },
+                    block: i + 1,
+                })
+                .collect();
+            let mut n = vec![0u8; 4096];
+            DxNode {
+                entries: entries.clone(),
+            }
+            .encode(&mut n, true)
+            .expect("fits");
+            let v = DxNode::view(&n, true).expect("view");
+            assert_eq!(v.len(), count);
+            assert_eq!(v.to_vec(), entries);
+            for h in (0..count as u32 * 2 + 6).chain([u32::MAX]) {
+                assert_eq!(
+                    v.lookup(h),
+                    lookup_index(&entries, h),
+                    "count {count} hash {h}"
+                );
+            }
+            let mut r = vec![0u8; 4096];
+            let root = DxRoot {
+                dot_inode: 5,
+                dotdot_inode: 2,
+                hash_version: 1,
+                indirect_levels: 0,
+                entries: entries.clone(),
+            };
+            root.encode(&mut r, false).expect("fits");
+            let (head, rv) = DxRoot::view(&r, false, false).expect("view");
+            assert_eq!((head.dot_inode, head.hash_version), (5, 1));
+            assert_eq!(rv.to_vec(), entries);
+            if count > 2 {
+                // Out of order: the view still answers (in range), decode refuses.
+                set_le32(&mut n, DX_NODE_COUNT_OFFSET + DX_ENTRY_LEN, u32::MAX);
+                let v = DxNode::view(&n, true).expect("view");
+                assert!(v.lookup(7) < count);
+                assert!(v.check_order("dx node").is_err());
+                let err = DxNode::decode(&n, true).expect_err("unordered");
+                assert!(err.to_string().contains("unordered"), "{err}");
+            }
+        }
     }
 
     #[test]

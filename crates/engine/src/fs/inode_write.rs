@@ -334,6 +334,9 @@ impl DirStore for FsDir<'_> {
         let p = self.phys(lblk)?;
         Ok(self.fs.read_leaf_at(p, self.ino, &self.inode)?.to_vec())
     }
+    fn read_index(&self, lblk: u64) -> Result<std::sync::Arc<[u8]>> {
+        Ok(self.fs.read_index(self.ino, &self.inode, lblk)?.0)
+    }
     fn write_leaf(&mut self, lblk: u64, data: &[u8]) -> Result<()> {
         let p = self.phys(lblk)?;
         // The directory code built this leaf from verified ones; checking it again on
