@@ -408,13 +408,16 @@ impl Fs {
                 let ino = base + x as u32;
                 !bitmap::test(&b, x) && !busy.cooling.contains_key(&ino)
             };
-            // Whole bytes of used inodes are skipped without looking at their bits.
+            // Whole words of used inodes are skipped without looking at their bits.
             let mut found = None;
             let mut x = lo;
             while x < u64::from(ipg) {
-                if x % 8 == 0 && b.get((x / 8) as usize) == Some(&0xFF) {
-                    x += 8;
-                    continue;
+                if x % 64 == 0 {
+                    let at = (x / 8) as usize;
+                    if b.get(at..at + 8).is_some_and(|w| w == [0xFF; 8]) {
+                        x += 64;
+                        continue;
+                    }
                 }
                 if free_now(x) {
                     found = Some(x);

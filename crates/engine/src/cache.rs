@@ -321,16 +321,30 @@ impl BufferCache {
         Ok(())
     }
 
-    /// Change block `blk` in place of a copy: `f` gets the current contents (read as
-    /// `kind`, unverified) to change; the result replaces the block, dirty — one copy
-    /// where a read, a change and a `write` take two. The caller keeps other writers
-    /// of the block out (see the module note).
+    /// Change block `blk`: `f` gets the current contents (read as `kind`, unverified)
+    /// to change, and they become the block's, dirty. When the cache holds the only
+    /// reference to them — no reader, no commit writing them, no logged copy (the
+    /// checkpoint's) — they are changed where they are, under the shard's mutex (so
+    /// `f` must not use the cache); otherwise a copy is changed and replaces them (the
+    /// frozen copy of jbd2: what a commit or a reader holds never changes), one copy
+    /// where a read, a change and a `write` take two. `f` must fail, if it fails,
+    /// before it changes anything. The caller keeps other writers of the block out
+    /// (see the module note).
     pub fn update<R>(
         &self,
         blk: u64,
         kind: Kind,
         f: impl FnOnce(&mut [u8]) -> Result<R>,
     ) -> Result<R> {
+        {
+            let mut guard = self.at(blk);
+            let b = &mut *guard;
+            if let Some(buf) = b.map.get_mut(&blk).and_then(|e| Arc::get_mut(&mut e.data)) {
+                let r = f(buf)?;
+                self.dirtied(b, blk, kind);
+                return Ok(r);
+            }
+        }
         let cur = self.read(blk, kind, |_| Ok(()))?;
         let mut new: Arc<[u8]> = Arc::from(&cur[..]);
         drop(cur);
@@ -345,30 +359,35 @@ impl BufferCache {
         let mut guard = self.at(blk);
         let b = &mut *guard;
         self.make_room(b);
-        // Logged again: this transaction's copy is replayed after the older ones, so
-        // the revoke of a freed and reused block is withdrawn (as jbd2 cancels one).
-        b.revoked.remove(&blk);
         match b.map.get_mut(&blk) {
-            Some(e) => {
-                if !e.dirty {
-                    self.dirty.0.fetch_add(1, Ordering::Relaxed);
-                }
-                e.data = data;
-                e.verified = 1 << (kind as u32);
-                e.dirty = true;
-            }
+            Some(e) => e.data = data,
             None => {
                 b.map.insert(
                     blk,
                     Entry {
                         data,
-                        verified: 1 << (kind as u32),
-                        dirty: true,
+                        verified: 0,
+                        dirty: false,
                         logged: None,
                     },
                 );
+            }
+        }
+        self.dirtied(b, blk, kind);
+    }
+
+    /// The cached contents of `blk` (in `b`, its shard) were just changed: they are
+    /// dirty, verified as `kind` only, and count as a write.
+    fn dirtied(&self, b: &mut Blocks, blk: u64, kind: Kind) {
+        // Logged again: this transaction's copy is replayed after the older ones, so
+        // the revoke of a freed and reused block is withdrawn (as jbd2 cancels one).
+        b.revoked.remove(&blk);
+        if let Some(e) = b.map.get_mut(&blk) {
+            if !e.dirty {
                 self.dirty.0.fetch_add(1, Ordering::Relaxed);
             }
+            e.verified = 1 << (kind as u32);
+            e.dirty = true;
         }
         self.writes.0.fetch_add(1, Ordering::Relaxed);
         WRITES.with(|c| c.set(c.get() + 1));
@@ -647,6 +666,54 @@ mod tests {
             c.read(9, Kind::Raw, |_| Ok(())),
             Err(Error::Corrupted { .. })
         ));
+    }
+
+    /// `update` changes a block where it is only while the cache holds the only
+    /// reference: what a reader holds, and what a commit is writing, never change
+    /// under them (a copy is changed instead), and the commit then leaves the block
+    /// dirty for the next transaction; once nothing else holds it, it is changed in
+    /// place again.
+    #[test]
+    fn update_changes_in_place_only_what_nobody_else_holds() {
+        let dev = Arc::new(MemDevice::new(vec![0u8; 1024 * 8]));
+        let c = BufferCache::new(dev, 1024, 8, 16);
+        let set = |v: u8| {
+            c.update(2, Kind::Raw, |b| {
+                b[0] = v;
+                Ok(())
+            })
+            .expect("update")
+        };
+        set(1);
+        let held = c.read(2, Kind::Raw, |_| Ok(())).expect("read");
+        set(2);
+        assert_eq!(held[0], 1, "a reader's copy changed under it");
+        drop(held);
+        let before = Arc::as_ptr(&c.read(2, Kind::Raw, |_| Ok(())).expect("read"));
+        set(3);
+        let now = c.read(2, Kind::Raw, |_| Ok(())).expect("read");
+        assert_eq!(Arc::as_ptr(&now), before, "not changed in place");
+        assert_eq!(now[0], 3);
+        drop(now);
+        // A commit of the block: its copy stays as committed, the block stays dirty.
+        let t = c.dirty_blocks();
+        c.begin_commit(&t);
+        set(4);
+        assert_eq!(t[0].1[0], 3, "the commit's copy changed under it");
+        c.committed(&t);
+        c.end_commit();
+        assert_eq!(
+            c.dirty_count(),
+            1,
+            "a change after the commit began was lost"
+        );
+        assert_eq!(c.read(2, Kind::Raw, |_| Ok(())).expect("read")[0], 4);
+        // A failing change leaves the block as it was.
+        let r = c.update(2, Kind::Raw, |_| -> Result<()> {
+            Err(Error::InvalidInput("no".into()))
+        });
+        assert!(r.is_err());
+        assert_eq!(c.read(2, Kind::Raw, |_| Ok(())).expect("read")[0], 4);
     }
 
     /// A block freed while the transaction that carries it is being written: it is

@@ -304,6 +304,10 @@ pub(crate) struct Inner {
     pub(crate) max_txn: std::sync::atomic::AtomicUsize,
     /// Set when a commit failed: the filesystem is shut down (read-only) with this reason.
     pub(crate) shutdown: Mutex<Option<String>>,
+    /// Set once no change may be made any more (read-only, shut down or closed): the
+    /// check at the start of every change reads it alone (the mutexes behind it are
+    /// taken only once it is set), so threads making changes share no lock there.
+    unwritable: std::sync::atomic::AtomicBool,
     /// References held on inodes (open handles): an inode with references is not freed
     /// when its last link goes; it becomes an orphan (see `orphan.rs`).
     pub(crate) pins: Mutex<std::collections::HashMap<Ino, u32>>,
@@ -545,6 +549,7 @@ impl Fs {
                 checkpoints: Default::default(),
                 max_txn: Default::default(),
                 shutdown: Mutex::new(None),
+                unwritable: std::sync::atomic::AtomicBool::new(read_only),
                 pins: Mutex::new(std::collections::HashMap::new()),
                 deferred_frees: Mutex::new(Vec::new()),
                 linkable: Mutex::new(std::collections::HashSet::new()),
@@ -822,6 +827,13 @@ impl Fs {
     /// Fail with `ReadOnly` unless the filesystem is writable.
     pub(crate) fn check_writable(&self) -> Result<()> {
         self.inner.settle_errors(0);
+        if !self
+            .inner
+            .unwritable
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return Ok(());
+        }
         if let Some(why) = self
             .inner
             .shutdown
@@ -1211,6 +1223,8 @@ impl Inner {
             log::error!("rext4: shutting the filesystem down: {why}");
             *s = Some(why);
         }
+        self.unwritable
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Abort the journal (jbd2's abort): shut down, so nothing of the running
@@ -1525,6 +1539,8 @@ impl Inner {
             live.sb.feature_incompat &= !feature::INCOMPAT_RECOVER;
         }
         live.closed = true;
+        self.unwritable
+            .store(true, std::sync::atomic::Ordering::Release);
         drop(live);
         self.write_superblock()?;
         self.cache.device().flush()?;
