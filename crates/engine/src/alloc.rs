@@ -5,7 +5,10 @@
 //! loaded on first use. A BLOCK_UNINIT / INODE_UNINIT group has no bitmap on disk: its
 //! bitmap is computed (format notes §2.3), written, and the flag cleared the first time
 //! anything is allocated in it. Free counts (group and superblock) and itable_unused
-//! stay exact; bitmap and descriptor checksums are refreshed on every change.
+//! stay exact; bitmap and descriptor checksums are refreshed on every change. A bitmap
+//! is searched in the cached buffer itself and changed in place where nothing else
+//! holds it (`BufferCache::update`): a change checks everything it needs first, so a
+//! refused one (a double free) leaves the bitmap as it was.
 //!
 //! Policy (in the spirit of mballoc, simplified): block allocation is goal-directed —
 //! the search starts at the goal block (the file's previous physical block + 1, or its
@@ -22,6 +25,8 @@
 //! side); inside, one group mutex at a time — around each bitmap's read-modify-write —
 //! then the superblock (`live`), never the other way round; a free marks its blocks
 //! busy before their bits go, so no other allocator takes them in between.
+
+use std::sync::Arc;
 
 use rext4_format::bitmap;
 use rext4_format::group::{FLAG_BLOCK_UNINIT, FLAG_INODE_UNINIT};
@@ -84,7 +89,7 @@ impl Fs {
         grp.desc.flags &= !FLAG_BLOCK_UNINIT;
         if self.inner.metadata_csum {
             let c = bitmap::compute_csum(&b, sb.clusters_per_group, self.inner.csum_seed);
-            grp.desc.block_bitmap_csum = if sb.desc_size() >= 64 { c } else { c & 0xFFFF };
+            grp.desc.block_bitmap_csum = self.desc_bitmap_csum(c);
         }
         grp.dirty = true;
         self.cache()
@@ -95,11 +100,81 @@ impl Fs {
         let sb = &self.inner.sb;
         if self.inner.metadata_csum {
             let c = bitmap::compute_csum(&b, sb.inodes_per_group, self.inner.csum_seed);
-            grp.desc.inode_bitmap_csum = if sb.desc_size() >= 64 { c } else { c & 0xFFFF };
+            grp.desc.inode_bitmap_csum = self.desc_bitmap_csum(c);
         }
         grp.dirty = true;
         self.cache()
             .write(grp.desc.inode_bitmap, Kind::Bitmap, b, |_| Ok(()))
+    }
+
+    /// Group `g`'s block bitmap to look at: the cached block, or the implicit one of a
+    /// BLOCK_UNINIT group. Drop it before changing the bitmap (`change_block_bitmap`),
+    /// or the change copies the block.
+    fn block_bitmap(&self, g: usize, grp: &Group) -> Result<Arc<[u8]>> {
+        if grp.desc.has_flag(FLAG_BLOCK_UNINIT) {
+            return Ok(self.uninit_block_bitmap(g).into());
+        }
+        self.cache()
+            .read(grp.desc.block_bitmap, Kind::Bitmap, |_| Ok(()))
+    }
+
+    /// Change group `g`'s block bitmap with `f` (which cannot fail) and its checksum in
+    /// the descriptor: in the cached block, in place where nothing else holds it.
+    fn change_block_bitmap(
+        &self,
+        g: usize,
+        grp: &mut Group,
+        f: impl FnOnce(&mut [u8]),
+    ) -> Result<()> {
+        if grp.desc.has_flag(FLAG_BLOCK_UNINIT) {
+            let mut b = self.uninit_block_bitmap(g);
+            f(&mut b);
+            return self.store_block_bitmap(grp, b);
+        }
+        let per_group = self.inner.sb.clusters_per_group;
+        let c = self.change_bitmap(grp.desc.block_bitmap, per_group, f)?;
+        if let Some(c) = c {
+            grp.desc.block_bitmap_csum = self.desc_bitmap_csum(c);
+        }
+        grp.dirty = true;
+        Ok(())
+    }
+
+    /// Change group `grp`'s (initialized) inode bitmap with `f`, as
+    /// `change_block_bitmap` does its block bitmap.
+    fn change_inode_bitmap(&self, grp: &mut Group, f: impl FnOnce(&mut [u8])) -> Result<()> {
+        let per_group = self.inner.sb.inodes_per_group;
+        let c = self.change_bitmap(grp.desc.inode_bitmap, per_group, f)?;
+        if let Some(c) = c {
+            grp.desc.inode_bitmap_csum = self.desc_bitmap_csum(c);
+        }
+        grp.dirty = true;
+        Ok(())
+    }
+
+    /// Change bitmap block `blk` (of `per_group` bits) with `f`; its new checksum with
+    /// metadata_csum.
+    fn change_bitmap(
+        &self,
+        blk: u64,
+        per_group: u32,
+        f: impl FnOnce(&mut [u8]),
+    ) -> Result<Option<u32>> {
+        let (csum, seed) = (self.inner.metadata_csum, self.inner.csum_seed);
+        self.cache().update(blk, Kind::Bitmap, |b| {
+            f(b);
+            Ok(csum.then(|| bitmap::compute_csum(b, per_group, seed)))
+        })
+    }
+
+    /// A bitmap checksum as the descriptor holds it (its high half only in 64-byte
+    /// descriptors).
+    fn desc_bitmap_csum(&self, c: u32) -> u32 {
+        if self.inner.sb.desc_size() >= 64 {
+            c
+        } else {
+            c & 0xFFFF
+        }
     }
 
     /// Allocate up to `max_len` (≥ 1) contiguous blocks, as near `goal` as possible.
@@ -140,18 +215,18 @@ impl Fs {
             }
             let first = sb.group_first_block(g as u64);
             let n = sb.blocks_in_group(g as u64);
-            let mut b = self.load_block_bitmap(g, &mut grp)?;
+            let b = self.block_bitmap(g, &grp)?;
             let found = {
                 let busy = self.inner.busy();
                 (0..n).rev().find(|&x| {
                     !bitmap::test(&b, x) && busy.first_in(first + x, first + x + 1).is_none()
                 })
             };
+            drop(b);
             let Some(x) = found else { continue };
             self.inner.space.admit(1)?;
-            bitmap::set(&mut b, x, true);
+            self.change_block_bitmap(g, &mut grp, |b| bitmap::set(b, x, true))?;
             grp.desc.free_blocks_count = grp.desc.free_blocks_count.saturating_sub(1);
-            self.store_block_bitmap(&mut grp, b)?;
             drop(grp);
             let mut live = self.live();
             live.sb.free_blocks_count = live.sb.free_blocks_count.saturating_sub(1);
@@ -167,11 +242,11 @@ impl Fs {
         let sb = &self.inner.sb;
         let first = sb.group_first_block(g as u64);
         let n = sb.blocks_in_group(g as u64);
-        let mut grp = self.group(g)?;
+        let grp = self.group(g)?;
         if grp.desc.free_blocks_count == 0 {
             return Ok(None);
         }
-        let b = self.load_block_bitmap(g, &mut grp)?;
+        let b = self.block_bitmap(g, &grp)?;
         let busy = self.inner.busy();
         let mut x = 0;
         while x < n {
@@ -202,7 +277,7 @@ impl Fs {
             }
             let first = sb.group_first_block(g as u64);
             let n = sb.blocks_in_group(g as u64);
-            let mut b = self.load_block_bitmap(g, &mut grp)?;
+            let b = self.block_bitmap(g, &grp)?;
             // The goal group is searched from the goal first, and again from its start
             // when the search comes back round to it.
             let (from, to) = match i {
@@ -241,15 +316,17 @@ impl Fs {
                 x += len;
             }
             drop(busy);
+            drop(b);
             let Some((x, len)) = found else { continue };
             // Free is not the same as available: what is promised or kept back
             // (`space`) is not this claim's to take.
             let len = self.inner.space.admit(len)?;
-            for k in x..x + len {
-                bitmap::set(&mut b, k, true);
-            }
+            self.change_block_bitmap(g, &mut grp, |b| {
+                for k in x..x + len {
+                    bitmap::set(b, k, true);
+                }
+            })?;
             grp.desc.free_blocks_count = grp.desc.free_blocks_count.saturating_sub(len as u32);
-            self.store_block_bitmap(&mut grp, b)?;
             drop(grp);
             let mut live = self.live();
             live.sb.free_blocks_count = live.sb.free_blocks_count.saturating_sub(len);
@@ -287,20 +364,23 @@ impl Fs {
             let first = sb.group_first_block(g as u64);
             let gend = (first + sb.blocks_in_group(g as u64)).min(end);
             let mut grp = self.group(g)?;
-            let mut b = self.load_block_bitmap(g, &mut grp)?;
-            let mut freed = 0u32;
-            for x in blk..gend {
-                if !bitmap::test(&b, x - first) {
-                    return Err(Error::corrupted(
-                        format!("freeing free block {x}"),
-                        Some(grp.desc.block_bitmap),
-                    ));
-                }
-                bitmap::set(&mut b, x - first, false);
-                freed += 1;
+            // Every block is checked before any is cleared: a refused free changes
+            // nothing.
+            let b = self.block_bitmap(g, &grp)?;
+            if let Some(x) = (blk..gend).find(|&x| !bitmap::test(&b, x - first)) {
+                return Err(Error::corrupted(
+                    format!("freeing free block {x}"),
+                    Some(grp.desc.block_bitmap),
+                ));
             }
+            drop(b);
+            let freed = (gend - blk) as u32;
+            self.change_block_bitmap(g, &mut grp, |b| {
+                for x in blk..gend {
+                    bitmap::set(b, x - first, false);
+                }
+            })?;
             grp.desc.free_blocks_count += freed;
-            self.store_block_bitmap(&mut grp, b)?;
             drop(grp);
             self.inner.space.freed(u64::from(freed));
             let mut live = self.live();
@@ -384,17 +464,16 @@ impl Fs {
                 continue;
             }
             let bs = self.inner.block_size as usize;
-            let mut b = if grp.desc.has_flag(FLAG_INODE_UNINIT) {
+            let uninit = grp.desc.has_flag(FLAG_INODE_UNINIT);
+            let b: Arc<[u8]> = if uninit {
                 let mut b = vec![0u8; bs];
                 for x in u64::from(ipg)..(bs as u64 * 8) {
                     bitmap::set(&mut b, x, true);
                 }
-                grp.desc.flags &= !FLAG_INODE_UNINIT;
-                b
+                b.into()
             } else {
                 self.cache()
                     .read(grp.desc.inode_bitmap, Kind::Bitmap, |_| Ok(()))?
-                    .to_vec()
             };
             // Allocating an inode in a group also initializes its block bitmap.
             if grp.desc.has_flag(FLAG_BLOCK_UNINIT) {
@@ -429,8 +508,15 @@ impl Fs {
             let Some(x) = found else {
                 continue;
             };
-
-            bitmap::set(&mut b, x, true);
+            if uninit {
+                let mut b = b.to_vec();
+                bitmap::set(&mut b, x, true);
+                grp.desc.flags &= !FLAG_INODE_UNINIT;
+                self.store_inode_bitmap(&mut grp, b)?;
+            } else {
+                drop(b);
+                self.change_inode_bitmap(&mut grp, |b| bitmap::set(b, x, true))?;
+            }
             grp.desc.free_inodes_count -= 1;
             if is_dir {
                 grp.desc.used_dirs_count += 1;
@@ -439,7 +525,6 @@ impl Fs {
             if ipg - grp.desc.itable_unused < used {
                 grp.desc.itable_unused = ipg - used;
             }
-            self.store_inode_bitmap(&mut grp, b)?;
             drop(grp);
             let mut live = self.live();
             live.sb.free_inodes_count -= 1;
@@ -474,17 +559,18 @@ impl Fs {
         let g = ((ino.0 - 1) / ipg) as usize;
         let x = u64::from((ino.0 - 1) % ipg);
         let mut grp = self.group(g)?;
-        let mut b = self
-            .cache()
-            .read(grp.desc.inode_bitmap, Kind::Bitmap, |_| Ok(()))?
-            .to_vec();
-        if !bitmap::test(&b, x) {
+        let used = bitmap::test(
+            &self
+                .cache()
+                .read(grp.desc.inode_bitmap, Kind::Bitmap, |_| Ok(()))?,
+            x,
+        );
+        if !used {
             return Err(Error::corrupted(
                 format!("freeing free inode {}", ino.0),
                 None,
             ));
         }
-        bitmap::set(&mut b, x, false);
         // Out of the inode cache first, then stamp: a lockless reader that could
         // still reach the old inode started before the stamp (grace.rs).
         self.inner.caches.inodes.invalidate(&ino.0);
@@ -502,7 +588,7 @@ impl Fs {
         if is_dir {
             grp.desc.used_dirs_count = grp.desc.used_dirs_count.saturating_sub(1);
         }
-        self.store_inode_bitmap(&mut grp, b)?;
+        self.change_inode_bitmap(&mut grp, |b| bitmap::set(b, x, false))?;
         drop(grp);
         let mut live = self.live();
         live.sb.free_inodes_count += 1;
