@@ -3,11 +3,15 @@
 //!
 //! A block is verified once per [`Kind`] it is read as: a corrupted image can make one
 //! block look like both an extent node and a directory block, and each use must pass its
-//! own verifier before its bytes are trusted. Buffers are shared `Arc<[u8]>` and never
-//! changed in place: a write replaces the buffer, so readers holding the old one keep a
-//! consistent copy. The cache is bounded by a block count and drops arbitrary clean
-//! entries when full; dirty entries stay until [`BufferCache::flush`] writes them.
-//! [`BufferCache::write`] is the one place where a metadata buffer is declared dirty.
+//! own verifier before its bytes are trusted. Buffers are shared `Arc<[u8]>`, and one
+//! that anybody else holds (a reader, a commit writing it, the logged copy the
+//! checkpoint writes) never changes: a write replaces the buffer, so readers holding
+//! the old one keep a consistent copy. [`BufferCache::update`] changes a buffer in
+//! place only while the cache holds the only reference, under its shard's mutex (no
+//! reader can take it meanwhile). The cache is bounded by a block count and drops
+//! arbitrary clean entries when full; dirty entries stay until [`BufferCache::flush`]
+//! writes them. `write` and `update` are the only places where a metadata buffer is
+//! declared dirty.
 //!
 //! With a journal a block has three states: *dirty* (changed by the running
 //! transaction), *logged* (its last committed contents are in the log but not yet at
@@ -336,12 +340,29 @@ impl BufferCache {
         kind: Kind,
         f: impl FnOnce(&mut [u8]) -> Result<R>,
     ) -> Result<R> {
+        match self.update_if(blk, kind, |b| f(b).map(Some))? {
+            Some(r) => Ok(r),
+            None => Err(Error::InvalidInput("a change made nothing".into())),
+        }
+    }
+
+    /// [`BufferCache::update`] with a change that may find nothing to do: `f` returns
+    /// `None` when it left the contents alone, and the block stays as it was (not
+    /// dirtied).
+    pub fn update_if<R>(
+        &self,
+        blk: u64,
+        kind: Kind,
+        f: impl FnOnce(&mut [u8]) -> Result<Option<R>>,
+    ) -> Result<Option<R>> {
         {
             let mut guard = self.at(blk);
             let b = &mut *guard;
             if let Some(buf) = b.map.get_mut(&blk).and_then(|e| Arc::get_mut(&mut e.data)) {
                 let r = f(buf)?;
-                self.dirtied(b, blk, kind);
+                if r.is_some() {
+                    self.dirtied(b, blk, kind);
+                }
                 return Ok(r);
             }
         }
@@ -350,7 +371,9 @@ impl BufferCache {
         drop(cur);
         let r = f(Arc::get_mut(&mut new)
             .ok_or_else(|| Error::InvalidInput("a fresh buffer is shared".into()))?)?;
-        self.put(blk, kind, new);
+        if r.is_some() {
+            self.put(blk, kind, new);
+        }
         Ok(r)
     }
 

@@ -152,6 +152,40 @@ fn read_leaf(dir: &impl DirStore, c: &Ctx, lblk: u64) -> Result<Vec<u8>> {
     Ok(b)
 }
 
+/// Change leaf `lblk` with `f` (true: it changed the block; it fails, if it fails,
+/// before changing anything), and checksum it when changed — in place where the store
+/// allows (`DirStore::change_leaf`). Whether `f` changed it.
+fn change_leaf(
+    dir: &mut impl DirStore,
+    c: &Ctx,
+    lblk: u64,
+    mut f: impl FnMut(&mut [u8]) -> Result<bool>,
+) -> Result<bool> {
+    dir.change_leaf(lblk, &mut |b| {
+        if b.len() != c.bs || (c.csum() && !fdir::tail_present(b)) {
+            return Err(corrupt(format!(
+                "directory block {lblk}: not a leaf of this directory"
+            )));
+        }
+        if !f(b)? {
+            return Ok(false);
+        }
+        if let Some(s) = c.seed {
+            fdir::set_leaf_csum(b, s).map_err(in_block(lblk))?;
+        }
+        Ok(true)
+    })
+    .map_err(|e| match e {
+        Error::Corrupted { what, block } if !what.contains("(directory block") => {
+            Error::Corrupted {
+                what: format!("{what} (directory block {lblk})"),
+                block,
+            }
+        }
+        other => other,
+    })
+}
+
 /// Checksum and write a leaf.
 fn write_leaf(dir: &mut impl DirStore, c: &Ctx, lblk: u64, mut b: Vec<u8>) -> Result<()> {
     if let Some(s) = c.seed {
@@ -570,11 +604,13 @@ pub fn add_entry(
         return Err(corrupt("directory has no blocks".into()));
     }
     for lblk in 0..n {
-        let mut b = read_leaf(dir, &c, lblk)?;
-        if insert_raw(&mut b, &new, c.csum()).map_err(in_block(lblk))? {
-            return write_leaf(dir, &c, lblk, b);
+        if change_leaf(dir, &c, lblk, |b| {
+            insert_raw(b, &new, c.csum()).map_err(in_block(lblk))
+        })? {
+            return Ok(());
         }
         if n == 1 && dir_index {
+            let b = read_leaf(dir, &c, lblk)?;
             return make_indexed(dir, &c, b, &new);
         }
     }
@@ -635,10 +671,12 @@ fn add_indexed(dir: &mut impl DirStore, c: &Ctx, new: &Ent) -> Result<()> {
         let frames = probe(dir, c, &rb, root.indirect_levels, hash)?;
         let last = frames.len() - 1;
         let leaf = frames[last].child(c)?;
-        let mut b = read_leaf(dir, c, leaf)?;
-        if insert_raw(&mut b, new, c.csum()).map_err(in_block(leaf))? {
-            return write_leaf(dir, c, leaf, b);
+        if change_leaf(dir, c, leaf, |b| {
+            insert_raw(b, new, c.csum()).map_err(in_block(leaf))
+        })? {
+            return Ok(());
         }
+        let b = read_leaf(dir, c, leaf)?;
         let limit = |k: usize| {
             if k == 0 {
                 c.root_limit()
@@ -717,17 +755,20 @@ fn grow_index(
 pub fn remove_entry(dir: &mut impl DirStore, name: &[u8]) -> Result<Option<(u32, u8)>> {
     check_entry_name(name)?;
     let c = Ctx::new(dir);
-    let Some((lblk, mut b)) = find(dir, &c, name)? else {
+    let Some((lblk, _)) = find(dir, &c, name)? else {
         return Ok(None);
     };
-    let ftype = fdir::lookup(&b, name, c.csum())
-        .map_err(in_block(lblk))?
-        .map_or(0, |e| e.file_type);
-    let Some(ino) = fdir::remove_entry(&mut b, name, c.csum()).map_err(in_block(lblk))? else {
-        return Ok(None);
-    };
-    write_leaf(dir, &c, lblk, b)?;
-    Ok(Some((ino, ftype)))
+    let mut removed = None;
+    change_leaf(dir, &c, lblk, |b| {
+        let ftype = fdir::lookup(b, name, c.csum())
+            .map_err(in_block(lblk))?
+            .map_or(0, |e| e.file_type);
+        removed = fdir::remove_entry(b, name, c.csum())
+            .map_err(in_block(lblk))?
+            .map(|ino| (ino, ftype));
+        Ok(removed.is_some())
+    })?;
+    Ok(removed)
 }
 
 /// Point the existing entry `name` at `new_ino` (rename over an existing name); returns

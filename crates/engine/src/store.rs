@@ -43,6 +43,22 @@ pub trait DirStore {
     /// tail and its checksum, always every entry's bounds. A store that remembers what
     /// it verified (or what `write_leaf` gave it) need not check again.
     fn read_leaf(&self, lblk: u64) -> Result<Vec<u8>>;
+    /// Change leaf `lblk` (verified as `read_leaf` promises) with `f`, which returns
+    /// whether it changed it (and sets its checksum when it did) and fails, if it
+    /// fails, before changing anything; a change is then written as `write_leaf`
+    /// writes. A store may change its copy in place.
+    fn change_leaf(
+        &mut self,
+        lblk: u64,
+        f: &mut dyn FnMut(&mut [u8]) -> Result<bool>,
+    ) -> Result<bool> {
+        let mut b = self.read_leaf(lblk)?;
+        let changed = f(&mut b)?;
+        if changed {
+            self.write_leaf(lblk, &b)?;
+        }
+        Ok(changed)
+    }
     /// Read logical block `lblk` as an index block (0: the dx root), verified: with a
     /// checksum seed its dx tail and checksum, always its header, limit and count and
     /// the order of its hashes (the directory code then reads its entries in place).

@@ -334,6 +334,34 @@ impl DirStore for FsDir<'_> {
         let p = self.phys(lblk)?;
         Ok(self.fs.read_leaf_at(p, self.ino, &self.inode)?.to_vec())
     }
+    fn change_leaf(
+        &mut self,
+        lblk: u64,
+        f: &mut dyn FnMut(&mut [u8]) -> Result<bool>,
+    ) -> Result<bool> {
+        let p = self.phys(lblk)?;
+        // Verified as a leaf first (once per read from the device); then changed in
+        // the cache, in place where nothing else holds it.
+        drop(self.fs.read_leaf_at(p, self.ino, &self.inode)?);
+        let verify = cfg!(debug_assertions).then(|| self.fs.leaf_verifier(self.ino, &self.inode));
+        let changed = self.fs.cache().update_if(p, Kind::DirLeaf, |b| {
+            if !f(b)? {
+                return Ok(None);
+            }
+            // As `write_leaf`: debug builds (the tests) check what the directory code
+            // built.
+            if let Some(v) = &verify {
+                if let Err(e) = v(b) {
+                    panic!(
+                        "directory {} block {lblk}: a change left a bad leaf: {e}",
+                        self.ino.0
+                    );
+                }
+            }
+            Ok(Some(()))
+        })?;
+        Ok(changed.is_some())
+    }
     fn read_index(&self, lblk: u64) -> Result<std::sync::Arc<[u8]>> {
         Ok(self.fs.read_index(self.ino, &self.inode, lblk)?.0)
     }
