@@ -407,6 +407,14 @@ fn fast_walk<'a, T>(
     Some(None)
 }
 
+/// `a == b`, with the last bytes compared before the rest: the names of one directory
+/// often share a long prefix and differ at the end (file.000123, file.000124), and a
+/// leaf walk compares the name sought with every entry of the same length.
+#[inline]
+fn same_name(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.last() == b.last() && a == b
+}
+
 /// [`lookup`]'s fast walk (see [`fast_walk`]).
 fn lookup_fast<'a>(
     block: &'a [u8],
@@ -414,7 +422,7 @@ fn lookup_fast<'a>(
     has_csum_tail: bool,
 ) -> Option<Option<DirEntry<'a>>> {
     fast_walk(block, has_csum_tail, |e| {
-        (e.inode != 0 && e.name == name).then(|| DirEntry {
+        (e.inode != 0 && same_name(e.name, name)).then(|| DirEntry {
             inode: e.inode,
             rec_len: e.rec_len,
             name_len: e.name_len,
@@ -614,7 +622,7 @@ type Removal = ((usize, usize, u32), Option<(usize, usize)>);
 fn removal(block: &[u8], name: &[u8], has_tail: bool) -> Result<Option<Removal>> {
     let mut prev = None;
     let fast = fast_walk(block, has_tail, |e| {
-        if e.inode != 0 && e.name == name {
+        if e.inode != 0 && same_name(e.name, name) {
             return Some(((e.off, e.rec_len, e.inode), prev));
         }
         prev = Some((e.off, e.rec_len));
