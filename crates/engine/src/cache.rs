@@ -94,11 +94,18 @@ impl Entry {
 /// Shards of the map: threads working on different blocks rarely meet.
 pub const SHARDS: usize = 16;
 
-/// A counter alone on its cache line (written by every thread: it must not slow the
-/// reads of its neighbours).
+/// A value alone on its cache line: a counter or lock every thread writes must not
+/// slow the reads (or the writes) of its neighbours.
 #[repr(align(64))]
 #[derive(Default)]
-struct Padded<T>(T);
+pub(crate) struct Padded<T>(pub(crate) T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
 
 /// What a shard's mutex guards: the blocks whose number is the shard's modulo
 /// [`SHARDS`].

@@ -34,6 +34,8 @@ struct Holders {
     waiters: usize,
 }
 
+/// One cache line per shard: threads locking inodes of different shards share none.
+#[repr(align(64))]
 struct Shard {
     held: Mutex<Holders>,
     freed: Condvar,

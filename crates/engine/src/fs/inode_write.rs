@@ -85,6 +85,10 @@ impl Fs {
             }
             Ok(Inode::decode(rec).ok())
         })?;
+        // The block is written: its other records' writers may go on. (This inode's
+        // record has one writer at a time, under its inode lock or the write lock:
+        // the inode cache's entry for it is set by that writer alone.)
+        drop(_b);
         let icache = &self.inner.caches.inodes;
         match decoded {
             Some(i) => icache.set(ino.0, std::sync::Arc::new(i)),

@@ -33,7 +33,7 @@ use rext4_format::group::{self, DescCsum, GroupDesc};
 use rext4_format::inode::{self as fmt_inode, Inode};
 use rext4_format::superblock::{feature, Superblock, SB_OFFSET, SB_SIZE, STATE_VALID};
 
-use crate::cache::{BufferCache, Kind};
+use crate::cache::{BufferCache, Kind, Padded};
 use crate::device::{BlockDevice, FileDevice};
 use crate::error::{AtBlock, Error, Result};
 use crate::lockdep::{Held, Rank, Ranked};
@@ -262,8 +262,8 @@ pub(crate) struct Inner {
     /// Geometry and features as opened; they do not change while open. Counters and
     /// state live in `live`.
     pub(crate) sb: Superblock,
-    pub(crate) live: Mutex<Live>,
-    pub(crate) groups: Vec<Mutex<Group>>,
+    pub(crate) live: Padded<Mutex<Live>>,
+    pub(crate) groups: Vec<Padded<Mutex<Group>>>,
     /// The blocks that belong to the filesystem itself, as sorted disjoint
     /// `[start, end)` runs: superblock and descriptor copies, reserved descriptor
     /// blocks, bitmaps and inode tables. No file frees one (see `Fs::in_system_zone`).
@@ -274,7 +274,7 @@ pub(crate) struct Inner {
     /// changes metadata under inode locks, `Fs::handle`), exclusive for the
     /// operations that still run alone (`Fs::write_lock`) and to close the transaction
     /// for commit (which so waits for the open handles: jbd2's t_updates).
-    pub(crate) txn: RwLock<()>,
+    pub(crate) txn: Padded<RwLock<()>>,
     /// Per-inode namespace locks of the handles (`inode_locks`).
     inode_locks: inode_locks::InodeLocks,
     /// Held by a handle that locks two directories (rmdir, and rename when it runs as
@@ -282,7 +282,7 @@ pub(crate) struct Inner {
     rename_lock: Mutex<()>,
     /// Read-modify-write locks of metadata blocks that several inodes share (inode
     /// table blocks, xattr blocks), striped by block number.
-    block_locks: Box<[Mutex<()>]>,
+    block_locks: Box<[Padded<Mutex<()>>]>,
     /// The orphan list (the superblock's chain head, the orphan file's blocks).
     orphan_lock: Mutex<()>,
     /// The journal when the filesystem has one and is open read-write.
@@ -290,7 +290,7 @@ pub(crate) struct Inner {
     /// Blocks freed by the running transaction: not reallocated until it commits
     /// (ext4's busy extents), so no data lands in a block that committed metadata
     /// still references. Also the inodes still cooling after a free (grace periods).
-    pub(crate) busy: Mutex<Busy>,
+    pub(crate) busy: Padded<Mutex<Busy>>,
     /// Syncs (commits, or flushes when nothing was dirty) started and completed, for
     /// group commit: an fsync whose changes were made before sync `n` started is
     /// durable once `syncs_done > n` (see `Fs::fsync_commit`).
@@ -310,13 +310,13 @@ pub(crate) struct Inner {
     unwritable: std::sync::atomic::AtomicBool,
     /// References held on inodes (open handles): an inode with references is not freed
     /// when its last link goes; it becomes an orphan (see `orphan.rs`).
-    pub(crate) pins: Mutex<std::collections::HashMap<Ino, u32>>,
+    pub(crate) pins: Padded<Mutex<std::collections::HashMap<Ino, u32>>>,
     /// Orphans whose last reference went while that thread held an I/O lock: freed
     /// later by a thread that holds none (`Fs::free_deferred`; see `orphan.rs`).
     pub(crate) deferred_frees: Mutex<Vec<Ino>>,
     /// Unnamed files made by `tmpfile_ino` without `excl`: `link_ino` may give them a
     /// name although they have no links (the kernel's I_LINKABLE).
-    pub(crate) linkable: Mutex<std::collections::HashSet<Ino>>,
+    pub(crate) linkable: Padded<Mutex<std::collections::HashSet<Ino>>>,
     /// Source of the times of changes (`FsOptions::clock`).
     pub(crate) clock: fn() -> rext4_format::inode::Timestamp,
     /// When reads move atimes (`FsOptions::atime`).
@@ -325,10 +325,10 @@ pub(crate) struct Inner {
     /// overwrites of written blocks (which then need no other lock), exclusive for
     /// anything that changes which blocks an inode maps (allocating writes, truncate,
     /// fallocate, the final free). Taken before `write_lock`, one at a time.
-    pub(crate) io_locks: Box<[RwLock<()>]>,
+    pub(crate) io_locks: Box<[Padded<RwLock<()>>]>,
     /// Per-inode extent-tree locks, striped: shared for lockless readers of a regular
     /// file's mapping, exclusive for writeback's changes to it (see `pagecache`).
-    pub(crate) tree_locks: Box<[RwLock<()>]>,
+    pub(crate) tree_locks: Box<[Padded<RwLock<()>>]>,
     /// File data: pages, dirty state, writeback (see `pagecache`).
     pub(crate) pagecache: crate::fs::pagecache::PageCache,
     /// Who may take the free blocks: delalloc promises, the pool, the root reserve
@@ -523,26 +523,28 @@ impl Fs {
         let mut fs = Fs {
             inner: Arc::new(Inner {
                 cache,
-                live: Mutex::new(Live {
+                live: Padded(Mutex::new(Live {
                     sb: sb.clone(),
                     raw,
                     dirty: false,
                     was_clean,
                     closed: read_only,
-                }),
+                })),
                 sb,
                 groups: groups
                     .into_iter()
-                    .map(|desc| Mutex::new(Group { desc, dirty: false }))
+                    .map(|desc| Padded(Mutex::new(Group { desc, dirty: false })))
                     .collect(),
                 inode_tables,
-                txn: RwLock::new(()),
+                txn: Padded(RwLock::new(())),
                 inode_locks: inode_locks::InodeLocks::new(),
                 rename_lock: Mutex::new(()),
-                block_locks: (0..IO_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+                block_locks: (0..IO_LOCK_STRIPES)
+                    .map(|_| Padded(Mutex::new(())))
+                    .collect(),
                 orphan_lock: Mutex::new(()),
                 journal: Mutex::new(None),
-                busy: Mutex::new(Busy::default()),
+                busy: Padded(Mutex::new(Busy::default())),
                 syncs_started: Default::default(),
                 syncs_done: Default::default(),
                 commits: Default::default(),
@@ -550,13 +552,17 @@ impl Fs {
                 max_txn: Default::default(),
                 shutdown: Mutex::new(None),
                 unwritable: std::sync::atomic::AtomicBool::new(read_only),
-                pins: Mutex::new(std::collections::HashMap::new()),
+                pins: Padded(Mutex::new(std::collections::HashMap::new())),
                 deferred_frees: Mutex::new(Vec::new()),
-                linkable: Mutex::new(std::collections::HashSet::new()),
+                linkable: Padded(Mutex::new(std::collections::HashSet::new())),
                 clock: opts.clock.unwrap_or(crate::fs::inode_write::now_ts),
                 atime: opts.atime,
-                io_locks: (0..IO_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
-                tree_locks: (0..IO_LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
+                io_locks: (0..IO_LOCK_STRIPES)
+                    .map(|_| Padded(RwLock::new(())))
+                    .collect(),
+                tree_locks: (0..IO_LOCK_STRIPES)
+                    .map(|_| Padded(RwLock::new(())))
+                    .collect(),
                 pagecache: crate::fs::pagecache::PageCache::new(
                     bs as usize,
                     opts.cache_bytes
