@@ -133,11 +133,22 @@ impl Fs {
         }
         let per_group = self.inner.sb.clusters_per_group;
         let c = self.change_bitmap(grp.desc.block_bitmap, per_group, f)?;
+        self.note_bitmap_change(grp, c, |d, c| d.block_bitmap_csum = c);
+        Ok(())
+    }
+
+    /// A bitmap of `grp` changed: its new checksum `c` (if any) goes in the descriptor
+    /// through `set`, and the descriptor is dirty.
+    fn note_bitmap_change(
+        &self,
+        grp: &mut Group,
+        c: Option<u32>,
+        set: impl FnOnce(&mut rext4_format::group::GroupDesc, u32),
+    ) {
         if let Some(c) = c {
-            grp.desc.block_bitmap_csum = self.desc_bitmap_csum(c);
+            set(&mut grp.desc, self.desc_bitmap_csum(c));
         }
         grp.dirty = true;
-        Ok(())
     }
 
     /// Change group `grp`'s (initialized) inode bitmap with `f`, as
@@ -145,10 +156,7 @@ impl Fs {
     fn change_inode_bitmap(&self, grp: &mut Group, f: impl FnOnce(&mut [u8])) -> Result<()> {
         let per_group = self.inner.sb.inodes_per_group;
         let c = self.change_bitmap(grp.desc.inode_bitmap, per_group, f)?;
-        if let Some(c) = c {
-            grp.desc.inode_bitmap_csum = self.desc_bitmap_csum(c);
-        }
-        grp.dirty = true;
+        self.note_bitmap_change(grp, c, |d, c| d.inode_bitmap_csum = c);
         Ok(())
     }
 

@@ -114,42 +114,39 @@ fn corrupt(what: String) -> Error {
     Error::corrupted(what, None)
 }
 
-/// Read a verified index block (`lblk` 0: the root; see `DirStore::read_index`).
-fn read_index(dir: &impl DirStore, c: &Ctx, lblk: u64) -> Result<Arc<[u8]>> {
-    let b = dir.read_index(lblk).map_err(|e| match e {
-        Error::Corrupted { what, block } => Error::Corrupted {
-            what: format!("{what} (directory block {lblk})"),
-            block,
-        },
+/// A store's error about logical block `lblk` of the directory, naming the block.
+fn from_block(lblk: u64) -> impl Fn(Error) -> Error {
+    move |e| match e {
+        Error::Corrupted { what, block } if !what.contains("(directory block") => {
+            Error::Corrupted {
+                what: format!("{what} (directory block {lblk})"),
+                block,
+            }
+        }
         other => other,
-    })?;
-    if b.len() != c.bs {
+    }
+}
+
+/// Block `lblk` as the store gave it, checked to be one block long.
+fn whole_block<B: AsRef<[u8]>>(c: &Ctx, lblk: u64, b: B) -> Result<B> {
+    let len = b.as_ref().len();
+    if len != c.bs {
         return Err(corrupt(format!(
-            "directory block {lblk} read as {} bytes, block size {}",
-            b.len(),
+            "directory block {lblk} read as {len} bytes, block size {}",
             c.bs
         )));
     }
     Ok(b)
 }
 
+/// Read a verified index block (`lblk` 0: the root; see `DirStore::read_index`).
+fn read_index(dir: &impl DirStore, c: &Ctx, lblk: u64) -> Result<Arc<[u8]>> {
+    whole_block(c, lblk, dir.read_index(lblk).map_err(from_block(lblk))?)
+}
+
 /// Read a verified leaf (dirent block): the store verifies it (`DirStore::read_leaf`).
 fn read_leaf(dir: &impl DirStore, c: &Ctx, lblk: u64) -> Result<Vec<u8>> {
-    let b = dir.read_leaf(lblk).map_err(|e| match e {
-        Error::Corrupted { what, block } => Error::Corrupted {
-            what: format!("{what} (directory block {lblk})"),
-            block,
-        },
-        other => other,
-    })?;
-    if b.len() != c.bs {
-        return Err(corrupt(format!(
-            "directory block {lblk} read as {} bytes, block size {}",
-            b.len(),
-            c.bs
-        )));
-    }
-    Ok(b)
+    whole_block(c, lblk, dir.read_leaf(lblk).map_err(from_block(lblk))?)
 }
 
 /// Change leaf `lblk` with `f` (true: it changed the block; it fails, if it fails,
@@ -175,15 +172,7 @@ fn change_leaf(
         }
         Ok(true)
     })
-    .map_err(|e| match e {
-        Error::Corrupted { what, block } if !what.contains("(directory block") => {
-            Error::Corrupted {
-                what: format!("{what} (directory block {lblk})"),
-                block,
-            }
-        }
-        other => other,
-    })
+    .map_err(from_block(lblk))
 }
 
 /// Checksum and write a leaf.
