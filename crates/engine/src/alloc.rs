@@ -51,18 +51,6 @@ impl Fs {
             as usize
     }
 
-    /// The block bitmap of group `g` (materialized if uninitialized). Caller holds the
-    /// group lock `grp`.
-    /// (Computing it changes nothing: the group stays BLOCK_UNINIT until the bitmap is
-    /// stored by [`Fs::store_block_bitmap`].)
-    fn load_block_bitmap(&self, g: usize, grp: &mut Group) -> Result<Vec<u8>> {
-        if grp.desc.has_flag(FLAG_BLOCK_UNINIT) {
-            return Ok(self.uninit_block_bitmap(g));
-        }
-        let blk = grp.desc.block_bitmap;
-        Ok(self.cache().read(blk, Kind::Bitmap, |_| Ok(()))?.to_vec())
-    }
-
     /// The bitmap a BLOCK_UNINIT group implicitly has: the filesystem's own blocks
     /// inside it (its superblock backup, GDT and reserved GDT blocks, and any group's
     /// bitmaps and inode table that lie there with flex_bg: the system zone, whose
@@ -485,8 +473,7 @@ impl Fs {
             };
             // Allocating an inode in a group also initializes its block bitmap.
             if grp.desc.has_flag(FLAG_BLOCK_UNINIT) {
-                let bb = self.load_block_bitmap(g, &mut grp)?;
-                self.store_block_bitmap(&mut grp, bb)?;
+                self.store_block_bitmap(&mut grp, self.uninit_block_bitmap(g))?;
             }
             let lo = if g == 0 { u64::from(sb.first_ino) } else { 0 };
             let busy = self.inner.busy();

@@ -136,16 +136,10 @@ impl Fs {
     }
 
     fn dx_node(&self, ino: Ino, inode: &Inode, lblk: u64, nblocks: u64) -> Result<DxNode> {
-        if lblk == 0 || lblk >= nblocks {
-            return Err(Error::corrupted(
-                format!(
-                    "directory {} index points at block {lblk} of {nblocks}",
-                    ino.0
-                ),
-                None,
-            ));
+        if lblk == 0 {
+            return Err(self.bad_index_target(ino, lblk, nblocks));
         }
-        let (b, phys) = self.read_index(ino, inode, lblk)?;
+        let (b, phys) = self.index_block(ino, inode, lblk, nblocks)?;
         DxNode::decode(&b, self.inner.metadata_csum).at(phys)
     }
 
@@ -333,13 +327,7 @@ impl Fs {
         nblocks: u64,
     ) -> Result<(std::sync::Arc<[u8]>, u64)> {
         if lblk >= nblocks {
-            return Err(Error::corrupted(
-                format!(
-                    "directory {} index points at block {lblk} of {nblocks}",
-                    ino.0
-                ),
-                None,
-            ));
+            return Err(self.bad_index_target(ino, lblk, nblocks));
         }
         self.read_index(ino, inode, lblk)
     }
@@ -388,7 +376,7 @@ impl Fs {
             }
             let child = self.path_child(&path)?;
             if child == 0 {
-                return Err(self.index_loop(dir, child, n));
+                return Err(self.bad_index_target(dir, child, n));
             }
             blk = self.index_block(dir, inode, child, n)?;
         }
@@ -396,7 +384,7 @@ impl Fs {
         for _ in 0..n.max(1) {
             let leaf = self.path_child(&path)?;
             if leaf == 0 || leaf >= n {
-                return Err(self.index_loop(dir, leaf, n));
+                return Err(self.bad_index_target(dir, leaf, n));
             }
             if let Some(e) = self.search_leaf(dir, inode, leaf, name)? {
                 return Ok(Some(e));
@@ -423,7 +411,7 @@ impl Fs {
             while path.len() <= levels {
                 let child = self.path_child(&path)?;
                 if child == 0 {
-                    return Err(self.index_loop(dir, child, n));
+                    return Err(self.bad_index_target(dir, child, n));
                 }
                 let (b, phys) = self.index_block(dir, inode, child, n)?;
                 path.push((b, phys, 0));
@@ -439,7 +427,9 @@ impl Fs {
         Ok(u64::from(ents.get(*i).block))
     }
 
-    fn index_loop(&self, dir: Ino, blk: u64, n: u64) -> Error {
+    /// An index entry of directory `dir` pointing at block `blk`, outside its `n`
+    /// blocks or at the root.
+    fn bad_index_target(&self, dir: Ino, blk: u64, n: u64) -> Error {
         Error::corrupted(
             format!("directory {} index points at block {blk} of {n}", dir.0),
             None,
