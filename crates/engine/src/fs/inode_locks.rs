@@ -19,8 +19,14 @@
 //! for no other inode lock; a thread that holds one directory's lock waits only for
 //! its child's (which nobody holding that child waits against: only the rename lock's
 //! holder takes a second directory above another), so there is no cycle.
+//!
+//! The table is generic over its shards' mutex and condition variable ([`ShardSync`]):
+//! the filesystem uses std's ([`StdShard`], the default, so `InodeLocks` is the std
+//! table), and `handle_model` runs this same code on shuttle's (`ShuttleShard`, tests
+//! only) to explore its schedules.
 
-use std::sync::{Condvar, Mutex};
+use std::ops::DerefMut;
+use std::sync::{Condvar, Mutex, MutexGuard};
 
 use crate::lockdep::Held;
 
@@ -29,47 +35,122 @@ const SHARDS: usize = 64;
 /// The numbers of one shard locked now (a handful: a linear scan beats hashing), and
 /// how many threads wait for one of them (no wake-up call when none does).
 #[derive(Default)]
-struct Holders {
+pub(crate) struct Holders {
     inos: Vec<u32>,
     waiters: usize,
 }
 
-/// One cache line per shard: threads locking inodes of different shards share none.
-#[repr(align(64))]
-struct Shard {
+/// A shard's synchronisation: a mutex over its [`Holders`] and the condition variable
+/// its waiters sleep on. Poisoning is ignored (the holders list is changed only in
+/// steps that cannot panic halfway).
+pub(crate) trait ShardSync: Send + Sync {
+    type Guard<'a>: DerefMut<Target = Holders>
+    where
+        Self: 'a;
+    fn new() -> Self;
+    fn lock(&self) -> Self::Guard<'_>;
+    /// Release the mutex, wait for a wake-up, take it again.
+    fn wait<'a>(&'a self, g: Self::Guard<'a>) -> Self::Guard<'a>;
+    fn notify_all(&self);
+}
+
+/// std's mutex and condition variable: the filesystem's shards.
+pub(crate) struct StdShard {
     held: Mutex<Holders>,
     freed: Condvar,
 }
 
+impl ShardSync for StdShard {
+    type Guard<'a> = MutexGuard<'a, Holders>;
+
+    #[inline]
+    fn new() -> StdShard {
+        StdShard {
+            held: Mutex::new(Holders::default()),
+            freed: Condvar::new(),
+        }
+    }
+    #[inline]
+    fn lock(&self) -> MutexGuard<'_, Holders> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    #[inline]
+    fn wait<'a>(&'a self, g: MutexGuard<'a, Holders>) -> MutexGuard<'a, Holders> {
+        self.freed.wait(g).unwrap_or_else(|p| p.into_inner())
+    }
+    #[inline]
+    fn notify_all(&self) {
+        self.freed.notify_all();
+    }
+}
+
+/// shuttle's mutex and condition variable: the same table under shuttle's scheduler
+/// (`handle_model`).
+#[cfg(test)]
+pub(crate) struct ShuttleShard {
+    held: shuttle::sync::Mutex<Holders>,
+    freed: shuttle::sync::Condvar,
+}
+
+#[cfg(test)]
+impl ShardSync for ShuttleShard {
+    type Guard<'a> = shuttle::sync::MutexGuard<'a, Holders>;
+
+    fn new() -> ShuttleShard {
+        ShuttleShard {
+            held: shuttle::sync::Mutex::new(Holders::default()),
+            freed: shuttle::sync::Condvar::new(),
+        }
+    }
+    fn lock(&self) -> Self::Guard<'_> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn wait<'a>(&'a self, g: Self::Guard<'a>) -> Self::Guard<'a> {
+        self.freed.wait(g).unwrap_or_else(|p| p.into_inner())
+    }
+    fn notify_all(&self) {
+        self.freed.notify_all();
+    }
+}
+
+/// One cache line per shard: threads locking inodes of different shards share none.
+#[repr(align(64))]
+struct Shard<S> {
+    sync: S,
+}
+
 /// The table of locked inode numbers.
-pub(crate) struct InodeLocks {
-    shards: Box<[Shard]>,
+pub(crate) struct InodeLocks<S: ShardSync = StdShard> {
+    shards: Box<[Shard<S>]>,
 }
 
 impl InodeLocks {
+    /// The filesystem's table (std's mutexes).
     pub(crate) fn new() -> InodeLocks {
+        InodeLocks::with_sync()
+    }
+}
+
+impl<S: ShardSync> InodeLocks<S> {
+    /// A table on the synchronisation `S`.
+    pub(crate) fn with_sync() -> InodeLocks<S> {
         InodeLocks {
-            shards: (0..SHARDS)
-                .map(|_| Shard {
-                    held: Mutex::new(Holders::default()),
-                    freed: Condvar::new(),
-                })
-                .collect(),
+            shards: (0..SHARDS).map(|_| Shard { sync: S::new() }).collect(),
         }
     }
 
-    fn shard(&self, ino: u32) -> &Shard {
-        &self.shards[ino as usize % SHARDS]
+    fn shard(&self, ino: u32) -> &S {
+        &self.shards[ino as usize % SHARDS].sync
     }
 
     /// Wait until `ino` is free and take it. `held` is the caller's lock-order record,
     /// kept by the guard.
-    pub(crate) fn lock(&self, ino: u32, held: Held) -> InodeGuard<'_> {
+    pub(crate) fn lock(&self, ino: u32, held: Held) -> InodeGuard<'_, S> {
         let s = self.shard(ino);
-        let mut h = s.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut h = s.lock();
         while h.inos.contains(&ino) {
             h.waiters += 1;
-            h = s.freed.wait(h).unwrap_or_else(|p| p.into_inner());
+            h = s.wait(h);
             h.waiters -= 1;
         }
         h.inos.push(ino);
@@ -83,31 +164,35 @@ impl InodeLocks {
     /// Whether anyone holds `ino` now (for assertions).
     #[cfg(test)]
     pub(crate) fn is_locked(&self, ino: u32) -> bool {
-        let s = self.shard(ino);
-        s.held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .inos
-            .contains(&ino)
+        self.shard(ino).lock().inos.contains(&ino)
+    }
+
+    /// Whether no inode is locked and no thread waits (for assertions).
+    #[cfg(test)]
+    pub(crate) fn is_idle(&self) -> bool {
+        self.shards.iter().all(|s| {
+            let h = s.sync.lock();
+            h.inos.is_empty() && h.waiters == 0
+        })
     }
 }
 
 /// One held inode lock; released when dropped (then its lock-order record).
-pub(crate) struct InodeGuard<'a> {
-    locks: &'a InodeLocks,
+pub(crate) struct InodeGuard<'a, S: ShardSync = StdShard> {
+    locks: &'a InodeLocks<S>,
     ino: u32,
     _held: Held,
 }
 
-impl Drop for InodeGuard<'_> {
+impl<S: ShardSync> Drop for InodeGuard<'_, S> {
     fn drop(&mut self) {
         let s = self.locks.shard(self.ino);
-        let mut h = s.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut h = s.lock();
         if let Some(i) = h.inos.iter().position(|&x| x == self.ino) {
             h.inos.swap_remove(i);
         }
         if h.waiters > 0 {
-            s.freed.notify_all();
+            s.notify_all();
         }
     }
 }

@@ -16,6 +16,8 @@
 
 pub(crate) mod dax_file;
 mod group_commit;
+#[cfg(test)]
+mod handle_model;
 mod inode_locks;
 pub mod inode_write;
 pub(crate) mod jwrite;
