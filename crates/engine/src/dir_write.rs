@@ -223,6 +223,7 @@ fn to_u32_block(lblk: u64) -> Result<u32> {
 }
 
 /// One level of a descent: the index block (verified) and the chosen entry.
+#[derive(Clone)]
 struct Frame {
     lblk: u64,
     data: Arc<[u8]>,
@@ -339,36 +340,77 @@ fn next_leaf(
     Ok(true)
 }
 
+/// Whether the leaf after the one `frames` lead to may hold names of `hash` (the next
+/// index entry, at the lowest level that has one, continues it: `next_leaf` would
+/// move there).
+fn chain_continues(c: &Ctx, frames: &[Frame], hash: u32) -> Result<bool> {
+    for f in frames.iter().rev() {
+        let e = f.entries(c)?;
+        if f.at + 1 < e.len() {
+            return Ok(fdir::collision_continues(e.get(f.at + 1).hash, hash));
+        }
+    }
+    Ok(false)
+}
+
+/// The leaves that may hold `name`, in order: every block of a linear directory; in
+/// an htree the leaf its hash picks, then the next ones while their index hash
+/// continues the hash (collision bit). Each leaf is visited at most once.
+struct NameLeaves {
+    /// An htree's walk: index levels below the root, the name's hash, the index path.
+    hashed: Option<(u8, u32, Vec<Frame>)>,
+    /// Leaves given so far, and the bound on them.
+    given: u64,
+    limit: u64,
+}
+
+impl NameLeaves {
+    fn new(dir: &impl DirStore, c: &Ctx, name: &[u8]) -> Result<NameLeaves> {
+        let n = dir.nblocks();
+        if !dir.is_indexed() {
+            return Ok(NameLeaves {
+                hashed: None,
+                given: 0,
+                limit: n,
+            });
+        }
+        let (root, rb) = read_root(dir, c)?;
+        let hash = c.hash(name, c.version(root.hash_version)?);
+        let frames = probe(dir, c, &rb, root.indirect_levels, hash)?;
+        Ok(NameLeaves {
+            hashed: Some((root.indirect_levels, hash, frames)),
+            given: 0,
+            limit: n.max(1),
+        })
+    }
+
+    /// The next leaf to look in, `None` when the search is over.
+    fn next(&mut self, dir: &impl DirStore, c: &Ctx) -> Result<Option<u64>> {
+        let i = self.given;
+        if i >= self.limit {
+            return Ok(None);
+        }
+        self.given += 1;
+        let Some((levels, hash, frames)) = &mut self.hashed else {
+            return Ok(Some(i));
+        };
+        if i > 0 && !next_leaf(dir, c, *levels, frames, *hash)? {
+            return Ok(None);
+        }
+        Ok(Some(frames[frames.len() - 1].child(c)?))
+    }
+}
+
 /// The leaf holding the live entry `name` (not "." or ".."), with its verified bytes.
 fn find(dir: &impl DirStore, c: &Ctx, name: &[u8]) -> Result<Option<(u64, Vec<u8>)>> {
-    let n = dir.nblocks();
-    if !dir.is_indexed() {
-        for lblk in 0..n {
-            let b = read_leaf(dir, c, lblk)?;
-            if fdir::lookup(&b, name, c.csum())
-                .map_err(in_block(lblk))?
-                .is_some()
-            {
-                return Ok(Some((lblk, b)));
-            }
-        }
-        return Ok(None);
-    }
-    let (root, rb) = read_root(dir, c)?;
-    let hash = c.hash(name, c.version(root.hash_version)?);
-    let mut frames = probe(dir, c, &rb, root.indirect_levels, hash)?;
-    // A collision chain visits each leaf at most once.
-    for _ in 0..n.max(1) {
-        let leaf = frames[frames.len() - 1].child(c)?;
+    let mut leaves = NameLeaves::new(dir, c, name)?;
+    while let Some(leaf) = leaves.next(dir, c)? {
         let b = read_leaf(dir, c, leaf)?;
         if fdir::lookup(&b, name, c.csum())
             .map_err(in_block(leaf))?
             .is_some()
         {
             return Ok(Some((leaf, b)));
-        }
-        if !next_leaf(dir, c, root.indirect_levels, &mut frames, hash)? {
-            return Ok(None);
         }
     }
     Ok(None)
@@ -434,6 +476,22 @@ fn insert_raw(b: &mut [u8], e: &Ent, tail: bool) -> std::result::Result<bool, Fo
         }
         None => Ok(false),
     }
+}
+
+/// [`insert_raw`] unless a live entry has the name (one walk for both).
+fn insert_new(
+    b: &mut [u8],
+    e: &Ent,
+    tail: bool,
+) -> std::result::Result<fdir::Insertion, FormatError> {
+    let kind = FileType::from_u8(e.ftype).unwrap_or(FileType::Unknown);
+    let r = fdir::insert_new_entry(b, e.ino, &e.name, kind, tail)?;
+    if let fdir::Insertion::Added(off) = r {
+        if let Some(t) = b.get_mut(off + fdir::DIRENT_FILE_TYPE) {
+            *t = e.ftype;
+        }
+    }
+    Ok(r)
 }
 
 /// A packed leaf holding `ents` in the given order.
@@ -571,14 +629,39 @@ pub fn add_entry(
     ftype: FileType,
     dir_index: bool,
 ) -> Result<()> {
+    debug_assert!(
+        check_entry_name(name).is_err() || !matches!(lookup(dir, name), Ok(Some(_))),
+        "add_entry: name already present"
+    );
+    add(dir, name, ino, ftype, dir_index, false)
+}
+
+/// [`add_entry`] for a name that may be present: [`Error::Exists`] (nothing changed)
+/// when it is. In an htree the leaf the name hashes to is searched and given the entry
+/// in one walk (a lookup before [`add_entry`] walks it twice), after the leaves its
+/// hash may continue into (collision bit) are searched.
+pub fn add_new_entry(
+    dir: &mut impl DirStore,
+    name: &[u8],
+    ino: u32,
+    ftype: FileType,
+    dir_index: bool,
+) -> Result<()> {
+    add(dir, name, ino, ftype, dir_index, true)
+}
+
+fn add(
+    dir: &mut impl DirStore,
+    name: &[u8],
+    ino: u32,
+    ftype: FileType,
+    dir_index: bool,
+    unique: bool,
+) -> Result<()> {
     check_entry_name(name)?;
     if ino == 0 {
         return Err(Error::InvalidInput("directory entry for inode 0".into()));
     }
-    debug_assert!(
-        !matches!(lookup(dir, name), Ok(Some(_))),
-        "add_entry: name already present"
-    );
     let c = Ctx::new(dir);
     let new = Ent {
         name: name.to_vec(),
@@ -586,7 +669,10 @@ pub fn add_entry(
         ftype: ftype as u8,
     };
     if dir.is_indexed() {
-        return add_indexed(dir, &c, &new);
+        return add_indexed(dir, &c, &new, unique);
+    }
+    if unique && find(dir, &c, name)?.is_some() {
+        return Err(Error::Exists);
     }
     let n = dir.nblocks();
     if n == 0 {
@@ -652,7 +738,10 @@ fn make_indexed(dir: &mut impl DirStore, c: &Ctx, b0: Vec<u8>, new: &Ent) -> Res
     dir.set_indexed(true)
 }
 
-fn add_indexed(dir: &mut impl DirStore, c: &Ctx, new: &Ent) -> Result<()> {
+/// Add `new` to an htree; with `unique`, [`Error::Exists`] when the name is there.
+fn add_indexed(dir: &mut impl DirStore, c: &Ctx, new: &Ent, unique: bool) -> Result<()> {
+    // Once searched, the name stays absent: a restart only grew the index above.
+    let mut search = unique;
     for _ in 0..MAX_RESTARTS {
         let (root, rb) = read_root(dir, c)?;
         let v = c.version(root.hash_version)?;
@@ -660,9 +749,44 @@ fn add_indexed(dir: &mut impl DirStore, c: &Ctx, new: &Ent) -> Result<()> {
         let frames = probe(dir, c, &rb, root.indirect_levels, hash)?;
         let last = frames.len() - 1;
         let leaf = frames[last].child(c)?;
-        if change_leaf(dir, c, leaf, |b| {
-            insert_raw(b, new, c.csum()).map_err(in_block(leaf))
-        })? {
+        let mut exists = false;
+        let added = if search {
+            search = false;
+            if chain_continues(c, &frames, hash)? {
+                let mut rest = NameLeaves {
+                    hashed: Some((root.indirect_levels, hash, frames.clone())),
+                    given: 1,
+                    limit: dir.nblocks().max(1),
+                };
+                while let Some(l) = rest.next(dir, c)? {
+                    let b = read_leaf(dir, c, l)?;
+                    if fdir::lookup(&b, &new.name, c.csum())
+                        .map_err(in_block(l))?
+                        .is_some()
+                    {
+                        return Err(Error::Exists);
+                    }
+                }
+            }
+            change_leaf(dir, c, leaf, |b| {
+                match insert_new(b, new, c.csum()).map_err(in_block(leaf))? {
+                    fdir::Insertion::Added(_) => Ok(true),
+                    fdir::Insertion::Exists => {
+                        exists = true;
+                        Ok(false)
+                    }
+                    fdir::Insertion::NoRoom => Ok(false),
+                }
+            })?
+        } else {
+            change_leaf(dir, c, leaf, |b| {
+                insert_raw(b, new, c.csum()).map_err(in_block(leaf))
+            })?
+        };
+        if exists {
+            return Err(Error::Exists);
+        }
+        if added {
             return Ok(());
         }
         let b = read_leaf(dir, c, leaf)?;
@@ -740,24 +864,23 @@ fn grow_index(
     write_frame(dir, c, root, parent.lblk, pentries)
 }
 
-/// Remove the entry `name`: `(inode, raw file type)` it named, `None` if absent.
+/// Remove the entry `name`: `(inode, raw file type)` it named, `None` if absent. Each
+/// leaf the name may be in is searched and changed in one walk, in place.
 pub fn remove_entry(dir: &mut impl DirStore, name: &[u8]) -> Result<Option<(u32, u8)>> {
     check_entry_name(name)?;
     let c = Ctx::new(dir);
-    let Some((lblk, _)) = find(dir, &c, name)? else {
-        return Ok(None);
-    };
-    let mut removed = None;
-    change_leaf(dir, &c, lblk, |b| {
-        let ftype = fdir::lookup(b, name, c.csum())
-            .map_err(in_block(lblk))?
-            .map_or(0, |e| e.file_type);
-        removed = fdir::remove_entry(b, name, c.csum())
-            .map_err(in_block(lblk))?
-            .map(|ino| (ino, ftype));
-        Ok(removed.is_some())
-    })?;
-    Ok(removed)
+    let mut leaves = NameLeaves::new(dir, &c, name)?;
+    while let Some(leaf) = leaves.next(dir, &c)? {
+        let mut removed = None;
+        change_leaf(dir, &c, leaf, |b| {
+            removed = fdir::remove_entry_typed(b, name, c.csum()).map_err(in_block(leaf))?;
+            Ok(removed.is_some())
+        })?;
+        if removed.is_some() {
+            return Ok(removed);
+        }
+    }
+    Ok(None)
 }
 
 /// Point the existing entry `name` at `new_ino` (rename over an existing name); returns
@@ -1220,10 +1343,18 @@ mod tests {
         match *op {
             Op::Add(idx, t, ino) => {
                 let n = pool_name(idx);
+                let di = d.cfg.dir_index;
                 if model.contains_key(&n) {
+                    // Refused, nothing changed (the check after the run sees it).
+                    let r = add_new_entry(d, &n, ino, ftype(t), di);
+                    assert!(matches!(r, Err(Error::Exists)), "add {n:?} again: {r:?}");
                     return;
                 }
-                add_entry(d, &n, ino, ftype(t), d.cfg.dir_index).expect("add");
+                if idx % 2 == 0 {
+                    add_entry(d, &n, ino, ftype(t), di).expect("add");
+                } else {
+                    add_new_entry(d, &n, ino, ftype(t), di).expect("add new");
+                }
                 model.insert(n, (ino, t));
             }
             Op::Remove(idx) => {
@@ -1337,6 +1468,13 @@ mod tests {
             }
             let s = check(&d, &model);
             assert!(s.continuations >= 3 && s.split_groups >= 3, "{s:?}");
+            // Every name again, unless present: refused, also where its hash's group
+            // continues into the next leaf; nothing changed.
+            for n in model.keys() {
+                let r = add_new_entry(&mut d, n, 5, FileType::Fifo, true);
+                assert!(matches!(r, Err(Error::Exists)), "{n:?}: {r:?}");
+            }
+            check(&d, &model);
             // Remove the first name of every pair, then the rest.
             for (a, _) in pairs {
                 assert!(remove_entry(&mut d, a).expect("remove").is_some());

@@ -185,15 +185,39 @@ impl Fs {
     }
 
     /// Directory `parent`, for adding `name`: the fs must be writable, `parent` a
-    /// directory, and `name` not in it yet (EEXIST). Caller holds the write lock.
+    /// directory. Whether `name` is in it already, the dentry cache answers when it
+    /// knows; otherwise the insert finds out (`link_into`: EEXIST, nothing changed), in
+    /// the walk of the leaf that adds the entry — a lookup first walked it twice. A
+    /// refusal on the way there passes through [`Fs::exists_first`]. Caller holds the
+    /// directory's inode lock.
     fn dir_for_new_name(&self, parent: Ino, name: &[u8]) -> Result<FsDir<'_>> {
         self.check_writable()?;
         let d = self.dir_handle(parent)?;
-        if self.lookup(parent, name)?.is_some() {
+        if name == b"." || name == b".." {
             return Err(Error::Exists);
         }
-        may_change(&d.inode, "add a name", true)?;
+        let known = self.inner.caches.dentries.get(&DentRef {
+            dir: parent.0,
+            name,
+        });
+        if matches!(known, Some(Some(_))) {
+            return Err(Error::Exists);
+        }
+        self.exists_first(parent, name, may_change(&d.inode, "add a name", true))?;
         Ok(d)
+    }
+
+    /// `r`, unless it is an error and `name` is in `parent`: EEXIST then, as when the
+    /// name is looked up before anything else (a create that finds no free inode, no
+    /// permission or no room reports an existing name as existing).
+    fn exists_first<T>(&self, parent: Ino, name: &[u8], r: Result<T>) -> Result<T> {
+        match r {
+            Err(e) if !matches!(e, Error::Exists) => match self.lookup(parent, name) {
+                Ok(Some(_)) => Err(Error::Exists),
+                _ => Err(e),
+            },
+            r => r,
+        }
     }
 
     fn dir_index(&self) -> bool {
@@ -224,7 +248,7 @@ impl Fs {
     /// every step leaves the directory well formed, but only with its size and
     /// extent root on disk too.
     fn link_into(&self, d: &mut FsDir<'_>, name: &[u8], ino: Ino, mode: u16) -> Result<()> {
-        let r = dir_write::add_entry(d, name, ino.0, dirent_type(mode), self.dir_index());
+        let r = dir_write::add_new_entry(d, name, ino.0, dirent_type(mode), self.dir_index());
         self.dent_changed(d.ino, name, &r, Some((ino.0, dirent_type(mode) as u8)));
         if r.is_err() && d.dirty {
             self.write_inode(d.ino, &d.inode)?;
@@ -297,8 +321,9 @@ impl Fs {
         let _h = self.handle();
         let _p = self.lock_dir(parent);
         let mut d = self.dir_for_new_name(parent, name)?;
-        let inherited = self.inherit_acl(&d.inode, parent, &mut mode)?;
-        let ino = self.alloc_inode(parent, false)?;
+        let inherited = self.inherit_acl(&d.inode, parent, &mut mode);
+        let inherited = self.exists_first(parent, name, inherited)?;
+        let ino = self.exists_first(parent, name, self.alloc_inode(parent, false))?;
         let mut written = false;
         let made = (|| {
             let mut inode = self.new_inode(mode, uid, gid);
@@ -313,7 +338,8 @@ impl Fs {
             self.store_inherited(ino, inherited)?;
             self.link_into(&mut d, name, ino, mode)
         })();
-        self.keep_or_abandon(ino, false, written, made)?;
+        let kept = self.keep_or_abandon(ino, false, written, made);
+        self.exists_first(parent, name, kept)?;
         self.finish_dir(d)?;
         if pin {
             self.pin(ino);
@@ -410,11 +436,12 @@ impl Fs {
         if pd.inode.links_count >= LINK_MAX
             && !self.inner.sb.has_ro_compat(feature::RO_COMPAT_DIR_NLINK)
         {
-            return Err(Error::TooManyLinks);
+            return self.exists_first(parent, name, Err(Error::TooManyLinks));
         }
         let mut mode = m::S_IFDIR | (perm as u16 & 0o7777);
-        let inherited = self.inherit_acl(&pd.inode, parent, &mut mode)?;
-        let ino = self.alloc_inode(parent, true)?;
+        let inherited = self.inherit_acl(&pd.inode, parent, &mut mode);
+        let inherited = self.exists_first(parent, name, inherited)?;
+        let ino = self.exists_first(parent, name, self.alloc_inode(parent, true))?;
         let mut written = false;
         let made = (|| {
             let mut inode = self.new_inode(mode, uid, gid);
@@ -434,7 +461,8 @@ impl Fs {
             self.store_inherited(ino, inherited)?;
             self.link_into(&mut pd, name, ino, mode)
         })();
-        self.keep_or_abandon(ino, true, written, made)?;
+        let kept = self.keep_or_abandon(ino, true, written, made);
+        self.exists_first(parent, name, kept)?;
         Self::inc_dir_links(&mut pd.inode);
         self.finish_dir(pd)?;
         Ok(ino)
@@ -460,7 +488,7 @@ impl Fs {
         let _h = self.handle();
         let _p = self.lock_dir(parent);
         let mut d = self.dir_for_new_name(parent, name)?;
-        let ino = self.alloc_inode(parent, false)?;
+        let ino = self.exists_first(parent, name, self.alloc_inode(parent, false))?;
         let mut written = false;
         let made = (|| {
             let mut inode = self.new_inode(m::S_IFLNK | 0o777, uid, gid);
@@ -496,7 +524,8 @@ impl Fs {
             }
             self.link_into(&mut d, name, ino, m::S_IFLNK)
         })();
-        self.keep_or_abandon(ino, false, written, made)?;
+        let kept = self.keep_or_abandon(ino, false, written, made);
+        self.exists_first(parent, name, kept)?;
         self.finish_dir(d)?;
         Ok(ino)
     }

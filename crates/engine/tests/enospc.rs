@@ -340,3 +340,106 @@ fn directory_growth_that_runs_out_halfway_leaves_it_whole() {
     let r = e2fsck_fn(img.path());
     assert!(r.clean, "{}", r.output);
 }
+
+/// A name that exists is reported as existing (EEXIST) before any other refusal of a
+/// create — no free inode, an immutable directory, too many links — also when the
+/// dentry cache does not know the name and the create learns it only in the leaf walk
+/// that would add the entry (the inode it allocated is given back: counts unchanged).
+#[test]
+fn an_existing_name_wins_over_every_other_refusal() {
+    let mut o = MkfsOptions::new(4096, 64 << 20);
+    o.inodes = Some(256);
+    let img = mkfs(&o).expect("mkfs");
+    let name = |i: u32| format!("/d/a-name-long-enough-for-an-htree-{i:05}");
+    {
+        let fs = rw(img.path());
+        let _root = act_as_privileged(true);
+        fs.create_dir("/d").expect("mkdir");
+        // 400 names for one file (hard links take no inode): an indexed directory.
+        let f = fs.create(name(0)).expect("create");
+        for i in 1..400 {
+            f.link(name(i)).expect("link");
+        }
+        fs.create_dir("/fill").expect("mkdir");
+        let mut i = 0;
+        loop {
+            match OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&fs, format!("/fill/{i}"))
+            {
+                Ok(_) => i += 1,
+                Err(Error::NoSpace) => break,
+                Err(e) => panic!("filling the inodes: {e}"),
+            }
+        }
+        assert_eq!(fs.statfs().inodes_free, 0);
+        fs.close().expect("close");
+    }
+    // Reopened: the dentry cache knows no name.
+    let fs = rw(img.path());
+    let _root = act_as_privileged(true);
+    let excl = |p: &str| {
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&fs, p)
+            .map(drop)
+    };
+    let exists = |r: rext4::Result<()>, what: &str| {
+        assert!(matches!(r, Err(Error::Exists)), "{what}: {r:?}");
+    };
+    // No free inode.
+    exists(
+        excl(&name(1)),
+        "O_EXCL create of an existing name, no free inode",
+    );
+    exists(
+        fs.create_dir(name(2)),
+        "mkdir over an existing name, no free inode",
+    );
+    exists(
+        fs.symlink("t", name(3)),
+        "symlink over an existing name, no free inode",
+    );
+    let r = excl("/d/new");
+    assert!(matches!(r, Err(Error::NoSpace)), "a new name: {r:?}");
+    // Free inodes: the create learns of the name in the leaf walk, after allocating.
+    fs.remove_file("/fill/0").expect("unlink");
+    fs.remove_file("/fill/1").expect("unlink");
+    let free = fs.statfs().inodes_free;
+    exists(excl(&name(11)), "O_EXCL create of an existing name");
+    exists(fs.create_dir(name(12)), "mkdir over an existing name");
+    exists(
+        fs.symlink("x".repeat(200), name(13)),
+        "long symlink over an existing name",
+    );
+    exists(
+        fs.mknod(name(14), 0o10644, (0, 0)),
+        "mknod (FIFO) over an existing name",
+    );
+    assert_eq!(fs.statfs().inodes_free, free, "inodes given back");
+    assert_counts(&fs, "after the refused creates");
+    // An immutable directory: EEXIST for a name it has, EPERM for a new one.
+    let d = fs.resolve(b"/d", true).expect("resolve");
+    let flags = fs.flags_ino(d).expect("lsattr");
+    fs.set_flags_ino(d, flags | 0x10).expect("chattr +i");
+    exists(excl(&name(21)), "O_EXCL create in an immutable directory");
+    let r = excl("/d/new");
+    assert!(
+        matches!(r, Err(Error::NotPermitted(_))),
+        "immutable, new name: {r:?}"
+    );
+    fs.set_flags_ino(d, flags).expect("chattr -i");
+    // Every name is still there, once.
+    let names = fs.read_dir("/d").expect("readdir");
+    let ours = names
+        .iter()
+        .filter(|e| e.name.starts_with(b"a-name"))
+        .count();
+    assert_eq!(ours, 400);
+    excl("/d/new").expect("a new name once the directory is writable");
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "{}", r.output);
+}

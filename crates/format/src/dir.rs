@@ -565,9 +565,78 @@ pub fn insert_entry(
         format!("insert_entry: name length {} outside 1..=255", name.len())
     })?;
     let need_len = rec_len_for(name.len());
-    let Some((off, used, rec_len)) = insert_spot(block, need_len, has_tail)? else {
-        return Ok(None);
+    Ok(
+        insert_spot(block, need_len, has_tail)?
+            .map(|spot| put_entry(block, spot, ino, name, ftype)),
+    )
+}
+
+/// What [`insert_new_entry`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Insertion {
+    /// The entry is in, at this offset.
+    Added(usize),
+    /// A live entry already has the name: nothing changed.
+    Exists,
+    /// No entry has the name, and no room for it: nothing changed.
+    NoRoom,
+}
+
+/// [`insert_entry`] unless a live entry already has the name: one walk of the block
+/// answers both (a lookup and then an insert walk it twice).
+pub fn insert_new_entry(
+    block: &mut [u8],
+    ino: u32,
+    name: &[u8],
+    ftype: FileType,
+    has_tail: bool,
+) -> Result<Insertion> {
+    ensure(ino != 0, || "insert_new_entry: inode 0".into())?;
+    ensure(!name.is_empty() && name.len() <= NAME_MAX, || {
+        format!(
+            "insert_new_entry: name length {} outside 1..=255",
+            name.len()
+        )
+    })?;
+    let need_len = rec_len_for(name.len());
+    let mut spot = None;
+    let fast = fast_walk(block, has_tail, |e| {
+        if e.inode != 0 && same_name(e.name, name) {
+            return Some(());
+        }
+        let used = if e.inode != 0 {
+            rec_len_for(usize::from(e.name_len))
+        } else {
+            0
+        };
+        if spot.is_none() && e.rec_len - used >= need_len {
+            spot = Some((e.off, used, e.rec_len));
+        }
+        None
+    });
+    let spot = match fast {
+        Some(Some(())) => return Ok(Insertion::Exists),
+        Some(None) => spot,
+        None => {
+            if lookup_checked(block, name, has_tail)?.is_some() {
+                return Ok(Insertion::Exists);
+            }
+            insert_spot_checked(block, need_len, has_tail)?
+        }
     };
+    Ok(spot.map_or(Insertion::NoRoom, |spot| {
+        Insertion::Added(put_entry(block, spot, ino, name, ftype))
+    }))
+}
+
+/// Write a new entry at `spot` (as [`insert_spot`] gives it); its offset.
+fn put_entry(
+    block: &mut [u8],
+    (off, used, rec_len): (usize, usize, usize),
+    ino: u32,
+    name: &[u8],
+    ftype: FileType,
+) -> usize {
     let bs = block.len();
     if used > 0 {
         // Shrink the live entry to what it needs; the new one takes the rest.
@@ -575,7 +644,7 @@ pub fn insert_entry(
     }
     let new_off = off + used;
     write_entry(block, new_off, ino, rec_len - used, name, ftype as u8);
-    Ok(Some(new_off))
+    new_off
 }
 
 /// Where [`insert_entry`] puts a record of `need_len` bytes: the first entry with that
@@ -651,9 +720,20 @@ fn removal_checked(block: &[u8], name: &[u8], has_tail: bool) -> Result<Option<R
 /// absorbs it, or, if it is the first in the block, its inode becomes 0. Returns the
 /// inode it named, `None` if absent. The checksum is not updated.
 pub fn remove_entry(block: &mut [u8], name: &[u8], has_tail: bool) -> Result<Option<u32>> {
+    Ok(remove_entry_typed(block, name, has_tail)?.map(|(ino, _)| ino))
+}
+
+/// [`remove_entry`], also returning the raw file-type byte the entry had: one walk of
+/// the block for both.
+pub fn remove_entry_typed(
+    block: &mut [u8],
+    name: &[u8],
+    has_tail: bool,
+) -> Result<Option<(u32, u8)>> {
     let Some(((off, rec_len, ino), prev)) = removal(block, name, has_tail)? else {
         return Ok(None);
     };
+    let ftype = u8_at(block, off + DIRENT_FILE_TYPE);
     let bs = block.len();
     match prev {
         Some((poff, prec)) => {
@@ -669,7 +749,7 @@ pub fn remove_entry(block: &mut [u8], name: &[u8], has_tail: bool) -> Result<Opt
         }
         None => set_le32(block, off + DIRENT_INODE, 0),
     }
-    Ok(Some(ino))
+    Ok(Some((ino, ftype)))
 }
 
 // ---------------------------------------------------------------- htree
@@ -1191,6 +1271,27 @@ mod tests {
             Some(0)
         );
         assert_eq!(names_of(&b, true), vec![b"c".to_vec(), b"b".to_vec()]);
+        // The typed removal gives the entry's file type too.
+        assert_eq!(
+            remove_entry_typed(&mut b, b"c", true).expect("ok"),
+            Some((9, FileType::Fifo as u8))
+        );
+        assert_eq!(remove_entry_typed(&mut b, b"c", true).expect("ok"), None);
+        // Adding a name unless present: present, added, then no room for a long one.
+        assert_eq!(
+            insert_new_entry(&mut b, 7, b"b", FileType::Regular, true).expect("ok"),
+            Insertion::Exists
+        );
+        assert_eq!(
+            insert_new_entry(&mut b, 7, b"d", FileType::Regular, true).expect("ok"),
+            Insertion::Added(0)
+        );
+        let mut full = vec![0u8; 64];
+        init_empty_leaf(&mut full, true);
+        assert_eq!(
+            insert_new_entry(&mut full, 7, &[b'x'; 60], FileType::Regular, true).expect("ok"),
+            Insertion::NoRoom
+        );
     }
 
     #[test]
@@ -1469,6 +1570,7 @@ mod tests {
             let _ = lookup(block, b"x", tail);
             let mut m = block.to_vec();
             let _ = insert_entry(&mut m, 3, b"newname", FileType::Regular, tail);
+            let _ = insert_new_entry(&mut m, 4, b"newname", FileType::Regular, tail);
             let _ = remove_entry(&mut m, b"x", tail);
             let _ = check_block(&m, tail);
         }
@@ -1580,6 +1682,14 @@ mod tests {
                                     "{at}, removing {:?}",
                                     String::from_utf8_lossy(p)
                                 );
+                                let mut ours = b.clone();
+                                let got = insert_new_entry(&mut ours, 99, p, FileType::Fifo, tail);
+                                assert_eq!(
+                                    errs(got.map(|i| (i, ours))),
+                                    errs(checked_insert_new(&b, p, tail)),
+                                    "{at}, adding {:?} unless present",
+                                    String::from_utf8_lossy(p)
+                                );
                             }
                             for need in [12, 16, 20, 24, 64, 200, 400] {
                                 assert_eq!(
@@ -1593,6 +1703,20 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// [`insert_new_entry`] as a checked lookup and then a checked insert: the outcome
+    /// and the block after it.
+    fn checked_insert_new(b: &[u8], name: &[u8], tail: bool) -> Result<(Insertion, Vec<u8>)> {
+        let mut m = b.to_vec();
+        if lookup_checked(&m, name, tail)?.is_some() {
+            return Ok((Insertion::Exists, m));
+        }
+        let i = match insert_spot_checked(&m, rec_len_for(name.len()), tail)? {
+            Some(spot) => Insertion::Added(put_entry(&mut m, spot, 99, name, FileType::Fifo)),
+            None => Insertion::NoRoom,
+        };
+        Ok((i, m))
     }
 
     /// A result with its error as its message, comparable across the two walks.
