@@ -32,12 +32,12 @@
 //! block belongs to (directory and extent blocks), the group mutex (bitmaps), or
 //! `Fs::block_lock` for blocks inodes share (inode tables, xattr blocks).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
+use crate::inthash::{IntMap, IntSet};
 
 /// What a block is being read as; each kind has its own verifier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,20 +111,20 @@ impl<T> std::ops::Deref for Padded<T> {
 /// [`SHARDS`].
 #[derive(Default)]
 struct Blocks {
-    map: HashMap<u64, Entry>,
+    map: IntMap<u64, Entry>,
     /// Logged blocks freed since the last commit: its revoke records.
     revoked: std::collections::BTreeSet<u64>,
     /// Blocks of the transaction being committed (`begin_commit`) not yet marked
     /// logged: one freed meanwhile is revoked too, and is not marked logged after.
-    committing: std::collections::HashSet<u64>,
+    committing: IntSet<u64>,
     /// Every block of the transaction being committed (until `end_commit`).
-    commit_all: std::collections::HashSet<u64>,
+    commit_all: IntSet<u64>,
     /// Committed contents of logged blocks freed by a transaction that is not
     /// committed yet: a checkpoint before that commit still writes them home (the
     /// committed state, which a crash then recovers to, still uses them); once the
     /// freeing transaction's revoke records are committed they are dropped
     /// (`revokes_committed`), before the blocks may be reused.
-    freed_logged: HashMap<u64, Arc<[u8]>>,
+    freed_logged: IntMap<u64, Arc<[u8]>>,
     /// Map size at which the next eviction scan runs (raised when a scan finds too few
     /// clean entries, so a shard full of dirty blocks is not rescanned on every insert).
     scan_at: usize,
@@ -141,7 +141,7 @@ pub struct BufferCache {
     dirty: Padded<AtomicUsize>,
     logged: Padded<AtomicUsize>,
     /// Bumped by every accepted write (whether something changed since a moment).
-    writes: Padded<std::sync::atomic::AtomicU64>,
+    writes: crate::striped::Counter,
     /// Failed metadata reads (`errors_seen`).
     errors: Padded<std::sync::atomic::AtomicU64>,
 }
@@ -171,7 +171,7 @@ impl BufferCache {
                 .collect(),
             dirty: Padded::default(),
             logged: Padded::default(),
-            writes: Padded::default(),
+            writes: Default::default(),
             errors: Padded::default(),
         }
     }
@@ -419,14 +419,14 @@ impl BufferCache {
             e.verified = 1 << (kind as u32);
             e.dirty = true;
         }
-        self.writes.0.fetch_add(1, Ordering::Relaxed);
+        self.writes.add(1);
         WRITES.with(|c| c.set(c.get() + 1));
     }
 
     /// How many writes were accepted so far (compare two readings to know whether
     /// anything was written in between).
     pub fn write_count(&self) -> u64 {
-        self.writes.0.load(Ordering::Relaxed)
+        self.writes.sum()
     }
 
     /// Write every dirty block to the device, in block order. Blocks stay cached.

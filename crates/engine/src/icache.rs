@@ -23,18 +23,33 @@
 //! Who calls: `Fs::read_inode` / `write_inode_*` (inodes), `Fs::lookup` and the
 //! namespace operations in `ops.rs` (dentries), `alloc.rs` (grace for inode reuse).
 
-use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use papaya::{Equivalent, HashMap};
 use rext4_format::inode::Inode;
 
 use crate::grace::Grace;
+use crate::inthash::IntHash;
+use crate::striped::{AlignedU64, Counter};
 
 /// Sequence-counter stripes per cache (keys hashing to one stripe share a counter:
 /// a write to one of them only makes concurrent fills of the others miss).
 pub const STRIPES: usize = 64;
+
+/// Entries a thread retires before its batch is reclaimed. Each reclamation starts
+/// with a process-wide memory barrier (membarrier(2): an interrupt to every CPU that
+/// runs one of the process's threads — in a VM, an exit on each); at seize's default of
+/// 32, a create or unlink paid one every dozen operations, and two threads spent a
+/// tenth of their time in them. Retired entries wait a little longer to be freed.
+pub const RETIRE_BATCH: usize = 1024;
+
+/// The reclaimer for the engine's lock-free maps (see [`RETIRE_BATCH`]).
+pub fn collector() -> seize::Collector {
+    seize::Collector::new().batch_size(RETIRE_BATCH)
+}
 
 /// Default bounds.
 pub const INODES_DEFAULT: usize = 1 << 17;
@@ -46,14 +61,17 @@ struct Slot<V> {
     hot: AtomicBool,
 }
 
-/// A bounded, validated, lock-free cache (see the module note).
-pub struct Cache<K, V> {
-    map: HashMap<K, Slot<V>>,
-    seqs: Box<[AtomicU64]>,
+/// A bounded, validated, lock-free cache (see the module note), its keys hashed by
+/// `S` (integer keys: [`IntHash`]).
+pub struct Cache<K, V, S = RandomState> {
+    map: HashMap<K, Slot<V>, S>,
+    hasher: S,
+    /// One line each: two threads setting keys of different stripes do not share one.
+    seqs: Box<[AlignedU64]>,
     cap: usize,
     evicting: AtomicBool,
-    hits: AtomicU64,
-    misses: AtomicU64,
+    hits: Counter,
+    misses: Counter,
 }
 
 /// A reader's permission to fill one key (taken before reading the source).
@@ -63,23 +81,31 @@ pub struct Ticket {
     seq: u64,
 }
 
-impl<K: Hash + Eq + Clone + Send + Sync, V: Clone + Send + Sync> Cache<K, V> {
+impl<K, V, S> Cache<K, V, S>
+where
+    K: Hash + Eq + Clone + Send + Sync,
+    V: Clone + Send + Sync,
+    S: BuildHasher + Clone + Default,
+{
     pub fn new(cap: usize) -> Self {
+        let hasher = S::default();
         Cache {
-            map: HashMap::new(),
-            seqs: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
+            map: HashMap::builder()
+                .hasher(hasher.clone())
+                .collector(collector())
+                .build(),
+            hasher,
+            seqs: (0..STRIPES).map(|_| AlignedU64::default()).collect(),
             cap: cap.max(64),
             evicting: AtomicBool::new(false),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
+            hits: Counter::default(),
+            misses: Counter::default(),
         }
     }
 
     fn stripe<Q: Hash + ?Sized>(&self, k: &Q) -> usize {
-        // The map's own hasher is keyed per map; any fixed hash will do for stripes.
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        k.hash(&mut h);
-        (h.finish() as usize) % STRIPES
+        // Any fixed hash will do for stripes: the map's kind.
+        (self.hasher.hash_one(k) as usize) % STRIPES
     }
 
     /// The cached value, if any.
@@ -93,11 +119,11 @@ impl<K: Hash + Eq + Clone + Send + Sync, V: Clone + Send + Sync> Cache<K, V> {
                 if !s.hot.load(Ordering::Relaxed) {
                     s.hot.store(true, Ordering::Relaxed);
                 }
-                self.hits.fetch_add(1, Ordering::Relaxed);
+                self.hits.add(1);
                 Some(s.v.clone())
             }
             None => {
-                self.misses.fetch_add(1, Ordering::Relaxed);
+                self.misses.add(1);
                 None
             }
         }
@@ -108,12 +134,12 @@ impl<K: Hash + Eq + Clone + Send + Sync, V: Clone + Send + Sync> Cache<K, V> {
         let stripe = self.stripe(k);
         Ticket {
             stripe,
-            seq: self.seqs[stripe].load(Ordering::SeqCst),
+            seq: self.seqs[stripe].0.load(Ordering::SeqCst),
         }
     }
 
     fn moved(&self, t: Ticket) -> bool {
-        self.seqs[t.stripe].load(Ordering::SeqCst) != t.seq
+        self.seqs[t.stripe].0.load(Ordering::SeqCst) != t.seq
     }
 
     /// Insert what a reader decoded, unless a writer changed the key since `t`.
@@ -139,7 +165,7 @@ impl<K: Hash + Eq + Clone + Send + Sync, V: Clone + Send + Sync> Cache<K, V> {
     /// A writer changed the source of `k` to what `v` says (call after the change).
     pub fn set(&self, k: K, v: V) {
         let stripe = self.stripe(&k);
-        self.seqs[stripe].fetch_add(1, Ordering::SeqCst);
+        self.seqs[stripe].0.fetch_add(1, Ordering::SeqCst);
         self.map.pin().insert(
             k,
             Slot {
@@ -156,14 +182,14 @@ impl<K: Hash + Eq + Clone + Send + Sync, V: Clone + Send + Sync> Cache<K, V> {
         Q: Equivalent<K> + Hash + ?Sized,
     {
         let stripe = self.stripe(k);
-        self.seqs[stripe].fetch_add(1, Ordering::SeqCst);
+        self.seqs[stripe].0.fetch_add(1, Ordering::SeqCst);
         self.map.pin().remove(k);
     }
 
     /// Drop every entry for which `f` holds (bumping every stripe first).
     pub fn invalidate_where(&self, f: impl Fn(&K) -> bool) {
         for s in self.seqs.iter() {
-            s.fetch_add(1, Ordering::SeqCst);
+            s.0.fetch_add(1, Ordering::SeqCst);
         }
         self.map.pin().retain(|k, _| !f(k));
     }
@@ -178,10 +204,7 @@ impl<K: Hash + Eq + Clone + Send + Sync, V: Clone + Send + Sync> Cache<K, V> {
 
     /// (hits, misses) since creation.
     pub fn stats(&self) -> (u64, u64) {
-        (
-            self.hits.load(Ordering::Relaxed),
-            self.misses.load(Ordering::Relaxed),
-        )
+        (self.hits.sum(), self.misses.sum())
     }
 
     fn maybe_evict(&self) {
@@ -244,7 +267,7 @@ pub type Dent = Option<(u32, u8)>;
 
 /// The caches of one filesystem.
 pub struct Caches {
-    pub inodes: Cache<u32, Arc<Inode>>,
+    pub inodes: Cache<u32, Arc<Inode>, IntHash>,
     pub dentries: Cache<DentKey, Dent>,
     pub grace: Grace,
 }

@@ -55,6 +55,7 @@ pub mod fs;
 pub use fs::{inode_write, map, pagecache};
 pub mod grace;
 pub mod icache;
+pub mod inthash;
 pub mod journal;
 mod lockdep;
 pub mod mkfs;
@@ -63,6 +64,7 @@ pub mod orphan;
 pub mod path;
 pub mod perm;
 pub mod store;
+pub mod striped;
 pub mod xattr;
 
 pub use atime::{AtimeMode, AtimePolicy};

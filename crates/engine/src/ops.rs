@@ -151,8 +151,8 @@ fn dirent_type(mode: u16) -> DirFt {
 
 /// The set behind `m`, whether or not a panicking thread poisoned it.
 pub(crate) fn lock_set(
-    m: &std::sync::Mutex<std::collections::HashSet<Ino>>,
-) -> std::sync::MutexGuard<'_, std::collections::HashSet<Ino>> {
+    m: &std::sync::Mutex<crate::inthash::IntSet<Ino>>,
+) -> std::sync::MutexGuard<'_, crate::inthash::IntSet<Ino>> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 

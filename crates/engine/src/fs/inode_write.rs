@@ -51,44 +51,51 @@ impl Fs {
     }
 
     fn write_inode_record(&self, ino: Ino, inode: &Inode, fresh: bool) -> Result<()> {
-        let zero;
-        let base = if fresh {
-            zero = vec![0u8; usize::from(self.inner.sb.inode_size)];
-            Some(&zero[..])
+        if fresh {
+            let zero = vec![0u8; usize::from(self.inner.sb.inode_size)];
+            self.write_inode_record_with(ino, inode, Some(&zero))
         } else {
-            None
-        };
-        self.write_inode_record_with(ino, inode, base)
+            self.write_inode_record_with(ino, inode, None)
+        }
     }
 
     fn write_inode_record_with(&self, ino: Ino, inode: &Inode, base: Option<&[u8]>) -> Result<()> {
         self.check_writable()?;
         let (blk, off) = self.inode_location(ino)?;
         let isz = usize::from(self.inner.sb.inode_size);
-        // Other inodes' records share the block: their writers may run beside this
-        // one (handles), each under its own inode lock.
-        let _b = self.block_lock(blk);
+        let outside = || Error::corrupted("inode record outside its block", Some(blk));
+        // The new record is made before the block's lock is taken: its bytes have one
+        // writer at a time (this inode's, under its inode lock or the write lock), so
+        // only putting it in waits for the writers of the block's other records
+        // (handles on other inodes), and for as long as a copy of the record takes.
+        let mut rec = match base {
+            Some(b) if b.len() != isz => {
+                return Err(Error::InvalidInput("inode record of the wrong size".into()))
+            }
+            Some(b) => b.to_vec(),
+            None => {
+                let data = self.cache().read(blk, Kind::InodeTable, |_| Ok(()))?;
+                data.get(off..off + isz).ok_or_else(outside)?.to_vec()
+            }
+        };
+        inode.encode_into(&mut rec);
+        if self.inner.metadata_csum {
+            fi::set_csum(&mut rec, ino.0, self.inner.csum_seed);
+        }
         // What a reader decoding the new record would get, for the inode cache.
-        let decoded = self.cache().update(blk, Kind::InodeTable, |data| {
-            let rec = data
-                .get_mut(off..off + isz)
-                .ok_or_else(|| Error::corrupted("inode record outside its block", Some(blk)))?;
-            if let Some(b) = base {
-                if b.len() != rec.len() {
-                    return Err(Error::InvalidInput("inode record of the wrong size".into()));
-                }
-                rec.copy_from_slice(b);
-            }
-            inode.encode_into(rec);
-            if self.inner.metadata_csum {
-                fi::set_csum(rec, ino.0, self.inner.csum_seed);
-            }
-            Ok(Inode::decode(rec).ok())
-        })?;
+        let decoded = Inode::decode(&rec).ok();
+        {
+            let _b = self.block_lock(blk);
+            self.cache().update(blk, Kind::InodeTable, |data| {
+                data.get_mut(off..off + isz)
+                    .ok_or_else(outside)?
+                    .copy_from_slice(&rec);
+                Ok(())
+            })?;
+        }
         // The block is written: its other records' writers may go on. (This inode's
         // record has one writer at a time, under its inode lock or the write lock:
         // the inode cache's entry for it is set by that writer alone.)
-        drop(_b);
         let icache = &self.inner.caches.inodes;
         match decoded {
             Some(i) => icache.set(ino.0, std::sync::Arc::new(i)),
@@ -116,11 +123,21 @@ impl Fs {
 
     fn next_generation(&self) -> u32 {
         use std::sync::atomic::{AtomicU32, Ordering};
-        static GEN: AtomicU32 = AtomicU32::new(0);
+        // A step per thread (no shared counter for creates on different CPUs to bounce),
+        // started apart for each thread.
+        static THREADS: AtomicU32 = AtomicU32::new(0);
+        thread_local! {
+            static GEN: std::cell::Cell<u32> = std::cell::Cell::new(
+                THREADS.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9E37_79B9),
+            );
+        }
         let t = now_ts();
         let mix = (t.nsec ^ (t.sec as u32).rotate_left(13)).wrapping_mul(0x9E37_79B9);
-        GEN.fetch_add(0x6F4F_2A35, Ordering::Relaxed)
-            .wrapping_add(mix)
+        GEN.with(|g| {
+            let v = g.get();
+            g.set(v.wrapping_add(0x6F4F_2A35));
+            v.wrapping_add(mix)
+        })
     }
 
     /// Give new inode `inode` an empty extent tree when the filesystem uses extents

@@ -172,7 +172,7 @@ pub(crate) struct Busy {
     /// Inodes freed while lockless readers may still hold their number: inode ->
     /// grace stamp (`grace.rs`). Not reused until the stamp has passed; unlike the
     /// rest of `Busy` this outlives commits.
-    pub(crate) cooling: std::collections::HashMap<u32, u64>,
+    pub(crate) cooling: crate::inthash::IntMap<u32, u64>,
 }
 
 impl Busy {
@@ -312,13 +312,13 @@ pub(crate) struct Inner {
     unwritable: std::sync::atomic::AtomicBool,
     /// References held on inodes (open handles): an inode with references is not freed
     /// when its last link goes; it becomes an orphan (see `orphan.rs`).
-    pub(crate) pins: Padded<Mutex<std::collections::HashMap<Ino, u32>>>,
+    pub(crate) pins: Padded<Mutex<crate::inthash::IntMap<Ino, u32>>>,
     /// Orphans whose last reference went while that thread held an I/O lock: freed
     /// later by a thread that holds none (`Fs::free_deferred`; see `orphan.rs`).
     pub(crate) deferred_frees: Mutex<Vec<Ino>>,
     /// Unnamed files made by `tmpfile_ino` without `excl`: `link_ino` may give them a
     /// name although they have no links (the kernel's I_LINKABLE).
-    pub(crate) linkable: Padded<Mutex<std::collections::HashSet<Ino>>>,
+    pub(crate) linkable: Padded<Mutex<crate::inthash::IntSet<Ino>>>,
     /// Source of the times of changes (`FsOptions::clock`).
     pub(crate) clock: fn() -> rext4_format::inode::Timestamp,
     /// When reads move atimes (`FsOptions::atime`).
@@ -554,9 +554,9 @@ impl Fs {
                 max_txn: Default::default(),
                 shutdown: Mutex::new(None),
                 unwritable: std::sync::atomic::AtomicBool::new(read_only),
-                pins: Padded(Mutex::new(std::collections::HashMap::new())),
+                pins: Padded(Mutex::new(Default::default())),
                 deferred_frees: Mutex::new(Vec::new()),
-                linkable: Padded(Mutex::new(std::collections::HashSet::new())),
+                linkable: Padded(Mutex::new(Default::default())),
                 clock: opts.clock.unwrap_or(crate::fs::inode_write::now_ts),
                 atime: opts.atime,
                 io_locks: (0..IO_LOCK_STRIPES)

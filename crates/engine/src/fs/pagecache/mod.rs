@@ -50,7 +50,7 @@ pub mod mapping;
 pub(crate) mod rw;
 pub(crate) mod writeback;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
@@ -270,7 +270,7 @@ pub(crate) struct PageCache {
     pub(crate) page_size: usize,
     /// `FsOptions::cache_clean`.
     pub(crate) keep_clean: bool,
-    files: papaya::HashMap<u32, Arc<FileCache>>,
+    files: papaya::HashMap<u32, Arc<FileCache>, crate::inthash::IntHash>,
     /// Pages cached, and the bound.
     pub(crate) pages: AtomicUsize,
     pub(crate) limit_pages: usize,
@@ -303,7 +303,10 @@ impl PageCache {
         PageCache {
             page_size,
             keep_clean,
-            files: papaya::HashMap::new(),
+            files: papaya::HashMap::builder()
+                .hasher(Default::default())
+                .collector(crate::icache::collector())
+                .build(),
             pages: AtomicUsize::new(0),
             limit_pages,
             dirty: AtomicUsize::new(0),
@@ -631,7 +634,7 @@ impl PageCache {
 /// writeback finds the oldest in O(log n) however many files a tar leaves dirty.
 #[derive(Default)]
 struct DirtyFiles {
-    since: HashMap<u32, Instant>,
+    since: crate::inthash::IntMap<u32, Instant>,
     order: std::collections::BTreeSet<(Instant, u32)>,
 }
 
