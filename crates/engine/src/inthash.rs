@@ -24,7 +24,7 @@ impl Default for IntHash {
         static SEED: OnceLock<u64> = OnceLock::new();
         let seed = *SEED.get_or_init(|| {
             // std's RandomState is seeded from the OS; hash a constant with it.
-            std::collections::hash_map::RandomState::new().hash_one(0x7265_7874_34u64) | 1
+            std::collections::hash_map::RandomState::new().hash_one(0x0072_6578_7434_u64) | 1
         });
         IntHash { seed }
     }
