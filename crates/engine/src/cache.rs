@@ -26,11 +26,13 @@
 //! Locking: the map is split in [`SHARDS`] shards by block number, each behind its own
 //! mutex (the state of a block — contents, dirty, logged, revoked, committing — is all
 //! in its shard, so every rule above is per shard); no shard mutex is held across
-//! device I/O or while another is taken. A caller's
-//! read-modify-write of a block (read, change a copy, `write`) is atomic only under
-//! whatever keeps other writers of that block out: the inode lock of the one inode a
-//! block belongs to (directory and extent blocks), the group mutex (bitmaps), or
-//! `Fs::block_lock` for blocks inodes share (inode tables, xattr blocks).
+//! device I/O or while another is taken. One `update` is atomic by itself (under the
+//! shard's mutex: inode records are put into their table block that way); a caller's
+//! read-modify-write of a block in separate steps (read, change a copy, `write`) is
+//! atomic only under whatever keeps other writers of that block out: the inode lock of
+//! the one inode a block belongs to (directory and extent blocks), the group mutex
+//! (bitmaps), or `Fs::block_lock` for blocks inodes share (xattr blocks; a directory
+//! leaf changed under a shared directory lock).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -335,12 +337,14 @@ impl BufferCache {
     /// Change block `blk`: `f` gets the current contents (read as `kind`, unverified)
     /// to change, and they become the block's, dirty. When the cache holds the only
     /// reference to them — no reader, no commit writing them, no logged copy (the
-    /// checkpoint's) — they are changed where they are, under the shard's mutex (so
-    /// `f` must not use the cache); otherwise a copy is changed and replaces them (the
-    /// frozen copy of jbd2: what a commit or a reader holds never changes), one copy
-    /// where a read, a change and a `write` take two. `f` must fail, if it fails,
-    /// before it changes anything. The caller keeps other writers of the block out
-    /// (see the module note).
+    /// checkpoint's) — they are changed where they are; otherwise a copy is changed and
+    /// replaces them (the frozen copy of jbd2: what a commit or a reader holds never
+    /// changes), one copy where a read, a change and a `write` take two. Either way
+    /// under the shard's mutex (so `f` must not use the cache), as one step: changes
+    /// of different bytes of one block by threads that do not exclude each other (the
+    /// records of an inode-table block) all land. `f` must fail, if it fails, before
+    /// it changes anything. A caller that reads, decides and then changes in separate
+    /// steps keeps other writers of the block out itself (see the module note).
     pub fn update<R>(
         &self,
         blk: u64,
@@ -362,24 +366,65 @@ impl BufferCache {
         kind: Kind,
         f: impl FnOnce(&mut [u8]) -> Result<Option<R>>,
     ) -> Result<Option<R>> {
-        {
+        // The change is one step under the shard's mutex, in place or on a copy, so
+        // two changes of one block (to different bytes of it) never lose one another.
+        // A block not cached is read in first (device I/O, without the mutex).
+        let fetched = {
             let mut guard = self.at(blk);
-            let b = &mut *guard;
-            if let Some(buf) = b.map.get_mut(&blk).and_then(|e| Arc::get_mut(&mut e.data)) {
-                let r = f(buf)?;
-                if r.is_some() {
-                    self.dirtied(b, blk, kind);
-                }
-                return Ok(r);
+            if guard.map.contains_key(&blk) {
+                return self.change_entry(&mut guard, blk, kind, f);
             }
+            drop(guard);
+            self.read(blk, kind, |_| Ok(()))?
+        };
+        let mut guard = self.at(blk);
+        let b = &mut *guard;
+        if !b.map.contains_key(&blk) {
+            // Dropped again meanwhile: what was read is still what the block holds (a
+            // change would have kept it cached, dirty).
+            self.make_room(b);
+            b.map.insert(
+                blk,
+                Entry {
+                    data: fetched,
+                    verified: 0,
+                    dirty: false,
+                    logged: None,
+                },
+            );
+        } else {
+            drop(fetched);
         }
-        let cur = self.read(blk, kind, |_| Ok(()))?;
-        let mut new: Arc<[u8]> = Arc::from(&cur[..]);
-        drop(cur);
-        let r = f(Arc::get_mut(&mut new)
-            .ok_or_else(|| Error::InvalidInput("a fresh buffer is shared".into()))?)?;
+        self.change_entry(b, blk, kind, f)
+    }
+
+    /// [`BufferCache::update_if`]'s change of cached block `blk` (in its shard `b`,
+    /// locked).
+    fn change_entry<R>(
+        &self,
+        b: &mut Blocks,
+        blk: u64,
+        kind: Kind,
+        f: impl FnOnce(&mut [u8]) -> Result<Option<R>>,
+    ) -> Result<Option<R>> {
+        let e = b
+            .map
+            .get_mut(&blk)
+            .ok_or_else(|| Error::InvalidInput("a change of a block not cached".into()))?;
+        let r = match Arc::get_mut(&mut e.data) {
+            Some(buf) => f(buf)?,
+            None => {
+                let mut new: Arc<[u8]> = Arc::from(&e.data[..]);
+                let r = f(Arc::get_mut(&mut new)
+                    .ok_or_else(|| Error::InvalidInput("a fresh buffer is shared".into()))?)?;
+                if r.is_some() {
+                    e.data = new;
+                }
+                r
+            }
+        };
         if r.is_some() {
-            self.put(blk, kind, new);
+            self.dirtied(b, blk, kind);
         }
         Ok(r)
     }

@@ -768,16 +768,13 @@ fn add_indexed(dir: &mut impl DirStore, c: &Ctx, new: &Ent, unique: bool) -> Res
                     }
                 }
             }
-            change_leaf(dir, c, leaf, |b| {
-                match insert_new(b, new, c.csum()).map_err(in_block(leaf))? {
-                    fdir::Insertion::Added(_) => Ok(true),
-                    fdir::Insertion::Exists => {
-                        exists = true;
-                        Ok(false)
-                    }
-                    fdir::Insertion::NoRoom => Ok(false),
+            match insert_unique_in(dir, c, leaf, new) {
+                Err(Error::Exists) => {
+                    exists = true;
+                    false
                 }
-            })?
+                r => r?,
+            }
         } else {
             change_leaf(dir, c, leaf, |b| {
                 insert_raw(b, new, c.csum()).map_err(in_block(leaf))
@@ -811,6 +808,89 @@ fn add_indexed(dir: &mut impl DirStore, c: &Ctx, new: &Ent, unique: bool) -> Res
     Err(corrupt(
         "directory index keeps growing while adding one name".into(),
     ))
+}
+
+/// Add `new` to leaf `leaf` unless a live entry has its name ([`Error::Exists`]):
+/// whether it had room.
+fn insert_unique_in(dir: &mut impl DirStore, c: &Ctx, leaf: u64, new: &Ent) -> Result<bool> {
+    let mut exists = false;
+    let added = change_leaf(dir, c, leaf, |b| {
+        match insert_new(b, new, c.csum()).map_err(in_block(leaf))? {
+            fdir::Insertion::Added(_) => Ok(true),
+            fdir::Insertion::Exists => {
+                exists = true;
+                Ok(false)
+            }
+            fdir::Insertion::NoRoom => Ok(false),
+        }
+    })?;
+    if exists {
+        return Err(Error::Exists);
+    }
+    Ok(added)
+}
+
+/// The one leaf of an htree that holds `name` or would take it — `None` when there is
+/// no such single leaf (a linear directory; a hash whose group continues into the
+/// next leaf). With it, adding or removing `name` changes that leaf alone
+/// ([`add_to_leaf`], [`remove_from_leaf`]) while the index stays as it is, so callers
+/// that keep the index from changing (a shared directory lock: splits and growth take
+/// it exclusively) may do that beside each other, one leaf lock each.
+pub fn only_leaf_for(dir: &impl DirStore, name: &[u8]) -> Result<Option<u64>> {
+    check_entry_name(name)?;
+    if !dir.is_indexed() {
+        return Ok(None);
+    }
+    let c = Ctx::new(dir);
+    let (root, rb) = read_root(dir, &c)?;
+    let hash = c.hash(name, c.version(root.hash_version)?);
+    let frames = probe(dir, &c, &rb, root.indirect_levels, hash)?;
+    if chain_continues(&c, &frames, hash)? {
+        return Ok(None);
+    }
+    Ok(Some(frames[frames.len() - 1].child(&c)?))
+}
+
+/// Add `name` → `ino` to leaf `leaf` (from [`only_leaf_for`]) unless present
+/// ([`Error::Exists`]): whether it had room (if not, nothing changed and the caller
+/// adds it with [`add_new_entry`], which may split the leaf).
+pub fn add_to_leaf(
+    dir: &mut impl DirStore,
+    leaf: u64,
+    name: &[u8],
+    ino: u32,
+    ftype: FileType,
+) -> Result<bool> {
+    check_entry_name(name)?;
+    if ino == 0 {
+        return Err(Error::InvalidInput("directory entry for inode 0".into()));
+    }
+    let c = Ctx::new(dir);
+    let new = Ent {
+        name: name.to_vec(),
+        ino,
+        ftype: ftype as u8,
+    };
+    insert_unique_in(dir, &c, leaf, &new)
+}
+
+/// Remove `name` from leaf `leaf` (from [`only_leaf_for`]) if it names inode `ino`:
+/// `(inode, raw file type)` it named, `None` (nothing changed) if the leaf has no
+/// such entry.
+pub fn remove_from_leaf(
+    dir: &mut impl DirStore,
+    leaf: u64,
+    name: &[u8],
+    ino: u32,
+) -> Result<Option<(u32, u8)>> {
+    check_entry_name(name)?;
+    let c = Ctx::new(dir);
+    let mut removed = None;
+    change_leaf(dir, &c, leaf, |b| {
+        removed = fdir::remove_entry_naming(b, name, ino, c.csum()).map_err(in_block(leaf))?;
+        Ok(removed.is_some())
+    })?;
+    Ok(removed)
 }
 
 /// Make room in the index above a full leaf whose parent is full (the kernel's

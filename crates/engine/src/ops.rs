@@ -319,11 +319,16 @@ impl Fs {
             ));
         }
         let _h = self.handle();
-        let _p = self.lock_dir(parent);
+        // The directory shared: creates and unlinks of names in different leaves go
+        // on beside each other (`link_in_leaf`); what needs more takes it whole.
+        let shared = self.lock_dir_shared(parent);
         let mut d = self.dir_for_new_name(parent, name)?;
         let inherited = self.inherit_acl(&d.inode, parent, &mut mode);
         let inherited = self.exists_first(parent, name, inherited)?;
         let ino = self.exists_first(parent, name, self.alloc_inode(parent, false))?;
+        // Nobody knows the number yet; its lock keeps an unlink of the new name (beside
+        // this create, the directory shared) out until the inode is pinned.
+        let own = self.lock_nondir(ino);
         let mut written = false;
         let made = (|| {
             let mut inode = self.new_inode(mode, uid, gid);
@@ -336,15 +341,72 @@ impl Fs {
             self.write_new_inode(ino, &inode)?;
             written = true;
             self.store_inherited(ino, inherited)?;
-            self.link_into(&mut d, name, ino, mode)
+            self.link_in_leaf(&mut d, name, ino, mode)
         })();
+        let made = match made {
+            Ok(true) => Ok(None),
+            Ok(false) => {
+                // No room in the name's leaf, or no one leaf for it: the whole
+                // directory, exclusively.
+                drop(own);
+                drop(shared);
+                let whole = self.lock_dir(parent);
+                self.dir_for_new_name(parent, name).and_then(|mut d| {
+                    self.link_into(&mut d, name, ino, mode)?;
+                    Ok(Some((whole, d)))
+                })
+            }
+            Err(e) => Err(e),
+        };
+        let (made, whole) = match made {
+            Ok(whole) => (Ok(()), whole),
+            Err(e) => (Err(e), None),
+        };
         let kept = self.keep_or_abandon(ino, false, written, made);
         self.exists_first(parent, name, kept)?;
-        self.finish_dir(d)?;
-        if pin {
-            self.pin(ino);
+        match whole {
+            Some((_whole, d)) => {
+                self.finish_dir(d)?;
+                if pin {
+                    self.pin(ino);
+                }
+            }
+            None => {
+                if pin {
+                    self.pin(ino);
+                }
+                self.touch_dir(parent)?;
+            }
         }
         Ok(ino)
+    }
+
+    /// Link `name -> ino` into the one leaf of `d` that can take it
+    /// (`dir_write::only_leaf_for`), under that leaf's block lock — the directory held
+    /// shared, other creates and unlinks change other leaves meanwhile — and tell the
+    /// dentry cache under the same lock, so it sees the changes to one name in their
+    /// order. False (nothing changed) when there is no such leaf or no room in it.
+    fn link_in_leaf(&self, d: &mut FsDir<'_>, name: &[u8], ino: Ino, mode: u16) -> Result<bool> {
+        let Some(leaf) = dir_write::only_leaf_for(d, name)? else {
+            return Ok(false);
+        };
+        let _l = self.block_lock(d.phys(leaf)?);
+        let r = dir_write::add_to_leaf(d, leaf, name, ino.0, dirent_type(mode));
+        if !matches!(r, Ok(false)) {
+            self.dent_changed(d.ino, name, &r, Some((ino.0, dirent_type(mode) as u8)));
+        }
+        r
+    }
+
+    /// A name was added to or removed from directory `dir` (its inode lock held shared,
+    /// see `link_in_leaf`): its mtime and ctime become now, as one change of its
+    /// record among the others' (`Fs::change_inode_record`).
+    fn touch_dir(&self, dir: Ino) -> Result<()> {
+        self.change_inode_record(dir, |i| {
+            let t = self.now();
+            i.mtime = t;
+            i.ctime = t;
+        })
     }
 
     /// Create an unnamed regular file in directory `parent` (O_TMPFILE): an inode with
@@ -573,6 +635,12 @@ impl Fs {
     pub fn unlink_ino(&self, parent: Ino, name: &[u8]) -> Result<()> {
         check_name(name)?;
         let _h = self.handle();
+        {
+            let _p = self.lock_dir_shared(parent);
+            if self.unlink_in_leaf(parent, name)? {
+                return Ok(());
+            }
+        }
         let _p = self.lock_dir(parent);
         self.check_writable()?;
         let mut d = self.dir_handle(parent)?;
@@ -601,6 +669,50 @@ impl Fs {
         d.dirty = true;
         self.finish_dir(d)?;
         self.drop_link(e.ino, inode)
+    }
+
+    /// [`Fs::unlink_ino`] with `parent`'s inode lock shared: the name's entry removed
+    /// from the one leaf that holds it (`dir_write::only_leaf_for`), under that leaf's
+    /// block lock, with the dentry cache told under it (see `link_in_leaf`). False
+    /// (nothing changed) when the whole directory is needed: a directory is named (for
+    /// the exclusive path's order of errors), there is no one leaf for the name, or the
+    /// name no longer names the inode looked up.
+    fn unlink_in_leaf(&self, parent: Ino, name: &[u8]) -> Result<bool> {
+        self.check_writable()?;
+        let mut d = self.dir_handle(parent)?;
+        let e = self.lookup(parent, name)?.ok_or(Error::NotFound)?;
+        if e.file_type == crate::FileType::Dir {
+            return Ok(false);
+        }
+        let Some(leaf) = dir_write::only_leaf_for(&d, name)? else {
+            return Ok(false);
+        };
+        let _c = self.lock_nondir(self.not_itself(parent, e.ino)?);
+        // Another unlink of the name (beside this one) may have freed the inode while
+        // this one waited for its lock: the name must still name it.
+        if self.lookup(parent, name)?.map(|now| now.ino) != Some(e.ino) {
+            return Ok(false);
+        }
+        let inode = self.read_live_inode(e.ino)?;
+        may_change(&d.inode, "remove a name", false)?;
+        may_change(&inode, "unlink", false)?;
+        if inode.is_dir() {
+            return Err(Error::IsADirectory);
+        }
+        let removed = {
+            let _l = self.block_lock(d.phys(leaf)?);
+            let r = dir_write::remove_from_leaf(&mut d, leaf, name, e.ino.0);
+            if !matches!(r, Ok(None)) {
+                self.dent_changed(parent, name, &r, None);
+            }
+            r?
+        };
+        if removed.is_none() {
+            return Ok(false);
+        }
+        self.touch_dir(parent)?;
+        self.drop_link(e.ino, inode)?;
+        Ok(true)
     }
 
     /// One link of `ino` went away: update it, or free it with the last link.
@@ -650,7 +762,7 @@ impl Fs {
         inode.links_count = 0;
         inode.size = 0;
         inode.dtime = self.now().sec as u32;
-        self.write_inode(ino, &inode)?;
+        self.write_freed_inode(ino, &inode)?;
         self.free_inode(ino, is_dir)
     }
 

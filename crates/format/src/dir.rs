@@ -730,9 +730,32 @@ pub fn remove_entry_typed(
     name: &[u8],
     has_tail: bool,
 ) -> Result<Option<(u32, u8)>> {
+    remove_matching(block, name, has_tail, None)
+}
+
+/// [`remove_entry_typed`] only if the entry names inode `ino` (else nothing changes and
+/// the answer is `None`), in the same one walk.
+pub fn remove_entry_naming(
+    block: &mut [u8],
+    name: &[u8],
+    ino: u32,
+    has_tail: bool,
+) -> Result<Option<(u32, u8)>> {
+    remove_matching(block, name, has_tail, Some(ino))
+}
+
+fn remove_matching(
+    block: &mut [u8],
+    name: &[u8],
+    has_tail: bool,
+    expect: Option<u32>,
+) -> Result<Option<(u32, u8)>> {
     let Some(((off, rec_len, ino), prev)) = removal(block, name, has_tail)? else {
         return Ok(None);
     };
+    if expect.is_some_and(|want| want != ino) {
+        return Ok(None);
+    }
     let ftype = u8_at(block, off + DIRENT_FILE_TYPE);
     let bs = block.len();
     match prev {
@@ -1277,15 +1300,28 @@ mod tests {
             Some((9, FileType::Fifo as u8))
         );
         assert_eq!(remove_entry_typed(&mut b, b"c", true).expect("ok"), None);
+        // Removed only if it names the inode asked for.
+        assert_eq!(
+            remove_entry_naming(&mut b, b"b", 5, true).expect("ok"),
+            None
+        );
+        assert_eq!(names_of(&b, true), vec![b"b".to_vec()]);
+        assert_eq!(
+            remove_entry_naming(&mut b, b"b", 6, true).expect("ok"),
+            Some((6, FileType::Regular as u8))
+        );
+        assert!(names_of(&b, true).is_empty());
+        insert_entry(&mut b, 6, b"b", FileType::Regular, true).expect("ok");
         // Adding a name unless present: present, added, then no room for a long one.
         assert_eq!(
             insert_new_entry(&mut b, 7, b"b", FileType::Regular, true).expect("ok"),
             Insertion::Exists
         );
-        assert_eq!(
+        assert!(matches!(
             insert_new_entry(&mut b, 7, b"d", FileType::Regular, true).expect("ok"),
-            Insertion::Added(0)
-        );
+            Insertion::Added(_)
+        ));
+        assert_eq!(names_of(&b, true), vec![b"b".to_vec(), b"d".to_vec()]);
         let mut full = vec![0u8; 64];
         init_empty_leaf(&mut full, true);
         assert_eq!(

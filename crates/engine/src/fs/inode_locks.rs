@@ -32,12 +32,25 @@ use crate::lockdep::Held;
 
 const SHARDS: usize = 64;
 
-/// The numbers of one shard locked now (a handful: a linear scan beats hashing), and
-/// how many threads wait for one of them (no wake-up call when none does).
+/// Holder count of an inode held exclusively.
+const EXCLUSIVE: u32 = u32::MAX;
+
+/// The numbers of one shard locked now with their holders (a count of shared holders,
+/// or [`EXCLUSIVE`]; a handful: a linear scan beats hashing), the numbers an exclusive
+/// locker waits for (new shared lockers of those wait behind it, so a directory's
+/// rmdir is not starved by a stream of creates in it), and how many threads wait for
+/// one of them (no wake-up call when none does).
 #[derive(Default)]
 pub(crate) struct Holders {
-    inos: Vec<u32>,
+    inos: Vec<(u32, u32)>,
+    wanted: Vec<u32>,
     waiters: usize,
+}
+
+impl Holders {
+    fn holders(&self, ino: u32) -> Option<u32> {
+        self.inos.iter().find(|e| e.0 == ino).map(|e| e.1)
+    }
 }
 
 /// A shard's synchronisation: a mutex over its [`Holders`] and the condition variable
@@ -143,17 +156,48 @@ impl<S: ShardSync> InodeLocks<S> {
         &self.shards[ino as usize % SHARDS].sync
     }
 
-    /// Wait until `ino` is free and take it. `held` is the caller's lock-order record,
-    /// kept by the guard.
+    /// Wait until `ino` is free and take it exclusively. `held` is the caller's
+    /// lock-order record, kept by the guard.
     pub(crate) fn lock(&self, ino: u32, held: Held) -> InodeGuard<'_, S> {
         let s = self.shard(ino);
         let mut h = s.lock();
-        while h.inos.contains(&ino) {
+        let mut announced = false;
+        while h.holders(ino).is_some() {
+            if !announced {
+                h.wanted.push(ino);
+                announced = true;
+            }
             h.waiters += 1;
             h = s.wait(h);
             h.waiters -= 1;
         }
-        h.inos.push(ino);
+        if announced {
+            if let Some(i) = h.wanted.iter().position(|&x| x == ino) {
+                h.wanted.swap_remove(i);
+            }
+        }
+        h.inos.push((ino, EXCLUSIVE));
+        InodeGuard {
+            locks: self,
+            ino,
+            _held: held,
+        }
+    }
+
+    /// Take `ino` shared with other shared holders: wait while someone holds it
+    /// exclusively or waits to. See [`InodeLocks::lock`].
+    pub(crate) fn lock_shared(&self, ino: u32, held: Held) -> InodeGuard<'_, S> {
+        let s = self.shard(ino);
+        let mut h = s.lock();
+        while h.holders(ino) == Some(EXCLUSIVE) || h.wanted.contains(&ino) {
+            h.waiters += 1;
+            h = s.wait(h);
+            h.waiters -= 1;
+        }
+        match h.inos.iter_mut().find(|e| e.0 == ino) {
+            Some(e) => e.1 += 1,
+            None => h.inos.push((ino, 1)),
+        }
         InodeGuard {
             locks: self,
             ino,
@@ -164,7 +208,7 @@ impl<S: ShardSync> InodeLocks<S> {
     /// Whether anyone holds `ino` now (for assertions).
     #[cfg(test)]
     pub(crate) fn is_locked(&self, ino: u32) -> bool {
-        self.shard(ino).lock().inos.contains(&ino)
+        self.shard(ino).lock().holders(ino).is_some()
     }
 
     /// Whether no inode is locked and no thread waits (for assertions).
@@ -172,7 +216,7 @@ impl<S: ShardSync> InodeLocks<S> {
     pub(crate) fn is_idle(&self) -> bool {
         self.shards.iter().all(|s| {
             let h = s.sync.lock();
-            h.inos.is_empty() && h.waiters == 0
+            h.inos.is_empty() && h.wanted.is_empty() && h.waiters == 0
         })
     }
 }
@@ -188,8 +232,14 @@ impl<S: ShardSync> Drop for InodeGuard<'_, S> {
     fn drop(&mut self) {
         let s = self.locks.shard(self.ino);
         let mut h = s.lock();
-        if let Some(i) = h.inos.iter().position(|&x| x == self.ino) {
-            h.inos.swap_remove(i);
+        if let Some(i) = h.inos.iter().position(|e| e.0 == self.ino) {
+            // The last holder (or the exclusive one) frees it.
+            match &mut h.inos[i].1 {
+                n if *n > 1 && *n != EXCLUSIVE => *n -= 1,
+                _ => {
+                    h.inos.swap_remove(i);
+                }
+            }
         }
         if h.waiters > 0 {
             s.notify_all();
@@ -203,6 +253,62 @@ mod tests {
     use crate::lockdep::Rank;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
+
+    /// Shared holders hold together; an exclusive locker waits for all of them, and
+    /// once it waits, new shared lockers wait behind it (no starvation by a stream of
+    /// shared holders); it then holds alone.
+    #[test]
+    fn shared_holders_together_exclusive_alone_and_first() {
+        use std::sync::atomic::AtomicBool;
+        use std::time::Duration;
+        let locks = Arc::new(InodeLocks::new());
+        let a = locks.lock_shared(9, Held::acquire(11, Rank::Dir));
+        let b = locks.lock_shared(9, Held::acquire(12, Rank::Dir));
+        let excl_in = Arc::new(AtomicBool::new(false));
+        let late_in = Arc::new(AtomicBool::new(false));
+        let excl = {
+            let (locks, excl_in) = (locks.clone(), excl_in.clone());
+            std::thread::spawn(move || {
+                let _g = locks.lock(9, Held::acquire(13, Rank::Dir));
+                excl_in.store(true, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(50));
+                excl_in.store(false, Ordering::SeqCst);
+            })
+        };
+        // The exclusive locker is waiting: a new shared locker queues behind it.
+        while locks.shard(9).lock().wanted.is_empty() {
+            std::thread::yield_now();
+        }
+        let late = {
+            let (locks, excl_in, late_in) = (locks.clone(), excl_in.clone(), late_in.clone());
+            std::thread::spawn(move || {
+                let _g = locks.lock_shared(9, Held::acquire(14, Rank::Dir));
+                assert!(!excl_in.load(Ordering::SeqCst), "shared beside exclusive");
+                late_in.store(true, Ordering::SeqCst);
+            })
+        };
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(
+            !excl_in.load(Ordering::SeqCst),
+            "exclusive beside shared holders"
+        );
+        assert!(
+            !late_in.load(Ordering::SeqCst),
+            "a shared locker overtook a waiting exclusive one"
+        );
+        drop(a);
+        std::thread::sleep(Duration::from_millis(10));
+        assert!(
+            !excl_in.load(Ordering::SeqCst),
+            "exclusive beside one shared holder"
+        );
+        drop(b);
+        excl.join().expect("exclusive");
+        late.join().expect("late shared");
+        assert!(late_in.load(Ordering::SeqCst));
+        assert!(!locks.is_locked(9));
+        assert!(locks.is_idle());
+    }
 
     #[test]
     fn one_holder_per_inode_and_no_stripe_collisions() {

@@ -39,6 +39,12 @@ impl Fs {
         self.write_inode_record(ino, inode, false)
     }
 
+    /// Store the last record of an inode being freed: not kept in the inode cache
+    /// (the free takes it out anyway; setting it first cost an insert and a removal).
+    pub(crate) fn write_freed_inode(&self, ino: Ino, inode: &Inode) -> Result<()> {
+        self.write_inode_record_with(ino, inode, None, false)
+    }
+
     /// Store a brand-new inode (the slot's old bytes are discarded).
     pub(crate) fn write_new_inode(&self, ino: Ino, inode: &Inode) -> Result<()> {
         self.write_inode_record(ino, inode, true)
@@ -47,27 +53,36 @@ impl Fs {
     /// Store `inode` over the record bytes `raw` (for changes of the in-inode xattr area,
     /// which `Inode` does not model).
     pub(crate) fn write_inode_raw(&self, ino: Ino, raw: &[u8], inode: &Inode) -> Result<()> {
-        self.write_inode_record_with(ino, inode, Some(raw))
+        self.write_inode_record_with(ino, inode, Some(raw), true)
     }
 
     fn write_inode_record(&self, ino: Ino, inode: &Inode, fresh: bool) -> Result<()> {
         if fresh {
             let zero = vec![0u8; usize::from(self.inner.sb.inode_size)];
-            self.write_inode_record_with(ino, inode, Some(&zero))
+            self.write_inode_record_with(ino, inode, Some(&zero), true)
         } else {
-            self.write_inode_record_with(ino, inode, None)
+            self.write_inode_record_with(ino, inode, None, true)
         }
     }
 
-    fn write_inode_record_with(&self, ino: Ino, inode: &Inode, base: Option<&[u8]>) -> Result<()> {
+    /// Write `inode` into its record (over `base`, the whole record, when given; else
+    /// over what the record holds), and into the inode cache when `cached`.
+    fn write_inode_record_with(
+        &self,
+        ino: Ino,
+        inode: &Inode,
+        base: Option<&[u8]>,
+        cached: bool,
+    ) -> Result<()> {
         self.check_writable()?;
         let (blk, off) = self.inode_location(ino)?;
         let isz = usize::from(self.inner.sb.inode_size);
         let outside = || Error::corrupted("inode record outside its block", Some(blk));
-        // The new record is made before the block's lock is taken: its bytes have one
-        // writer at a time (this inode's, under its inode lock or the write lock), so
-        // only putting it in waits for the writers of the block's other records
-        // (handles on other inodes), and for as long as a copy of the record takes.
+        // The new record is made first: its bytes have one writer at a time (this
+        // inode's, under its inode lock or the write lock), and putting it in is one
+        // step of the buffer cache (`update`, under its shard's mutex), so writers of
+        // the block's other records (handles on other inodes) wait for no more than
+        // the copy of one record.
         let mut rec = match base {
             Some(b) if b.len() != isz => {
                 return Err(Error::InvalidInput("inode record of the wrong size".into()))
@@ -83,19 +98,45 @@ impl Fs {
             fi::set_csum(&mut rec, ino.0, self.inner.csum_seed);
         }
         // What a reader decoding the new record would get, for the inode cache.
-        let decoded = Inode::decode(&rec).ok();
-        {
-            let _b = self.block_lock(blk);
-            self.cache().update(blk, Kind::InodeTable, |data| {
-                data.get_mut(off..off + isz)
-                    .ok_or_else(outside)?
-                    .copy_from_slice(&rec);
-                Ok(())
-            })?;
+        let decoded = cached.then(|| Inode::decode(&rec).ok()).flatten();
+        self.cache().update(blk, Kind::InodeTable, |data| {
+            data.get_mut(off..off + isz)
+                .ok_or_else(outside)?
+                .copy_from_slice(&rec);
+            Ok(())
+        })?;
+        // (This inode's record has one writer at a time, under its inode lock or the
+        // write lock: the inode cache's entry for it is set by that writer alone.)
+        let icache = &self.inner.caches.inodes;
+        match decoded {
+            Some(i) => icache.set(ino.0, std::sync::Arc::new(i)),
+            None => icache.invalidate(&ino.0),
         }
-        // The block is written: its other records' writers may go on. (This inode's
-        // record has one writer at a time, under its inode lock or the write lock:
-        // the inode cache's entry for it is set by that writer alone.)
+        Ok(())
+    }
+
+    /// Change inode `ino`'s record with `f` as one read-modify-write under its table
+    /// block's lock, the inode cache set under the same lock: for records several
+    /// threads may change at once — a directory's times, changed by creates and
+    /// unlinks that hold its inode lock shared — so neither the record nor the cache
+    /// loses a change or takes them out of order.
+    pub(crate) fn change_inode_record(&self, ino: Ino, f: impl FnOnce(&mut Inode)) -> Result<()> {
+        self.check_writable()?;
+        let (blk, off) = self.inode_location(ino)?;
+        let isz = usize::from(self.inner.sb.inode_size);
+        let _b = self.block_lock(blk);
+        let decoded = self.cache().update(blk, Kind::InodeTable, |data| {
+            let rec = data
+                .get_mut(off..off + isz)
+                .ok_or_else(|| Error::corrupted("inode record outside its block", Some(blk)))?;
+            let mut inode = Inode::decode(rec).map_err(Error::from)?;
+            f(&mut inode);
+            inode.encode_into(rec);
+            if self.inner.metadata_csum {
+                fi::set_csum(rec, ino.0, self.inner.csum_seed);
+            }
+            Ok(Inode::decode(rec).ok())
+        })?;
         let icache = &self.inner.caches.inodes;
         match decoded {
             Some(i) => icache.set(ino.0, std::sync::Arc::new(i)),
@@ -321,7 +362,7 @@ pub(crate) struct FsDir<'a> {
 }
 
 impl FsDir<'_> {
-    fn phys(&self, lblk: u64) -> Result<u64> {
+    pub(crate) fn phys(&self, lblk: u64) -> Result<u64> {
         match self.fs.map_block(self.ino, &self.inode, lblk)? {
             Mapping::Mapped {
                 physical,

@@ -785,6 +785,17 @@ impl Fs {
         self.inner.inode_locks.lock(ino.0, held)
     }
 
+    /// The inode lock of directory `ino`, shared with others who take it shared: for
+    /// a change to one leaf of its htree that leaves the index, the directory's size
+    /// and its other leaves alone (`ops`: a create or unlink in the name's leaf alone,
+    /// under that leaf's block lock). Whoever takes it exclusively waits for them and
+    /// keeps new ones out.
+    #[track_caller]
+    pub(crate) fn lock_dir_shared(&self, ino: Ino) -> inode_locks::InodeGuard<'_> {
+        let held = Held::acquire(self.lock_id(), Rank::Dir);
+        self.inner.inode_locks.lock_shared(ino.0, held)
+    }
+
     /// The inode lock of `ino`, a non-directory or an inode whose kind is not known
     /// yet (under a handle, after any directory's lock).
     #[track_caller]
