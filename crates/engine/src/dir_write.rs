@@ -464,6 +464,21 @@ struct Ent {
     ftype: u8,
 }
 
+impl Ent {
+    /// A new entry `name` → `ino`, checked: an ordinary name, a real inode.
+    fn new(name: &[u8], ino: u32, ftype: FileType) -> Result<Ent> {
+        check_entry_name(name)?;
+        if ino == 0 {
+            return Err(Error::InvalidInput("directory entry for inode 0".into()));
+        }
+        Ok(Ent {
+            name: name.to_vec(),
+            ino,
+            ftype: ftype as u8,
+        })
+    }
+}
+
 /// Insert keeping the raw file-type byte (values above 7 survive a split unchanged).
 fn insert_raw(b: &mut [u8], e: &Ent, tail: bool) -> std::result::Result<bool, FormatError> {
     let kind = FileType::from_u8(e.ftype).unwrap_or(FileType::Unknown);
@@ -658,16 +673,8 @@ fn add(
     dir_index: bool,
     unique: bool,
 ) -> Result<()> {
-    check_entry_name(name)?;
-    if ino == 0 {
-        return Err(Error::InvalidInput("directory entry for inode 0".into()));
-    }
+    let new = Ent::new(name, ino, ftype)?;
     let c = Ctx::new(dir);
-    let new = Ent {
-        name: name.to_vec(),
-        ino,
-        ftype: ftype as u8,
-    };
     if dir.is_indexed() {
         return add_indexed(dir, &c, &new, unique);
     }
@@ -861,17 +868,8 @@ pub fn add_to_leaf(
     ino: u32,
     ftype: FileType,
 ) -> Result<bool> {
-    check_entry_name(name)?;
-    if ino == 0 {
-        return Err(Error::InvalidInput("directory entry for inode 0".into()));
-    }
-    let c = Ctx::new(dir);
-    let new = Ent {
-        name: name.to_vec(),
-        ino,
-        ftype: ftype as u8,
-    };
-    insert_unique_in(dir, &c, leaf, &new)
+    let new = Ent::new(name, ino, ftype)?;
+    insert_unique_in(dir, &Ctx::new(dir), leaf, &new)
 }
 
 /// Remove `name` from leaf `leaf` (from [`only_leaf_for`]) if it names inode `ino`:

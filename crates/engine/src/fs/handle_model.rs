@@ -20,6 +20,25 @@
 //! deadlocks; at the end no inode lock is held or waited for. Two threads never hold
 //! one inode's lock (checked at each acquisition). The broken variants (`Broken`)
 //! must each be caught.
+//!
+//! The shared mode (`InodeLocks::lock_shared`, `scenario_shared`): creates and
+//! unlinks take their directory shared and change one leaf under the leaf's block
+//! lock (here one mutex per directory, with room for one entry; the dentry cache is
+//! told under the same lock), as `Fs::mknod_pinning` / `link_in_leaf` and
+//! `Fs::unlink_ino` / `unlink_in_leaf`. Two threads unlink and create the same names
+//! in `/a/b` (which starts with `x`; one unlinks `x`, creates `x`, unlinks `y`; the
+//! other unlinks `x`, creates `x` and `y`, unlinks `x`). A create holds its new
+//! inode's lock until it is pinned, and falls back to the directory exclusively when
+//! the leaf has no room; an unlink looks the name up again under the child's lock and
+//! falls back to the exclusive path unless it still names that inode. Beside them an
+//! rmdir of `/a/b` (exclusive: it waits for every shared holder; up to three tries,
+//! after a delay) and the committer. Freed inode numbers are reused (the lowest
+//! first), so an unlink's stale number may name a new file. Also checked: shared and
+//! exclusive holders of one inode never overlap; an inode is freed only while in use
+//! and an unlink never reads a freed one; no entry names a freed inode and the dentry
+//! cache agrees with the entries (at each close and at the end, and when it is told);
+//! a create's new inode is still in use when it is pinned. Broken variant: the unlink
+//! without its second look-up (`UnlinkWithoutRecheck`).
 
 #![cfg(test)]
 
@@ -38,7 +57,14 @@ const ROOT: u32 = 2;
 const A: u32 = ROOT + 64;
 const B: u32 = ROOT + 2 * 64;
 const X: u32 = ROOT + 3 * 64;
-const FIRST_FREE: u32 = ROOT + 4 * 64;
+
+/// How many entries a directory's one leaf takes on the shared path (`link_in_leaf`);
+/// a create that finds it full takes the directory exclusively (`link_into`, room
+/// made there).
+const LEAF_ROOM: usize = 1;
+
+/// The yields before the shared scenario's rmdir first tries.
+const RMDIR_DELAY: usize = 40;
 
 /// Which part of the protocol the model leaves out (`None`: the protocol as is).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -50,6 +76,8 @@ enum Broken {
     NoRenameLock,
     /// A create does not check, under its parent's lock, that the parent is there.
     CreateInRemoved,
+    /// The shared unlink does not look the name up again under the child's lock.
+    UnlinkWithoutRecheck,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,9 +98,14 @@ struct State {
     /// Link counts (absent: 0).
     links: BTreeMap<u32, u32>,
     dirs: BTreeMap<u32, Dir>,
+    /// Inodes in use (allocated); the others are free.
+    used: BTreeSet<u32>,
+    /// The dentry cache: what it was last told about a name (`Fs::dent_changed`).
+    dcache: BTreeMap<(u32, &'static str), Option<u32>>,
     /// Inodes whose lock a thread holds now (the table's exclusion, checked).
     holding: BTreeSet<u32>,
-    next_ino: u32,
+    /// Inodes held shared now, with their holder counts.
+    shared: BTreeMap<u32, u32>,
 }
 
 struct Model {
@@ -81,6 +114,8 @@ struct Model {
     gate: RwLock<()>,
     rename: Mutex<()>,
     locks: InodeLocks<ShuttleShard>,
+    /// Each directory's leaf block lock (`Fs::block_lock` of the name's leaf).
+    leaves: BTreeMap<u32, Mutex<()>>,
     state: Mutex<State>,
 }
 
@@ -97,6 +132,7 @@ fn neutral() -> Held {
 struct Locked<'a> {
     m: &'a Model,
     ino: u32,
+    shared: bool,
     _g: InodeGuard<'a, ShuttleShard>,
 }
 
@@ -104,7 +140,16 @@ impl Drop for Locked<'_> {
     fn drop(&mut self) {
         // Before the real guard (a field) goes: nobody can take it in between.
         if !std::thread::panicking() {
-            assert!(self.m.st().holding.remove(&self.ino));
+            let mut st = self.m.st();
+            if self.shared {
+                let n = st.shared.get_mut(&self.ino).expect("held shared");
+                *n -= 1;
+                if *n == 0 {
+                    st.shared.remove(&self.ino);
+                }
+            } else {
+                assert!(st.holding.remove(&self.ino));
+            }
         }
     }
 }
@@ -125,11 +170,14 @@ impl Model {
             gate: RwLock::new(()),
             rename: Mutex::new(()),
             locks: InodeLocks::with_sync(),
+            leaves: [ROOT, A, B].map(|d| (d, Mutex::new(()))).into(),
             state: Mutex::new(State {
                 links: [(A, 1), (B, 1), (X, 1)].into_iter().collect(),
                 dirs: dirs.into_iter().collect(),
+                used: [ROOT, A, B, X].into(),
+                dcache: BTreeMap::new(),
                 holding: BTreeSet::new(),
-                next_ino: FIRST_FREE,
+                shared: BTreeMap::new(),
             }),
         }
     }
@@ -141,14 +189,100 @@ impl Model {
     /// `Fs::lock_dir` / `Fs::lock_nondir`: the real table.
     fn lock(&self, ino: u32) -> Locked<'_> {
         let g = self.locks.lock(ino, neutral());
+        let mut st = self.st();
         assert!(
-            self.st().holding.insert(ino),
+            !st.shared.contains_key(&ino),
+            "inode {ino} held exclusively beside shared holders"
+        );
+        assert!(
+            st.holding.insert(ino),
             "two threads hold inode {ino}'s lock"
         );
         Locked {
             m: self,
             ino,
+            shared: false,
             _g: g,
+        }
+    }
+
+    /// `Fs::lock_dir_shared`: the real table's shared mode.
+    fn lock_shared(&self, ino: u32) -> Locked<'_> {
+        let g = self.locks.lock_shared(ino, neutral());
+        let mut st = self.st();
+        assert!(
+            !st.holding.contains(&ino),
+            "inode {ino} held shared beside an exclusive holder"
+        );
+        *st.shared.entry(ino).or_default() += 1;
+        Locked {
+            m: self,
+            ino,
+            shared: true,
+            _g: g,
+        }
+    }
+
+    /// The block lock of `dir`'s leaf.
+    fn leaf(&self, dir: u32) -> MutexGuard<'_, ()> {
+        self.leaves[&dir].lock().expect("leaf")
+    }
+
+    /// `Fs::alloc_inode`: the lowest free number (a removed directory's stays taken:
+    /// its record answers "removed").
+    fn alloc(&self) -> u32 {
+        let mut st = self.st();
+        let ino = (1..)
+            .map(|k| ROOT + k * 64)
+            .find(|i| !st.used.contains(i) && !st.dirs.contains_key(i))
+            .expect("a free number");
+        st.used.insert(ino);
+        ino
+    }
+
+    /// `Fs::free_inode`: only an inode in use. Takes the caller's state guard and
+    /// releases it before asserting: a failure does not poison the state, so the
+    /// failure reported is this one, not another thread's `PoisonError`.
+    fn free(mut st: MutexGuard<'_, State>, ino: u32) {
+        let was_used = st.used.remove(&ino);
+        st.links.remove(&ino);
+        drop(st);
+        assert!(was_used, "freed inode {ino} freed again");
+    }
+
+    /// `Fs::read_live_inode` by an unlink (its lock held): its link count. The real
+    /// one fails ("entry refers to deleted inode") on a freed inode: never reached.
+    fn read_live(&self, ino: u32) -> u32 {
+        let st = self.st();
+        let (used, links) = (st.used.contains(&ino), st.links.get(&ino).copied());
+        drop(st);
+        assert!(
+            used,
+            "an unlink reads freed inode {ino} (entry refers to deleted inode)"
+        );
+        links.unwrap_or(0)
+    }
+
+    /// `Fs::dent_changed`: under the leaf lock (or the directory exclusively) nobody
+    /// else changes the name, so the cache learns what the entry is now.
+    fn tell_dcache(&self, dir: u32, name: &'static str, now: Option<u32>) {
+        let mut st = self.st();
+        st.dcache.insert((dir, name), now);
+        let entry = st.dirs[&dir].entries.get(name).copied();
+        drop(st);
+        assert_eq!(
+            entry, now,
+            "the dentry cache told {now:?} for {name} in {dir}, out of order"
+        );
+    }
+
+    /// `Fs::drop_link`: one link fewer, freed with the last (the model pins nothing).
+    fn drop_link(&self, ino: u32, links: u32) {
+        let mut st = self.st();
+        if links > 1 {
+            st.links.insert(ino, links - 1);
+        } else {
+            Model::free(st, ino);
         }
     }
 
@@ -175,11 +309,7 @@ impl Model {
         if self.lookup(parent, name).is_ok() {
             return Err(Errno::Exist);
         }
-        let ino = {
-            let mut st = self.st();
-            st.next_ino += 64;
-            st.next_ino - 64
-        };
+        let ino = self.alloc();
         let _c = self.lock(ino);
         let mut st = self.st();
         st.dirs
@@ -213,7 +343,7 @@ impl Model {
         let l = st.links.get_mut(&ino).expect("a named inode has links");
         *l -= 1;
         if *l == 0 {
-            st.links.remove(&ino);
+            Model::free(st, ino);
         }
         Ok(())
     }
@@ -239,7 +369,7 @@ impl Model {
             .expect("parent")
             .entries
             .remove(name);
-        st.links.remove(&ino);
+        Model::free(st, ino);
         Ok(())
     }
 
@@ -275,6 +405,146 @@ impl Model {
         Ok(())
     }
 
+    /// create(2) of a file, the parent shared (`Fs::mknod_pinning`): allocate, take the
+    /// new inode's lock, write it (one link), link the name into the leaf under its
+    /// lock — or, no room there, the whole directory exclusively — then pin it (its
+    /// lock, or the directory's, still held).
+    fn create_shared(&self, parent: u32, name: &'static str) -> Result<u32, Errno> {
+        let _h = self.gate.read().expect("gate");
+        let shared = self.lock_shared(parent);
+        if self.st().dirs[&parent].removed {
+            return Err(Errno::NoEnt);
+        }
+        if self.lookup(parent, name).is_ok() {
+            return Err(Errno::Exist);
+        }
+        let ino = self.alloc();
+        let own = self.lock(ino);
+        self.st().links.insert(ino, 1);
+        thread::yield_now();
+        // `link_in_leaf`: Some(result) when done or refused, None: no room.
+        let linked = {
+            let _l = self.leaf(parent);
+            let mut st = self.st();
+            let entries = &mut st.dirs.get_mut(&parent).expect("parent").entries;
+            if entries.contains_key(name) {
+                Some(Err(Errno::Exist))
+            } else if entries.len() >= LEAF_ROOM {
+                None
+            } else {
+                entries.insert(name, ino);
+                drop(st);
+                thread::yield_now();
+                self.tell_dcache(parent, name, Some(ino));
+                Some(Ok(()))
+            }
+        };
+        let (linked, _whole) = match linked {
+            Some(r) => (r, None),
+            None => {
+                drop(own);
+                drop(shared);
+                let whole = self.lock(parent);
+                let r = self.link_whole(parent, name, ino);
+                (r, Some(whole))
+            }
+        };
+        if let Err(e) = linked {
+            // `keep_or_abandon`.
+            Model::free(self.st(), ino);
+            return Err(e);
+        }
+        thread::yield_now();
+        let used = self.st().used.contains(&ino);
+        assert!(
+            used,
+            "a create's new inode {ino} was freed before it was pinned"
+        );
+        Ok(ino)
+    }
+
+    /// `link_into` (the directory held exclusively).
+    fn link_whole(&self, parent: u32, name: &'static str, ino: u32) -> Result<(), Errno> {
+        let mut st = self.st();
+        let dir = st.dirs.get_mut(&parent).expect("parent");
+        if dir.removed {
+            return Err(Errno::NoEnt);
+        }
+        if dir.entries.contains_key(name) {
+            return Err(Errno::Exist);
+        }
+        dir.entries.insert(name, ino);
+        drop(st);
+        thread::yield_now();
+        self.tell_dcache(parent, name, Some(ino));
+        Ok(())
+    }
+
+    /// unlink(2), the parent shared (`Fs::unlink_ino`): the name removed in its leaf,
+    /// else (false) the exclusive path.
+    fn unlink_shared(&self, parent: u32, name: &'static str) -> Result<(), Errno> {
+        let _h = self.gate.read().expect("gate");
+        {
+            let _p = self.lock_shared(parent);
+            if self.unlink_in_leaf(parent, name)? {
+                return Ok(());
+            }
+        }
+        let _p = self.lock(parent);
+        let ino = self.lookup(parent, name)?;
+        if self.is_dir(ino) {
+            return Err(Errno::IsDir);
+        }
+        let _c = self.lock(ino);
+        let links = self.read_live(ino);
+        self.st()
+            .dirs
+            .get_mut(&parent)
+            .expect("parent")
+            .entries
+            .remove(name);
+        thread::yield_now();
+        self.tell_dcache(parent, name, None);
+        thread::yield_now();
+        self.drop_link(ino, links);
+        Ok(())
+    }
+
+    /// `unlink_in_leaf`: look up (no lock), the child's lock, look up again (unless
+    /// `UnlinkWithoutRecheck`), then remove the entry under the leaf lock if it names
+    /// the inode, and drop its link.
+    fn unlink_in_leaf(&self, parent: u32, name: &'static str) -> Result<bool, Errno> {
+        let ino = self.lookup(parent, name)?;
+        if self.is_dir(ino) {
+            return Ok(false);
+        }
+        let _c = self.lock(ino);
+        if self.broken != Broken::UnlinkWithoutRecheck && self.lookup(parent, name) != Ok(ino) {
+            return Ok(false);
+        }
+        let links = self.read_live(ino);
+        let removed = {
+            let _l = self.leaf(parent);
+            let mut st = self.st();
+            let entries = &mut st.dirs.get_mut(&parent).expect("parent").entries;
+            if entries.get(name) != Some(&ino) {
+                false
+            } else {
+                entries.remove(name);
+                drop(st);
+                thread::yield_now();
+                self.tell_dcache(parent, name, None);
+                true
+            }
+        };
+        if !removed {
+            return Ok(false);
+        }
+        thread::yield_now();
+        self.drop_link(ino, links);
+        Ok(true)
+    }
+
     /// Close the transaction (`Fs::write_lock`, then close): no handle is open, so
     /// the state holds only whole operations.
     fn commit(&self) {
@@ -295,6 +565,10 @@ fn check(st: &State, when: &str) {
         );
         for (name, &ino) in &dir.entries {
             assert!(
+                st.used.contains(&ino),
+                "entry {name} in {d} names freed inode {ino} {when}"
+            );
+            assert!(
                 st.links.get(&ino).is_some_and(|&l| l >= 1),
                 "half-done operation {when}: entry {name} in {d} names inode {ino} without links"
             );
@@ -305,7 +579,18 @@ fn check(st: &State, when: &str) {
             *named.entry(ino).or_default() += 1;
         }
     }
+    for (&(d, name), &ino) in &st.dcache {
+        assert_eq!(
+            st.dirs[&d].entries.get(name).copied(),
+            ino,
+            "half-done operation {when}: the dentry cache disagrees on {name} in {d}"
+        );
+    }
     for (&ino, &l) in &st.links {
+        assert!(
+            st.used.contains(&ino),
+            "freed inode {ino} has {l} links {when}"
+        );
         assert_eq!(
             named.get(&ino).copied().unwrap_or(0),
             l,
@@ -350,15 +635,64 @@ fn scenario(broken: Broken) {
     for t in threads {
         t.join().expect("thread");
     }
+    at_the_end(&m);
+}
+
+/// The final checks of a run (its threads joined).
+fn at_the_end(m: &Model) {
     let st = m.st();
     check(&st, "at the end");
     assert!(
-        st.holding.is_empty(),
-        "inode locks left held: {:?}",
-        st.holding
+        st.holding.is_empty() && st.shared.is_empty(),
+        "inode locks left held: {:?} {:?}",
+        st.holding,
+        st.shared
     );
     drop(st);
     assert!(m.locks.is_idle(), "the lock table is not empty at the end");
+}
+
+/// One run of the shared mode: the threads of the module note's second part.
+fn scenario_shared(broken: Broken) {
+    let m = Arc::new(Model::new(broken));
+    let spawn = |f: fn(&Model)| {
+        let m = m.clone();
+        thread::spawn(move || f(&m))
+    };
+    let threads = [
+        spawn(|m| {
+            let _ = m.unlink_shared(B, "x");
+            let _ = m.create_shared(B, "x");
+            let _ = m.unlink_shared(B, "y");
+        }),
+        spawn(|m| {
+            let _ = m.unlink_shared(B, "x");
+            let _ = m.create_shared(B, "x");
+            let _ = m.create_shared(B, "y");
+            let _ = m.unlink_shared(B, "x");
+        }),
+        spawn(|m| {
+            // Late enough that the creates often find `/a/b` there.
+            for _ in 0..RMDIR_DELAY {
+                thread::yield_now();
+            }
+            for _ in 0..3 {
+                if m.rmdir(A, "b") != Err(Errno::NotEmpty) {
+                    break;
+                }
+                thread::yield_now();
+            }
+        }),
+        spawn(|m| {
+            for _ in 0..2 {
+                m.commit();
+            }
+        }),
+    ];
+    for t in threads {
+        t.join().expect("thread");
+    }
+    at_the_end(&m);
 }
 
 #[test]
@@ -374,7 +708,11 @@ fn handles_and_inode_locks_under_pct_schedules() {
 /// Run the broken variant `b` over `n` random schedules: it must fail, with a message
 /// containing `expect`.
 fn caught(b: Broken, n: usize, expect: &str) {
-    let r = std::panic::catch_unwind(|| shuttle::check_random(move || scenario(b), n));
+    let run = match b {
+        Broken::UnlinkWithoutRecheck => scenario_shared,
+        _ => scenario,
+    };
+    let r = std::panic::catch_unwind(|| shuttle::check_random(move || run(b), n));
     let err = r.expect_err("the broken variant passed every schedule");
     let msg = err
         .downcast_ref::<String>()
@@ -405,4 +743,21 @@ fn the_model_catches_two_directories_locked_without_the_rename_lock() {
 #[test]
 fn the_model_catches_a_create_in_a_removed_directory() {
     caught(Broken::CreateInRemoved, 3000, "inside removed directory");
+}
+
+#[test]
+fn shared_creates_and_unlinks_under_random_schedules() {
+    shuttle::check_random(|| scenario_shared(Broken::None), 10_000);
+}
+
+#[test]
+fn shared_creates_and_unlinks_under_pct_schedules() {
+    shuttle::check_pct(|| scenario_shared(Broken::None), 10_000, 3);
+}
+
+/// Two unlinks of `x` look it up; one frees it while the other waits for its lock,
+/// which then, without looking again, reads the freed inode.
+#[test]
+fn the_model_catches_an_unlink_without_the_second_lookup() {
+    caught(Broken::UnlinkWithoutRecheck, 1000, "freed inode");
 }

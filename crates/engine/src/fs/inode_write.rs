@@ -107,12 +107,17 @@ impl Fs {
         })?;
         // (This inode's record has one writer at a time, under its inode lock or the
         // write lock: the inode cache's entry for it is set by that writer alone.)
+        self.cache_inode(ino, decoded);
+        Ok(())
+    }
+
+    /// Tell the inode cache what `ino`'s record now decodes to (`None`: forget it).
+    fn cache_inode(&self, ino: Ino, decoded: Option<Inode>) {
         let icache = &self.inner.caches.inodes;
         match decoded {
             Some(i) => icache.set(ino.0, std::sync::Arc::new(i)),
             None => icache.invalidate(&ino.0),
         }
-        Ok(())
     }
 
     /// Change inode `ino`'s record with `f` as one read-modify-write under its table
@@ -137,11 +142,7 @@ impl Fs {
             }
             Ok(Inode::decode(rec).ok())
         })?;
-        let icache = &self.inner.caches.inodes;
-        match decoded {
-            Some(i) => icache.set(ino.0, std::sync::Arc::new(i)),
-            None => icache.invalidate(&ino.0),
-        }
+        self.cache_inode(ino, decoded);
         Ok(())
     }
 
