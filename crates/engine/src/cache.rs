@@ -88,6 +88,16 @@ struct Entry {
 }
 
 impl Entry {
+    /// Contents as read or verified: clean, not logged.
+    fn clean(data: Arc<[u8]>) -> Entry {
+        Entry {
+            data,
+            verified: 0,
+            dirty: false,
+            logged: None,
+        }
+    }
+
     fn droppable(&self) -> bool {
         !self.dirty && self.logged.is_none()
     }
@@ -259,12 +269,7 @@ impl BufferCache {
         let mut guard = self.at(blk);
         let map = &mut *guard;
         self.make_room(map);
-        let e = map.map.entry(blk).or_insert(Entry {
-            data: data.clone(),
-            verified: 0,
-            dirty: false,
-            logged: None,
-        });
+        let e = map.map.entry(blk).or_insert(Entry::clean(data.clone()));
         e.verified |= bit;
         Ok(e.data.clone())
     }
@@ -368,34 +373,18 @@ impl BufferCache {
     ) -> Result<Option<R>> {
         // The change is one step under the shard's mutex, in place or on a copy, so
         // two changes of one block (to different bytes of it) never lose one another.
-        // A block not cached is read in first (device I/O, without the mutex).
-        let fetched = {
+        // A block not cached is read in first (device I/O, without the mutex; `read`
+        // caches it), then looked for again: what was read is not put back by hand, as
+        // another thread's change may have been committed, written home and dropped
+        // meanwhile (the device then holds it, and the next read gets it).
+        loop {
             let mut guard = self.at(blk);
             if guard.map.contains_key(&blk) {
                 return self.change_entry(&mut guard, blk, kind, f);
             }
             drop(guard);
-            self.read(blk, kind, |_| Ok(()))?
-        };
-        let mut guard = self.at(blk);
-        let b = &mut *guard;
-        if !b.map.contains_key(&blk) {
-            // Dropped again meanwhile: what was read is still what the block holds (a
-            // change would have kept it cached, dirty).
-            self.make_room(b);
-            b.map.insert(
-                blk,
-                Entry {
-                    data: fetched,
-                    verified: 0,
-                    dirty: false,
-                    logged: None,
-                },
-            );
-        } else {
-            drop(fetched);
+            drop(self.read(blk, kind, |_| Ok(()))?);
         }
-        self.change_entry(b, blk, kind, f)
     }
 
     /// [`BufferCache::update_if`]'s change of cached block `blk` (in its shard `b`,
@@ -437,15 +426,7 @@ impl BufferCache {
         match b.map.get_mut(&blk) {
             Some(e) => e.data = data,
             None => {
-                b.map.insert(
-                    blk,
-                    Entry {
-                        data,
-                        verified: 0,
-                        dirty: false,
-                        logged: None,
-                    },
-                );
+                b.map.insert(blk, Entry::clean(data));
             }
         }
         self.dirtied(b, blk, kind);
