@@ -403,7 +403,16 @@ impl NameLeaves {
 
 /// The leaf holding the live entry `name` (not "." or ".."), with its verified bytes.
 fn find(dir: &impl DirStore, c: &Ctx, name: &[u8]) -> Result<Option<(u64, Vec<u8>)>> {
-    let mut leaves = NameLeaves::new(dir, c, name)?;
+    first_holding(&mut NameLeaves::new(dir, c, name)?, dir, c, name)
+}
+
+/// The first of `leaves` holding the live entry `name`, with its verified bytes.
+fn first_holding(
+    leaves: &mut NameLeaves,
+    dir: &impl DirStore,
+    c: &Ctx,
+    name: &[u8],
+) -> Result<Option<(u64, Vec<u8>)>> {
     while let Some(leaf) = leaves.next(dir, c)? {
         let b = read_leaf(dir, c, leaf)?;
         if fdir::lookup(&b, name, c.csum())
@@ -756,40 +765,25 @@ fn add_indexed(dir: &mut impl DirStore, c: &Ctx, new: &Ent, unique: bool) -> Res
         let frames = probe(dir, c, &rb, root.indirect_levels, hash)?;
         let last = frames.len() - 1;
         let leaf = frames[last].child(c)?;
-        let mut exists = false;
         let added = if search {
             search = false;
+            // The leaves after this one that the hash continues into come first.
             if chain_continues(c, &frames, hash)? {
                 let mut rest = NameLeaves {
                     hashed: Some((root.indirect_levels, hash, frames.clone())),
                     given: 1,
                     limit: dir.nblocks().max(1),
                 };
-                while let Some(l) = rest.next(dir, c)? {
-                    let b = read_leaf(dir, c, l)?;
-                    if fdir::lookup(&b, &new.name, c.csum())
-                        .map_err(in_block(l))?
-                        .is_some()
-                    {
-                        return Err(Error::Exists);
-                    }
+                if first_holding(&mut rest, dir, c, &new.name)?.is_some() {
+                    return Err(Error::Exists);
                 }
             }
-            match insert_unique_in(dir, c, leaf, new) {
-                Err(Error::Exists) => {
-                    exists = true;
-                    false
-                }
-                r => r?,
-            }
+            insert_unique_in(dir, c, leaf, new)?
         } else {
             change_leaf(dir, c, leaf, |b| {
                 insert_raw(b, new, c.csum()).map_err(in_block(leaf))
             })?
         };
-        if exists {
-            return Err(Error::Exists);
-        }
         if added {
             return Ok(());
         }

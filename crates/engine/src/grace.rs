@@ -20,7 +20,7 @@
 //! (a busy shared slot delays reuse), never unsafe. Entering and leaving are a
 //! compare-and-swap loop each: no locks on the read side.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Reader slots. More threads than this share slots (safe, only more conservative).
 pub const SLOTS: usize = 64;
@@ -45,11 +45,7 @@ impl Default for Grace {
 }
 
 fn thread_slot() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static SLOT: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SLOTS;
-    }
-    SLOT.with(|s| *s)
+    crate::striped::thread_ordinal() % SLOTS
 }
 
 impl Grace {

@@ -319,16 +319,18 @@ impl Fs {
             ));
         }
         let _h = self.handle();
-        // The directory shared: creates and unlinks of names in different leaves go
-        // on beside each other (`link_in_leaf`); what needs more takes it whole.
-        let shared = self.lock_dir_shared(parent);
+        // An htree is taken shared: creates and unlinks of names in different leaves go
+        // on beside each other (`link_in_leaf`); another directory, or a create that
+        // needs more than its name's leaf, takes the directory whole.
+        let mut shared = self.is_htree(parent).then(|| self.lock_dir_shared(parent));
+        let mut whole = shared.is_none().then(|| self.lock_dir(parent));
         let mut d = self.dir_for_new_name(parent, name)?;
         let inherited = self.inherit_acl(&d.inode, parent, &mut mode);
         let inherited = self.exists_first(parent, name, inherited)?;
         let ino = self.exists_first(parent, name, self.alloc_inode(parent, false))?;
         // Nobody knows the number yet; its lock keeps an unlink of the new name (beside
         // this create, the directory shared) out until the inode is pinned.
-        let own = self.lock_nondir(ino);
+        let mut own = shared.is_some().then(|| self.lock_nondir(ino));
         let mut written = false;
         let made = (|| {
             let mut inode = self.new_inode(mode, uid, gid);
@@ -341,44 +343,50 @@ impl Fs {
             self.write_new_inode(ino, &inode)?;
             written = true;
             self.store_inherited(ino, inherited)?;
+            if whole.is_some() {
+                self.link_into(&mut d, name, ino, mode)?;
+                return Ok(true);
+            }
             self.link_in_leaf(&mut d, name, ino, mode)
         })();
         let made = match made {
-            Ok(true) => Ok(None),
             Ok(false) => {
                 // No room in the name's leaf, or no one leaf for it: the whole
                 // directory, exclusively.
-                drop(own);
-                drop(shared);
-                let whole = self.lock_dir(parent);
-                self.dir_for_new_name(parent, name).and_then(|mut d| {
-                    self.link_into(&mut d, name, ino, mode)?;
-                    Ok(Some((whole, d)))
+                own = None;
+                shared = None;
+                whole = Some(self.lock_dir(parent));
+                self.dir_for_new_name(parent, name).and_then(|mut whole_d| {
+                    self.link_into(&mut whole_d, name, ino, mode)?;
+                    d = whole_d;
+                    Ok(())
                 })
             }
-            Err(e) => Err(e),
-        };
-        let (made, whole) = match made {
-            Ok(whole) => (Ok(()), whole),
-            Err(e) => (Err(e), None),
+            other => other.map(drop),
         };
         let kept = self.keep_or_abandon(ino, false, written, made);
         self.exists_first(parent, name, kept)?;
-        match whole {
-            Some((_whole, d)) => {
-                self.finish_dir(d)?;
-                if pin {
-                    self.pin(ino);
-                }
-            }
-            None => {
-                if pin {
-                    self.pin(ino);
-                }
-                self.touch_dir(parent)?;
-            }
+        if whole.is_some() {
+            self.finish_dir(d)?;
         }
+        if pin {
+            self.pin(ino);
+        }
+        if shared.is_some() {
+            self.touch_dir(parent)?;
+        }
+        drop((own, shared, whole));
         Ok(ino)
+    }
+
+    /// Whether directory `dir` is an htree (hashed index) — read before its lock is
+    /// taken, so a hint to choose the lock by: one that became an htree meanwhile is
+    /// taken whole when a create or unlink finds no single leaf to change.
+    fn is_htree(&self, dir: Ino) -> bool {
+        self.dir_index()
+            && self
+                .read_live_inode(dir)
+                .is_ok_and(|i| i.has_flag(flags::INDEX))
     }
 
     /// Link `name -> ino` into the one leaf of `d` that can take it
@@ -635,7 +643,7 @@ impl Fs {
     pub fn unlink_ino(&self, parent: Ino, name: &[u8]) -> Result<()> {
         check_name(name)?;
         let _h = self.handle();
-        {
+        if self.is_htree(parent) {
             let _p = self.lock_dir_shared(parent);
             if self.unlink_in_leaf(parent, name)? {
                 return Ok(());

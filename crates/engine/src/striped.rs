@@ -40,13 +40,19 @@ impl std::fmt::Debug for Counter {
     }
 }
 
-/// This thread's stripe, given round-robin when it first counts.
-fn stripe() -> usize {
+/// This thread's number, given in the order threads first ask (0, 1, 2, ...): for
+/// spreading threads over stripes or slots round-robin (here, and `grace`'s slots).
+pub fn thread_ordinal() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
-        static MINE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+        static MINE: usize = NEXT.fetch_add(1, Ordering::Relaxed);
     }
     MINE.with(|s| *s)
+}
+
+/// This thread's stripe.
+fn stripe() -> usize {
+    thread_ordinal() % STRIPES
 }
 
 impl Counter {

@@ -599,43 +599,55 @@ fn check(st: &State, when: &str) {
     }
 }
 
-/// One run: the threads of the module note, joined, then the final checks.
-fn scenario(broken: Broken) {
+/// One run: `threads` started on one model, joined, then the final checks.
+fn run(broken: Broken, threads: [fn(&Model); 4]) {
     let m = Arc::new(Model::new(broken));
-    let spawn = |f: fn(&Model)| {
+    let threads = threads.map(|f| {
         let m = m.clone();
         thread::spawn(move || f(&m))
-    };
-    let threads = [
-        spawn(|m| {
-            let _ = m.create(B, "g");
-            let _ = m.create(A, "f");
-            let _ = m.create(B, "h");
-        }),
-        spawn(|m| {
-            let _ = m.mv(B, "x", A);
-            let _ = m.unlink(B, "g");
-            let _ = m.unlink(A, "x");
-        }),
-        spawn(|m| {
-            // Until `/a/b` is gone or found not empty three times.
-            for _ in 0..3 {
-                if m.rmdir(A, "b") != Err(Errno::NotEmpty) {
-                    break;
-                }
-                thread::yield_now();
-            }
-        }),
-        spawn(|m| {
-            for _ in 0..2 {
-                m.commit();
-            }
-        }),
-    ];
+    });
     for t in threads {
         t.join().expect("thread");
     }
     at_the_end(&m);
+}
+
+/// rmdir `/a/b` until it is gone or was found not empty three times.
+fn rmdir_b(m: &Model) {
+    for _ in 0..3 {
+        if m.rmdir(A, "b") != Err(Errno::NotEmpty) {
+            break;
+        }
+        thread::yield_now();
+    }
+}
+
+/// The committer: closes the transaction twice.
+fn commit_twice(m: &Model) {
+    for _ in 0..2 {
+        m.commit();
+    }
+}
+
+/// One run of the threads of the module note's first part.
+fn scenario(broken: Broken) {
+    run(
+        broken,
+        [
+            |m| {
+                let _ = m.create(B, "g");
+                let _ = m.create(A, "f");
+                let _ = m.create(B, "h");
+            },
+            |m| {
+                let _ = m.mv(B, "x", A);
+                let _ = m.unlink(B, "g");
+                let _ = m.unlink(A, "x");
+            },
+            rmdir_b,
+            commit_twice,
+        ],
+    );
 }
 
 /// The final checks of a run (its threads joined).
@@ -654,45 +666,30 @@ fn at_the_end(m: &Model) {
 
 /// One run of the shared mode: the threads of the module note's second part.
 fn scenario_shared(broken: Broken) {
-    let m = Arc::new(Model::new(broken));
-    let spawn = |f: fn(&Model)| {
-        let m = m.clone();
-        thread::spawn(move || f(&m))
-    };
-    let threads = [
-        spawn(|m| {
-            let _ = m.unlink_shared(B, "x");
-            let _ = m.create_shared(B, "x");
-            let _ = m.unlink_shared(B, "y");
-        }),
-        spawn(|m| {
-            let _ = m.unlink_shared(B, "x");
-            let _ = m.create_shared(B, "x");
-            let _ = m.create_shared(B, "y");
-            let _ = m.unlink_shared(B, "x");
-        }),
-        spawn(|m| {
-            // Late enough that the creates often find `/a/b` there.
-            for _ in 0..RMDIR_DELAY {
-                thread::yield_now();
-            }
-            for _ in 0..3 {
-                if m.rmdir(A, "b") != Err(Errno::NotEmpty) {
-                    break;
+    run(
+        broken,
+        [
+            |m| {
+                let _ = m.unlink_shared(B, "x");
+                let _ = m.create_shared(B, "x");
+                let _ = m.unlink_shared(B, "y");
+            },
+            |m| {
+                let _ = m.unlink_shared(B, "x");
+                let _ = m.create_shared(B, "x");
+                let _ = m.create_shared(B, "y");
+                let _ = m.unlink_shared(B, "x");
+            },
+            |m| {
+                // Late enough that the creates often find `/a/b` there.
+                for _ in 0..RMDIR_DELAY {
+                    thread::yield_now();
                 }
-                thread::yield_now();
-            }
-        }),
-        spawn(|m| {
-            for _ in 0..2 {
-                m.commit();
-            }
-        }),
-    ];
-    for t in threads {
-        t.join().expect("thread");
-    }
-    at_the_end(&m);
+                rmdir_b(m);
+            },
+            commit_twice,
+        ],
+    );
 }
 
 #[test]

@@ -42,7 +42,7 @@ impl Fs {
     /// Store the last record of an inode being freed: not kept in the inode cache
     /// (the free takes it out anyway; setting it first cost an insert and a removal).
     pub(crate) fn write_freed_inode(&self, ino: Ino, inode: &Inode) -> Result<()> {
-        self.write_inode_record_with(ino, inode, None, false)
+        self.write_inode_record_with(ino, inode, Base::Current, false)
     }
 
     /// Store a brand-new inode (the slot's old bytes are discarded).
@@ -53,25 +53,21 @@ impl Fs {
     /// Store `inode` over the record bytes `raw` (for changes of the in-inode xattr area,
     /// which `Inode` does not model).
     pub(crate) fn write_inode_raw(&self, ino: Ino, raw: &[u8], inode: &Inode) -> Result<()> {
-        self.write_inode_record_with(ino, inode, Some(raw), true)
+        self.write_inode_record_with(ino, inode, Base::Raw(raw), true)
     }
 
     fn write_inode_record(&self, ino: Ino, inode: &Inode, fresh: bool) -> Result<()> {
-        if fresh {
-            let zero = vec![0u8; usize::from(self.inner.sb.inode_size)];
-            self.write_inode_record_with(ino, inode, Some(&zero), true)
-        } else {
-            self.write_inode_record_with(ino, inode, None, true)
-        }
+        let base = if fresh { Base::Zero } else { Base::Current };
+        self.write_inode_record_with(ino, inode, base, true)
     }
 
-    /// Write `inode` into its record (over `base`, the whole record, when given; else
-    /// over what the record holds), and into the inode cache when `cached`.
+    /// Write `inode` into its record over `base`, and into the inode cache when
+    /// `cached`.
     fn write_inode_record_with(
         &self,
         ino: Ino,
         inode: &Inode,
-        base: Option<&[u8]>,
+        base: Base<'_>,
         cached: bool,
     ) -> Result<()> {
         self.check_writable()?;
@@ -84,19 +80,17 @@ impl Fs {
         // the block's other records (handles on other inodes) wait for no more than
         // the copy of one record.
         let mut rec = match base {
-            Some(b) if b.len() != isz => {
+            Base::Raw(b) if b.len() != isz => {
                 return Err(Error::InvalidInput("inode record of the wrong size".into()))
             }
-            Some(b) => b.to_vec(),
-            None => {
+            Base::Raw(b) => b.to_vec(),
+            Base::Zero => vec![0u8; isz],
+            Base::Current => {
                 let data = self.cache().read(blk, Kind::InodeTable, |_| Ok(()))?;
                 data.get(off..off + isz).ok_or_else(outside)?.to_vec()
             }
         };
-        inode.encode_into(&mut rec);
-        if self.inner.metadata_csum {
-            fi::set_csum(&mut rec, ino.0, self.inner.csum_seed);
-        }
+        self.seal_record(ino, inode, &mut rec);
         // What a reader decoding the new record would get, for the inode cache.
         let decoded = cached.then(|| Inode::decode(&rec).ok()).flatten();
         self.cache().update(blk, Kind::InodeTable, |data| {
@@ -109,6 +103,15 @@ impl Fs {
         // write lock: the inode cache's entry for it is set by that writer alone.)
         self.cache_inode(ino, decoded);
         Ok(())
+    }
+
+    /// Encode `inode` into record bytes `rec` (keeping what `Inode` does not model)
+    /// and checksum them.
+    fn seal_record(&self, ino: Ino, inode: &Inode, rec: &mut [u8]) {
+        inode.encode_into(rec);
+        if self.inner.metadata_csum {
+            fi::set_csum(rec, ino.0, self.inner.csum_seed);
+        }
     }
 
     /// Tell the inode cache what `ino`'s record now decodes to (`None`: forget it).
@@ -136,10 +139,7 @@ impl Fs {
                 .ok_or_else(|| Error::corrupted("inode record outside its block", Some(blk)))?;
             let mut inode = Inode::decode(rec).map_err(Error::from)?;
             f(&mut inode);
-            inode.encode_into(rec);
-            if self.inner.metadata_csum {
-                fi::set_csum(rec, ino.0, self.inner.csum_seed);
-            }
+            self.seal_record(ino, &inode, rec);
             Ok(Inode::decode(rec).ok())
         })?;
         self.cache_inode(ino, decoded);
@@ -351,6 +351,14 @@ pub(crate) fn with_tree<R>(
     inode.block = root;
     inode.blocks_raw = blocks;
     r
+}
+
+/// What a record write starts from: zeros (a new inode), given bytes (the in-inode
+/// xattr area changed too), or the record as it is.
+enum Base<'a> {
+    Zero,
+    Raw(&'a [u8]),
+    Current,
 }
 
 /// [`DirStore`] for one directory inode; the inode is written back by the caller
