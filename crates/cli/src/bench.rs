@@ -5,7 +5,8 @@
 //!
 //! Workloads: `mdtest N` (create N empty files in one directory, stat them, unlink them,
 //! like the anchors' mdtest.c; with `--threads T` T threads share the N files, each in
-//! its own directory or, with `--shared-dir`, all in one), `seqwrite SIZE` (one file
+//! its own directory or, with `--shared-dir`, all in one; `--chmod-rename` adds a chmod
+//! and a rename of every file before the unlinks), `seqwrite SIZE` (one file
 //! written in 1 MiB requests, then synced), `seqread` (read that file back),
 //! `smallfsync N` (N files of 4 KiB each written and fsynced; with `--threads T`, T
 //! threads in directories of their own, and the journal commits counted against the
@@ -67,6 +68,10 @@ pub struct BenchArgs {
     /// mdtest: every thread's files in one shared directory.
     #[arg(long)]
     pub shared_dir: bool,
+    /// mdtest: also chmod every file after the stats, and rename every file in its
+    /// directory (f... to r...) before the unlinks: phases `chmod` and `rename`.
+    #[arg(long)]
+    pub chmod_rename: bool,
     /// Request size for dax (suffixes k, m, g; default 1m).
     #[arg(long)]
     pub chunk: Option<String>,
@@ -296,7 +301,25 @@ fn mdtest(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
         let found = fs.lookup(d, nm).map_err(e)?.ok_or("lookup failed")?;
         fs.stat_ino(found.ino).map(|_| ()).map_err(e)
     })?;
-    timed("unlink", &|d, nm| fs.unlink_ino(d, nm).map_err(e))?;
+    // The renamed name of `nm`: r instead of f.
+    let renamed = |nm: &[u8]| [b"r", &nm[1..]].concat();
+    if a.chmod_rename {
+        timed("chmod", &|d, nm| {
+            let found = fs.lookup(d, nm).map_err(e)?.ok_or("lookup failed")?;
+            let attrs = rext4::SetAttr {
+                mode: Some(0o600),
+                ..Default::default()
+            };
+            fs.setattr_ino(found.ino, &attrs).map(drop).map_err(e)
+        })?;
+        timed("rename", &|d, nm| {
+            fs.rename_ino(d, nm, d, &renamed(nm), Default::default())
+                .map_err(e)
+        })?;
+        timed("unlink", &|d, nm| fs.unlink_ino(d, &renamed(nm)).map_err(e))?;
+    } else {
+        timed("unlink", &|d, nm| fs.unlink_ino(d, nm).map_err(e))?;
+    }
     fs.remove_dir_all("/mdtest").map_err(e)?;
     Ok(())
 }

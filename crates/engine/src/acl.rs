@@ -6,9 +6,10 @@
 //! (chmod rewrites the stored access ACL), `inherit_acl` (the mode and attributes of a new
 //! inode from its parent's default ACL), `create_mode` (the umask applies only where no
 //! default ACL does) and `acl_entries` (the access ACL for permission checks).
-//! Must hold: each change is made under the caller's write lock in one step with the
-//! inode it belongs to, so a crash never separates an ACL from its mode; ACL values on
-//! disk are ext4's compact form (`format::xattr`), VFS form at the API.
+//! Must hold: each change is made under the inode's lock (a handle) or the write lock,
+//! in one step with the inode it belongs to, so a crash never separates an ACL from
+//! its mode; ACL values on disk are ext4's compact form (`format::xattr`), VFS form at
+//! the API.
 
 use rext4_format::acl;
 use rext4_format::inode::Inode;
@@ -41,9 +42,11 @@ impl Fs {
         if stored.len() > self.inner.block_size as usize {
             return Err(Error::NoSpace);
         }
-        let _w = self.write_lock();
+        let _h = self.handle();
+        let _i = self.lock_alone(ino)?;
         self.check_writable()?;
         let inode = self.read_live_inode(ino)?;
+        crate::ops::may_change(&inode, "setxattr", false)?;
         if index == fx::INDEX_POSIX_ACL_DEFAULT && !inode.is_dir() {
             // Linux: a default ACL only on directories (EACCES).
             return Err(Error::PermissionDenied);
@@ -66,7 +69,7 @@ impl Fs {
     }
 
     /// After chmod to `mode`: rewrite a stored access ACL to match (posix_acl_chmod).
-    /// Caller holds the write lock and has written the inode.
+    /// Caller holds the inode's lock or the write lock, and has written the inode.
     pub(crate) fn chmod_acl(&self, ino: Ino, inode: &Inode, mode: u32) -> Result<()> {
         let Some(disk) = self.stored_attr(ino, inode, fx::INDEX_POSIX_ACL_ACCESS, b"")? else {
             return Ok(());

@@ -433,8 +433,14 @@ impl Fs {
 
     /// Wait (briefly: readers hold their guards for one lookup) until every reader
     /// that was active at `stamp` is done.
+    /// Not when this thread's own read holds it back (a path operation walks and
+    /// changes under one guard): the free came after that read began, so the
+    /// allocation may be ordered before it — ENOSPC, as if it had come first.
     fn wait_grace(&self, stamp: u64) {
         let grace = &self.inner.caches.grace;
+        if grace.held_by_this_thread(stamp) {
+            return;
+        }
         let t0 = std::time::Instant::now();
         while !grace.passed(stamp) && t0.elapsed() < std::time::Duration::from_secs(5) {
             std::thread::yield_now();

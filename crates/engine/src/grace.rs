@@ -48,6 +48,12 @@ fn thread_slot() -> usize {
     crate::striped::thread_ordinal() % SLOTS
 }
 
+thread_local! {
+    /// The reads this thread has active: (the `Grace` they belong to, how many) — the
+    /// address `usize::MAX` once reads of two `Grace`s overlap (then unknown).
+    static OWN: std::cell::Cell<(usize, u32)> = const { std::cell::Cell::new((0, 0)) };
+}
+
 impl Grace {
     pub fn new() -> Grace {
         Grace {
@@ -81,7 +87,21 @@ impl Grace {
                 Err(now) => cur = now,
             }
         }
+        let me = self as *const Grace as usize;
+        OWN.with(|o| {
+            let (at, n) = o.get();
+            o.set((if n == 0 || at == me { me } else { usize::MAX }, n + 1));
+        });
         ReadGuard { grace: self, slot }
+    }
+
+    /// Whether a read this thread has active holds `stamp` back (its slot's oldest
+    /// epoch is not past it): this thread waiting for the stamp would wait for itself.
+    /// False when unsure (reads of another `Grace` overlapped).
+    pub fn held_by_this_thread(&self, stamp: u64) -> bool {
+        let mine = OWN.with(|o| o.get()).0 == self as *const Grace as usize;
+        let w = self.slots[thread_slot()].0.load(Ordering::SeqCst);
+        mine && w & COUNT_MASK != 0 && (w >> COUNT_BITS) <= stamp
     }
 
     /// Mark the moment something left the reader-visible structures; readers that
@@ -120,6 +140,11 @@ pub struct ReadGuard<'a> {
 
 impl Drop for ReadGuard<'_> {
     fn drop(&mut self) {
+        // `try_with`: a guard dropped while the thread's locals are torn down.
+        let _ = OWN.try_with(|o| {
+            let (at, n) = o.get();
+            o.set(if n <= 1 { (0, 0) } else { (at, n - 1) });
+        });
         let s = &self.grace.slots[self.slot].0;
         let mut cur = s.load(Ordering::SeqCst);
         loop {
@@ -155,8 +180,10 @@ mod tests {
             !g.passed(s1),
             "the slot keeps its oldest epoch while shared"
         );
+        assert!(g.held_by_this_thread(s1), "this thread's own reads hold it");
         drop(later);
         assert!(g.passed(s1));
+        assert!(!g.held_by_this_thread(s1));
         // A reader that starts after the stamp does not hold it back.
         let s2 = g.stamp();
         let _r = g.read();

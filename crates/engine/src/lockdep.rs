@@ -2,7 +2,8 @@
 //!
 //! Owns: the ranks of the lock order docs/ARCHITECTURE.md gives (one inode's I/O lock
 //! → its DAX mapping lock → its tree lock → `Fs::write_lock` or a handle → the rename
-//! lock → directory inode locks → one non-directory's inode lock → the orphan list →
+//! lock → directory inode locks → one non-directory's inode lock (a rename: two, in
+//! inode number order) → the orphan list →
 //! one block lock → the journal → one group mutex → `busy` → `live`), and, per thread,
 //! the locks of that order it holds.
 //!
@@ -43,8 +44,12 @@ pub(crate) enum Rank {
     /// A directory's inode lock (`Fs::lock_dir`). The one rank a thread may hold
     /// twice: a parent and then its child, or two under the rename lock.
     Dir = 34,
-    /// A non-directory's inode lock (`Fs::lock_nondir`).
-    NonDir = 36,
+    /// A non-directory's inode lock (`Fs::lock_nondir`), or the lower-numbered of the
+    /// two a rename locks (`Fs::lock_nondirs`).
+    NonDir = 35,
+    /// The higher-numbered of the two non-directories a rename locks: taken only after
+    /// the lower (the two in number order, so two renames never wait on each other).
+    SecondNonDir = 36,
     /// The orphan list (`Fs::orphan_lock`).
     Orphan = 37,
     /// One metadata block's read-modify-write lock (`Fs::block_lock`): inode table
@@ -85,8 +90,8 @@ mod imp {
                 panic!(
                     "lock order: taking {rank:?} at {here} while holding {r:?} (taken at {at}); \
                      the order is I/O lock -> DAX mapping lock -> tree lock -> write lock or \
-                     handle -> rename lock -> directories -> one non-directory -> orphan \
-                     list -> one block -> journal -> one group -> busy -> live \
+                     handle -> rename lock -> directories -> one non-directory (two in number \
+                     order) -> orphan list -> one block -> journal -> one group -> busy -> live \
                      (docs/ARCHITECTURE.md)"
                 );
             }
@@ -264,6 +269,16 @@ mod tests {
             let _d = Held::acquire(6, Rank::NonDir);
         });
         assert!(r.is_err(), "two non-directories");
+        // A rename's two: the lower number, then the higher.
+        {
+            let _c = Held::acquire(7, Rank::NonDir);
+            let _d = Held::acquire(7, Rank::SecondNonDir);
+        }
+        let r = std::panic::catch_unwind(|| {
+            let _d = Held::acquire(8, Rank::SecondNonDir);
+            let _c = Held::acquire(8, Rank::NonDir);
+        });
+        assert!(r.is_err(), "the second non-directory before the first");
     }
 
     #[test]

@@ -2,11 +2,16 @@
 //! The path-based, std::fs-like API (`path.rs`, `file.rs`) is built on these; FUSE
 //! will call them directly.
 //!
-//! Creating and removing names (mknod, mkdir, symlink, unlink, rmdir) runs as a
-//! handle (`Fs::handle`): beside other handles, under the inode locks of the
-//! directory it changes and of the inode it unlinks (rmdir: the rename lock, then
-//! parent and child). Every other operation takes `Fs::write_lock`, which excludes all
-//! handles, for its whole duration. Each checks POSIX preconditions first and only
+//! Namespace and attribute operations run as handles (`Fs::handle`), beside other
+//! handles: creating and removing names (mknod, mkdir, symlink, unlink) under the
+//! inode locks of the directory they change and of the inode they unlink; link under
+//! the new parent's and the inode's; setattr without a size (and xattrs, ACLs) under
+//! the inode's own; rename under its directory's and its files' when it stays in one
+//! directory and names none, else — as rmdir — under the rename lock, then its
+//! parents, the directories it names and its files (see docs/ARCHITECTURE.md,
+//! Locking). What changes a file's mapping (truncate, fallocate, allocating writes)
+//! or the orphan list's chain takes `Fs::write_lock`, which excludes all handles, for
+//! its whole duration. Each checks POSIX preconditions first and only
 //! then changes anything, so a failed precondition leaves the image untouched. Inode
 //! link counts follow ext4: a directory has 2 + subdirectories (dir_nlink: 1 once that
 //! would pass 64999); an inode whose last link goes is truncated and freed at once
@@ -37,6 +42,16 @@ pub struct RenameFlags {
     /// with no permission bits, owned by this (uid, gid), as overlayfs asks of its
     /// upper directory. Not with `exchange`.
     pub whiteout: Option<(u32, u32)>,
+}
+
+/// What a rename names (see `Fs::rename_names`).
+struct RenameNames {
+    /// The old and new parents' inodes.
+    od: Inode,
+    nd: Inode,
+    src: crate::DirEntry,
+    src_inode: Inode,
+    dst: Option<(crate::DirEntry, Inode)>,
 }
 
 /// Attribute changes for [`Fs::setattr_ino`]; `None` leaves a field alone.
@@ -175,6 +190,11 @@ impl Fs {
         let inode = self.read_live_inode(dir)?;
         if !inode.is_dir() {
             return Err(Error::NotADirectory);
+        }
+        if inode.links_count == 0 {
+            // Removed, still referenced (a FUSE lookup, a walk that raced the rmdir):
+            // no name is added to or taken from it (the kernel's IS_DEADDIR, ENOENT).
+            return Err(Error::NotFound);
         }
         Ok(FsDir {
             fs: self,
@@ -600,23 +620,62 @@ impl Fs {
         Ok(ino)
     }
 
-    /// Add a hard link `new_parent/new_name` to `ino` (not a directory).
+    /// Add a hard link `new_parent/new_name` to `ino` (not a directory). A handle,
+    /// under the new parent's inode lock and then the inode's; an unnamed file (no
+    /// links, O_TMPFILE) leaves the orphan list, whose legacy chain runs through other
+    /// inodes' records, under the write lock instead.
     pub fn link_ino(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<()> {
         check_name(new_name)?;
+        if self.read_live_inode(ino)?.links_count == 0 {
+            return self.link_unnamed(ino, new_parent, new_name);
+        }
+        let _h = self.handle();
+        let _p = self.lock_dir(new_parent);
+        let mut d = self.dir_for_new_name(new_parent, new_name)?;
+        // No inode number freed while this guard lives is handed out again: the inode
+        // locked below as a non-directory is the one whose kind is read here (a number
+        // reused by a directory could be held by one waiting for `new_parent`).
+        let g = self.read_guard();
+        // The kernel looks the new name up first: EEXIST before any other refusal.
+        let not_dir = self.read_live_inode(ino).and_then(|i| match i.is_dir() {
+            // link(2): EPERM.
+            true => Err(Error::NotPermitted(
+                "hard links to directories are not allowed".into(),
+            )),
+            false => Ok(()),
+        });
+        self.exists_first(new_parent, new_name, not_dir)?;
+        let _c = self.lock_nondir(ino);
+        drop(g);
+        let inode = self.read_live_inode(ino).and_then(|i| {
+            may_change(&i, "link", false)?;
+            match i.links_count {
+                // Unlinked meanwhile: gone (an unnamed file never comes this way).
+                0 => Err(Error::NotFound),
+                n if n >= LINK_MAX => Err(Error::TooManyLinks),
+                _ => Ok(i),
+            }
+        });
+        let mut inode = self.exists_first(new_parent, new_name, inode)?;
+        self.link_into(&mut d, new_name, ino, inode.mode)?;
+        inode.links_count += 1;
+        inode.ctime = self.now();
+        self.write_inode(ino, &inode)?;
+        self.finish_dir(d)
+    }
+
+    /// [`Fs::link_ino`] of a file with no links: only an unnamed file made to be linked
+    /// (O_TMPFILE without O_EXCL) may get a name back, leaving the orphan list; any
+    /// other is gone (the kernel's ENOENT).
+    fn link_unnamed(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<()> {
         let _w = self.write_lock();
         self.check_writable()?;
         let mut inode = self.read_live_inode(ino)?;
         if inode.is_dir() {
-            // link(2): EPERM.
             return Err(Error::NotPermitted(
                 "hard links to directories are not allowed".into(),
             ));
         }
-        if inode.links_count >= LINK_MAX {
-            return Err(Error::TooManyLinks);
-        }
-        // No links left: only an unnamed file made to be linked (O_TMPFILE without
-        // O_EXCL) may get a name back; any other is gone (the kernel's ENOENT).
         let unnamed = inode.links_count == 0;
         if unnamed && !lock_set(&self.inner.linkable).contains(&ino) {
             return Err(Error::NotFound);
@@ -627,6 +686,9 @@ impl Fs {
         }
         may_change(&inode, "link", false)?;
         may_change(&d.inode, "add a name", true)?;
+        if inode.links_count >= LINK_MAX {
+            return Err(Error::TooManyLinks);
+        }
         self.link_into(&mut d, new_name, ino, inode.mode)?;
         if unnamed {
             self.orphan_remove(ino, &inode)?;
@@ -852,21 +914,103 @@ impl Fs {
                 "RENAME_EXCHANGE with RENAME_NOREPLACE or RENAME_WHITEOUT".into(),
             ));
         }
-        let _w = self.write_lock();
+        let _h = self.handle();
+        if parent == new_parent {
+            // Files renamed in one directory: its lock, then theirs (no rename lock,
+            // as in the kernel).
+            let _p = self.lock_dir(parent);
+            let n = self.rename_names(parent, name, new_parent, new_name)?;
+            if !n.src_inode.is_dir() && !n.dst.as_ref().is_some_and(|d| d.1.is_dir()) {
+                let _c = self.lock_nondirs(n.src.ino, n.dst.as_ref().map(|d| d.0.ino));
+                return self.rename_locked(parent, name, new_parent, new_name, fl, n);
+            }
+        }
+        // A directory moves, goes or is exchanged, or two directories change: the
+        // rename lock, then the parents, then the directories named (every thread
+        // that holds two directories' locks holds the rename lock, so none waits for
+        // another), then the files, in number order.
+        let _r = self.rename_lock();
+        let _p = self.lock_dir(parent);
+        let _np = (new_parent != parent).then(|| self.lock_dir(new_parent));
+        let n = self.rename_names(parent, name, new_parent, new_name)?;
+        let src_ino = self.not_itself(parent, n.src.ino)?;
+        let named = std::iter::once((src_ino, n.src_inode.is_dir()));
+        let named = named.chain(n.dst.as_ref().map(|(e, i)| (e.ino, i.is_dir())));
+        let (mut dirs, mut files) = (vec![parent, new_parent], Vec::new());
+        let mut dir_locks = Vec::new();
+        for (ino, is_dir) in named {
+            if !is_dir {
+                files.push(ino);
+            } else if !dirs.contains(&ino) {
+                // One of the parents itself (moved into itself, or an ancestor
+                // replaced) is held already; the checks below refuse it.
+                dirs.push(ino);
+                dir_locks.push(self.lock_dir(ino));
+            }
+        }
+        let _c = files
+            .first()
+            .map(|&a| self.lock_nondirs(a, files.get(1).copied()));
+        self.rename_locked(parent, name, new_parent, new_name, fl, n)
+    }
+
+    /// What a rename names, looked up under its parents' locks: the source's entry and
+    /// inode, the destination's when there is one, and both parents' inodes.
+    fn rename_names(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+    ) -> Result<RenameNames> {
         self.check_writable()?;
         let od = self.dir_handle(parent)?.inode;
         let nd = self.dir_handle(new_parent)?.inode;
         let src = self.lookup(parent, name)?.ok_or(Error::NotFound)?;
         let dst = self.lookup(new_parent, new_name)?;
         let src_inode = self.read_live_inode(src.ino)?;
+        let dst = match dst {
+            Some(e) => {
+                let i = self.read_live_inode(e.ino)?;
+                Some((e, i))
+            }
+            None => None,
+        };
+        Ok(RenameNames {
+            od,
+            nd,
+            src,
+            src_inode,
+            dst,
+        })
+    }
+
+    /// [`Fs::rename_ino`] with every lock it needs held.
+    fn rename_locked(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        fl: RenameFlags,
+        n: RenameNames,
+    ) -> Result<()> {
+        let RenameNames {
+            od,
+            nd,
+            src,
+            src_inode,
+            dst: named,
+        } = n;
+        let dst = named.as_ref().map(|d| &d.0);
         let src_dir = src_inode.is_dir();
         // Moving a name away is removing it; replacing one removes the old one too.
         may_change(&od, "remove a name", false)?;
         may_change(&nd, "add a name", dst.is_none())?;
         may_change(&src_inode, "rename", false)?;
-        if let Some(dst) = &dst {
+        if let Some((dst, di)) = &named {
             if dst.ino != src.ino {
-                may_change(&self.read_live_inode(dst.ino)?, "replace", false)?;
+                may_change(di, "replace", false)?;
             }
         }
         // Checks in the order Linux makes them (do_renameat2, vfs_rename).
@@ -881,11 +1025,10 @@ impl Fs {
                 "cannot move a directory into itself".into(),
             ));
         }
-        if let Some(dst) = &dst {
+        if let Some((dst, dst_inode)) = &named {
             if dst.ino == src.ino {
                 return Ok(()); // the same inode: POSIX says do nothing
             }
-            let dst_inode = self.read_live_inode(dst.ino)?;
             if fl.exchange {
                 if dst_inode.is_dir() && self.is_ancestor(dst.ino, parent)? {
                     return Err(Error::InvalidInput(
@@ -1060,23 +1203,43 @@ impl Fs {
         Ok(())
     }
 
-    /// chmod/chown/utimens/truncate in one call (like FUSE setattr).
+    /// chmod/chown/utimens/truncate in one call (like FUSE setattr). Without a size,
+    /// one record changes: a handle under the inode's own lock, beside other
+    /// operations; a size change (the file's mapping) takes the write lock.
     pub fn setattr_ino(&self, ino: Ino, a: &SetAttr) -> Result<crate::Metadata> {
-        let _io = a.size.map(|_| self.io_exclusive(ino));
-        let _dax = a.size.and_then(|_| self.dax_change(ino));
-        let mut cut = false;
-        if let Some(size) = a.size {
+        let Some(size) = a.size else {
+            let _h = self.handle();
+            let _i = self.lock_alone(ino)?;
             self.check_writable()?;
-            truncate_allowed(&self.read_live_inode(ino)?, size, self.max_file_size())?;
-            cut = self.prepare_size_change(ino, size)?;
-        }
+            return self.set_attrs(ino, a);
+        };
+        let _io = self.io_exclusive(ino);
+        let _dax = self.dax_change(ino);
+        self.check_writable()?;
+        truncate_allowed(&self.read_live_inode(ino)?, size, self.max_file_size())?;
+        let cut = self.prepare_size_change(ino, size)?;
         let _w = self.write_lock();
         self.check_writable()?;
-        if let Some(size) = a.size {
-            let r = self.truncate_locked(ino, size);
-            self.cut_failed(cut, &r);
-            r?;
-        }
+        let r = self.truncate_locked(ino, size);
+        self.cut_failed(cut, &r);
+        r?;
+        self.set_attrs(ino, a)
+    }
+
+    /// The inode lock of `ino` for a change of its own record and attributes alone
+    /// (setattr, xattrs; under a handle, holding no other inode lock): a directory's
+    /// or a non-directory's by its kind.
+    pub(crate) fn lock_alone(&self, ino: Ino) -> Result<crate::fs::InodeGuard<'_>> {
+        Ok(if self.read_live_inode(ino)?.is_dir() {
+            self.lock_dir(ino)
+        } else {
+            self.lock_nondir(ino)
+        })
+    }
+
+    /// The attributes of `a` but its size, on `ino` (its inode lock or the write lock
+    /// held), and the metadata they leave.
+    fn set_attrs(&self, ino: Ino, a: &SetAttr) -> Result<crate::Metadata> {
         let mut inode = self.read_live_inode(ino)?;
         // An append-only file still takes new times (its appends move mtime, and the
         // kernel's writeback cache sends them as explicit times).

@@ -71,10 +71,21 @@ impl Fs {
         follow: bool,
         creds: Option<&Creds>,
     ) -> Result<Ino> {
-        let mut budget = MAX_SYMLINKS;
         // Name -> inode number -> inode, lockless: the number may not be reused meanwhile.
         let _g = self.read_guard();
-        self.walk(Ino::ROOT, path, follow, &mut budget, creds)
+        let mut tries = 0;
+        loop {
+            let mut budget = MAX_SYMLINKS;
+            match self.walk(Ino::ROOT, path, follow, &mut budget, creds) {
+                // An inode freed beside the walk (an unlink, rmdir or rename took its
+                // name away after the lookup found it) reads as a deleted one: walk
+                // again — the guard keeps the number from reuse, so the next walk sees
+                // the name gone or naming another inode. Corruption that is really
+                // there fails every time.
+                Err(Error::Corrupted { .. }) if tries < 3 => tries += 1,
+                r => return r,
+            }
+        }
     }
 
     fn walk(
@@ -287,6 +298,9 @@ impl OpenOptions {
     /// Open `path` in `fs`.
     pub fn open(&self, fs: &Fs, path: impl AsRef<Path>) -> Result<File> {
         let p = path_bytes(path.as_ref());
+        // The walk and what follows under one read guard: no number it found is
+        // handed to another inode before the open pins or creates.
+        let _g = fs.read_guard();
         match self.open_once(fs, p) {
             // The name was resolved without a lock: an unlink may have freed its inode
             // before this open read it, which reads as an entry to a deleted inode. A
@@ -442,8 +456,9 @@ impl Fs {
 
     /// `std::fs::create_dir` (mode 0o755, owner 0:0; see [`Fs::mkdir_ino`] for more).
     pub fn create_dir(&self, path: impl AsRef<Path>) -> Result<()> {
-        let (parent, name) = self.parent_and_name(path_bytes(path.as_ref()))?;
-        self.mkdir_ino(parent, name, 0o755, 0, 0).map(|_| ())
+        self.on_parent(path.as_ref(), |p, n| {
+            self.mkdir_ino(p, n, 0o755, 0, 0).map(drop)
+        })
     }
 
     /// `std::fs::create_dir_all`.
@@ -471,14 +486,12 @@ impl Fs {
 
     /// `std::fs::remove_file`.
     pub fn remove_file(&self, path: impl AsRef<Path>) -> Result<()> {
-        let (parent, name) = self.parent_and_name(path_bytes(path.as_ref()))?;
-        self.unlink_ino(parent, name)
+        self.on_parent(path.as_ref(), |p, n| self.unlink_ino(p, n))
     }
 
     /// `std::fs::remove_dir` (must be empty).
     pub fn remove_dir(&self, path: impl AsRef<Path>) -> Result<()> {
-        let (parent, name) = self.parent_and_name(path_bytes(path.as_ref()))?;
-        self.rmdir_ino(parent, name)
+        self.on_parent(path.as_ref(), |p, n| self.rmdir_ino(p, n))
     }
 
     /// `std::fs::remove_dir_all`: a directory and everything below it.
@@ -512,56 +525,129 @@ impl Fs {
         to: impl AsRef<Path>,
         fl: RenameFlags,
     ) -> Result<()> {
-        let (p1, n1) = self.parent_and_name(path_bytes(from.as_ref()))?;
-        let (p2, n2) = self.parent_and_name(path_bytes(to.as_ref()))?;
-        self.rename_ino(p1, n1, p2, n2, fl)
+        let (from, to) = (path_bytes(from.as_ref()), path_bytes(to.as_ref()));
+        self.once_more(
+            || {
+                let g = self.read_guard();
+                Ok((g, self.parent_and_name(from)?, self.parent_and_name(to)?))
+            },
+            |(_, (p1, _), (p2, _))| (*p1, *p2),
+            |(_, (p1, n1), (p2, n2))| self.rename_ino(p1, n1, p2, n2, fl),
+        )
     }
 
     /// `std::fs::hard_link(original, link)`.
     pub fn hard_link(&self, original: impl AsRef<Path>, link: impl AsRef<Path>) -> Result<()> {
-        let ino = self.resolve(path_bytes(original.as_ref()), false)?;
-        let (p, n) = self.parent_and_name(path_bytes(link.as_ref()))?;
-        self.link_ino(ino, p, n)
+        let (original, link) = (path_bytes(original.as_ref()), path_bytes(link.as_ref()));
+        self.once_more(
+            || {
+                let g = self.read_guard();
+                Ok((
+                    g,
+                    self.resolve(original, false)?,
+                    self.parent_and_name(link)?,
+                ))
+            },
+            |(_, ino, (p, _))| (*ino, *p),
+            |(_, ino, (p, n))| self.link_ino(ino, p, n),
+        )
     }
 
     /// `std::os::unix::fs::symlink(target, link)`.
     pub fn symlink(&self, target: impl AsRef<Path>, link: impl AsRef<Path>) -> Result<()> {
-        let (p, n) = self.parent_and_name(path_bytes(link.as_ref()))?;
-        self.symlink_ino(p, n, path_bytes(target.as_ref()), 0, 0)
-            .map(|_| ())
+        let target = path_bytes(target.as_ref());
+        self.on_parent(link.as_ref(), |p, n| {
+            self.symlink_ino(p, n, target, 0, 0).map(drop)
+        })
     }
 
     /// mknod(2): `mode` holds the file type and permission bits.
     pub fn mknod(&self, path: impl AsRef<Path>, mode: u32, rdev: (u32, u32)) -> Result<()> {
-        let (p, n) = self.parent_and_name(path_bytes(path.as_ref()))?;
-        self.mknod_ino(p, n, mode, 0, 0, rdev).map(|_| ())
+        self.on_parent(path.as_ref(), |p, n| {
+            self.mknod_ino(p, n, mode, 0, 0, rdev).map(drop)
+        })
     }
 
     /// chmod (follows symlinks, like `std::fs::set_permissions`).
     pub fn set_permissions(&self, path: impl AsRef<Path>, mode: u32) -> Result<()> {
-        let ino = self.resolve(path_bytes(path.as_ref()), true)?;
-        self.setattr_ino(
-            ino,
-            &SetAttr {
-                mode: Some(mode),
-                ..SetAttr::default()
-            },
+        let a = SetAttr {
+            mode: Some(mode),
+            ..SetAttr::default()
+        };
+        self.on_path(path.as_ref(), true, |ino| {
+            self.setattr_ino(ino, &a).map(drop)
+        })
+    }
+
+    /// `op` on the inode `path` names. The walk holds no lock: an unlink beside it may
+    /// free the inode before `op` reads it, which reads as an entry to a deleted inode;
+    /// then `op` runs again on what the path names now (see `Fs::once_more`). A read
+    /// guard spans each walk and its `op`, so the number is not handed to another file
+    /// meanwhile.
+    fn on_path<T>(&self, path: &Path, follow: bool, op: impl Fn(Ino) -> Result<T>) -> Result<T> {
+        let path = path_bytes(path);
+        self.once_more(
+            || Ok((self.read_guard(), self.resolve(path, follow)?)),
+            |(_, ino)| *ino,
+            |(_, ino)| op(ino),
         )
-        .map(|_| ())
+    }
+
+    /// `op` on the parent directory and final name of `path`, under a read guard from
+    /// the walk on (the parent's number is not another directory's by the time `op`
+    /// locks it), again when the parent was removed and freed after the walk (see
+    /// `Fs::on_path`).
+    fn on_parent<T>(&self, path: &Path, op: impl Fn(Ino, &[u8]) -> Result<T>) -> Result<T> {
+        let path = path_bytes(path);
+        self.once_more(
+            || Ok((self.read_guard(), self.parent_and_name(path)?)),
+            |(_, (p, _))| *p,
+            |(_, (p, n))| op(p, n),
+        )
+    }
+
+    /// `op` on what `walk` finds, and again on what it finds then when `op` reports a
+    /// corrupted entry and the walk no longer leads to the same inodes (`key`): a name
+    /// resolved without a lock may lose its inode to an unlink, rmdir or rename beside
+    /// it before `op` reads it — the next walk sees the name gone (ENOENT) or naming
+    /// another inode (whose own loss is retried likewise, a bounded number of times:
+    /// each retry means another thread freed an inode meanwhile). When the walk leads
+    /// to the same inodes, the corruption is really there (and `op` may have changed
+    /// something first): the error stands.
+    fn once_more<W, K: PartialEq, T>(
+        &self,
+        walk: impl Fn() -> Result<W>,
+        key: impl Fn(&W) -> K,
+        op: impl Fn(W) -> Result<T>,
+    ) -> Result<T> {
+        let mut w = walk()?;
+        let mut k = key(&w);
+        for _ in 0..16 {
+            match op(w) {
+                Err(e @ Error::Corrupted { .. }) => {
+                    w = walk()?;
+                    let now = key(&w);
+                    if now == k {
+                        return Err(e);
+                    }
+                    k = now;
+                }
+                r => return r,
+            }
+        }
+        op(w)
     }
 
     /// lchown (does not follow a final symlink).
     pub fn lchown(&self, path: impl AsRef<Path>, uid: Option<u32>, gid: Option<u32>) -> Result<()> {
-        let ino = self.resolve(path_bytes(path.as_ref()), false)?;
-        self.setattr_ino(
-            ino,
-            &SetAttr {
-                uid,
-                gid,
-                ..SetAttr::default()
-            },
-        )
-        .map(|_| ())
+        let a = SetAttr {
+            uid,
+            gid,
+            ..SetAttr::default()
+        };
+        self.on_path(path.as_ref(), false, |ino| {
+            self.setattr_ino(ino, &a).map(drop)
+        })
     }
 
     /// utimensat with AT_SYMLINK_NOFOLLOW.
@@ -571,21 +657,18 @@ impl Fs {
         atime: Option<Timestamp>,
         mtime: Option<Timestamp>,
     ) -> Result<()> {
-        let ino = self.resolve(path_bytes(path.as_ref()), false)?;
-        self.setattr_ino(
-            ino,
-            &SetAttr {
-                atime,
-                mtime,
-                ..SetAttr::default()
-            },
-        )
-        .map(|_| ())
+        let a = SetAttr {
+            atime,
+            mtime,
+            ..SetAttr::default()
+        };
+        self.on_path(path.as_ref(), false, |ino| {
+            self.setattr_ino(ino, &a).map(drop)
+        })
     }
 
     /// Truncate or extend a file by path (truncate(2)).
     pub fn set_len(&self, path: impl AsRef<Path>, size: u64) -> Result<()> {
-        let ino = self.resolve(path_bytes(path.as_ref()), true)?;
-        self.truncate_ino(ino, size)
+        self.on_path(path.as_ref(), true, |ino| self.truncate_ino(ino, size))
     }
 }

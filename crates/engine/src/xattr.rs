@@ -123,9 +123,11 @@ impl Fs {
         if value.len() > self.inner.block_size as usize {
             return Err(Error::NoSpace);
         }
-        let _w = self.write_lock();
+        let _h = self.handle();
+        let _i = self.lock_alone(ino)?;
         self.check_writable()?;
         self.check_user_namespace(ino, index)?;
+        crate::ops::may_change(&self.read_live_inode(ino)?, "setxattr", false)?;
         self.update_xattrs(ino, |all, _| {
             let pos = all
                 .iter()
@@ -145,7 +147,8 @@ impl Fs {
     pub fn remove_xattr_ino(&self, ino: Ino, name: &[u8]) -> Result<()> {
         let (index, suffix) = resolve_name(name)?;
         let is_acl = index == fx::INDEX_POSIX_ACL_ACCESS || index == fx::INDEX_POSIX_ACL_DEFAULT;
-        let _w = self.write_lock();
+        let _h = self.handle();
+        let _i = self.lock_alone(ino)?;
         self.check_writable()?;
         self.check_user_namespace(ino, index)?;
         let inode = self.read_live_inode(ino)?;
@@ -194,7 +197,8 @@ impl Fs {
 
     /// Change the attribute list (and, in the same step, the inode: the ACL code sets
     /// the mode) and lay it out again: as many as fit in the inode (smallest first), the
-    /// rest in an xattr block (copy-on-write when shared). Caller holds the write lock.
+    /// rest in an xattr block (copy-on-write when shared). Caller holds the inode's lock
+    /// (under a handle) or the write lock.
     pub(crate) fn update_xattrs(
         &self,
         ino: Ino,

@@ -218,14 +218,16 @@ fn sub_block_writes(direct: bool) {
 }
 
 /// Namespace operations as concurrent handles: four threads create, link, unlink,
-/// rename and remove names — each in a directory of its own (whose contents a model
-/// predicts) and in one shared directory where they race for the same few names —
-/// while a fifth commits and reads. Creates, mkdir, symlink, unlink and rmdir run as
-/// handles under inode locks, beside each other; the rest (writes, rename, link)
-/// take the write lock and exclude them. Afterwards every thread's directory is what
-/// its model says, byte for byte after a reopen, the shared directory's names all
-/// resolve, and e2fsck -fn is clean (link counts, directory blocks, bitmaps, counters:
-/// a lost update anywhere shows there).
+/// rename and remove names, and set attributes — each in a directory of its own (whose
+/// contents and attributes a model predicts) and in two shared directories where they
+/// race for the same few names, renaming files and directories within one and between
+/// the two, into each other, over each other — while a fifth commits and reads. All of
+/// these run as handles under inode locks (a rename that moves a directory or spans two
+/// under the rename lock too), beside each other; writes take the write lock and
+/// exclude them. Afterwards every thread's directory is what its model says, byte for
+/// byte and attribute for attribute after a reopen, every shared name resolves, and
+/// e2fsck -fn is clean (link counts, "..", directory blocks, bitmaps, counters: a lost
+/// update anywhere shows there).
 ///
 /// The races it looks for are timing-dependent: it runs several rounds, each on a
 /// fresh image with other seeds. (It found two engine bugs that predate handles: a
@@ -258,6 +260,7 @@ fn namespace_race_round(round: u64, with_data: bool) {
     let img = mkfs(&MkfsOptions::new(1024, 24 << 20)).expect("mkfs");
     let fs = rw(img.path());
     fs.create_dir("/shared").expect("mkdir shared");
+    fs.create_dir("/shared2").expect("mkdir shared2");
     const THREADS: u64 = 4;
     for t in 0..THREADS {
         fs.create_dir(format!("/t{t}")).expect("mkdir own");
@@ -283,6 +286,8 @@ fn namespace_race_round(round: u64, with_data: bool) {
                 // What this thread's directory holds: name -> Some(bytes) for a file,
                 // None for an (empty) directory.
                 let mut own: BTreeMap<String, Option<Vec<u8>>> = BTreeMap::new();
+                // The last extended attribute set on each of this thread's files.
+                let mut attrs: BTreeMap<String, Vec<u8>> = BTreeMap::new();
                 let mut won = 0u64;
                 let mut racing = |r: rext4::Result<()>| match r {
                     Ok(()) => won += 1,
@@ -297,13 +302,14 @@ fn namespace_race_round(round: u64, with_data: bool) {
                     let name = format!("n{}", rng.below(24));
                     let path = format!("/t{t}/{name}");
                     let shared = format!("/shared/s{}", rng.below(12));
+                    let shared2 = format!("/shared2/s{}", rng.below(12));
                     // Rounds 1 and 4 churn directories only, rounds 2 and 5 open and
                     // unlink shared files only (the mixes that find freed-block and
                     // unlink-against-last-close races fastest); the others mix all.
                     let op = match round % 3 {
                         1 => [2, 6, 7][rng.below(3) as usize],
                         2 => [4, 5][rng.below(2) as usize],
-                        _ => rng.below(10),
+                        _ => rng.below(16),
                     };
                     match op {
                         0 | 1 => {
@@ -320,6 +326,7 @@ fn namespace_race_round(round: u64, with_data: bool) {
                             Some(Some(_)) => {
                                 fs.remove_file(&path).expect("unlink own");
                                 own.remove(&name);
+                                attrs.remove(&name);
                             }
                             Some(None) => {
                                 fs.remove_dir(&path).expect("rmdir own");
@@ -336,6 +343,9 @@ fn namespace_race_round(round: u64, with_data: bool) {
                             {
                                 fs.rename(&path, format!("/t{t}/{to}")).expect("rename own");
                                 let v = own.remove(&name).expect("model");
+                                if let Some(a) = attrs.remove(&name) {
+                                    attrs.insert(to.clone(), a);
+                                }
                                 own.insert(to, v);
                             }
                         }
@@ -361,10 +371,48 @@ fn namespace_race_round(round: u64, with_data: bool) {
                                 racing(fs.hard_link(&path, &shared));
                             }
                         }
-                        _ => racing(fs.symlink(&path, &shared)),
+                        // Pointing nowhere: a path through it must not reach a
+                        // thread's own directory.
+                        9 => racing(fs.symlink(format!("/nowhere/t{t}/{name}"), &shared)),
+                        // Renames in one shared directory and between the two: files
+                        // and directories, replacing what is there.
+                        10 => racing(fs.rename(&shared, format!("/shared/s{}", rng.below(12)))),
+                        11 => racing(fs.rename(&shared, &shared2)),
+                        12 => racing(fs.rename(&shared2, &shared)),
+                        // A directory into another (or into itself: refused).
+                        13 => match fs.rename(&shared, format!("{shared2}/d")) {
+                            Err(Error::InvalidInput(_)) => {}
+                            r => racing(r),
+                        },
+                        // Attributes of this thread's file (a handle under its lock,
+                        // beside the others' changes of the same table blocks), and
+                        // of a shared name.
+                        14 => {
+                            if own.get(&name).is_some_and(|v| v.is_some()) {
+                                let ino = fs.resolve(path.as_bytes(), false).expect("resolve");
+                                let v = format!("{t}.{i}").into_bytes();
+                                fs.set_xattr_ino(ino, b"user.t", &v, Default::default())
+                                    .expect("setxattr own");
+                                attrs.insert(name.clone(), v);
+                                fs.set_permissions(&path, 0o600 | (i as u32 & 0o77))
+                                    .expect("chmod own");
+                            }
+                            racing(fs.set_permissions(&shared, 0o755));
+                        }
+                        // This thread's file moves out to a shared name (no longer its
+                        // own: unless the name was a link to it, which stays put).
+                        _ => {
+                            if own.get(&name).is_some_and(|v| v.is_some()) {
+                                racing(fs.rename(&path, &shared));
+                                if fs.symlink_metadata(&path).is_err() {
+                                    own.remove(&name);
+                                    attrs.remove(&name);
+                                }
+                            }
+                        }
                     }
                 }
-                (own, won)
+                ((own, attrs), won)
             })
         })
         .collect();
@@ -380,7 +428,7 @@ fn namespace_race_round(round: u64, with_data: bool) {
     stop.store(true, Ordering::Relaxed);
     assert!(background.join().expect("background") > 0);
     let check = |fs: &Fs| {
-        for (t, own) in models.iter().enumerate() {
+        for (t, (own, attrs)) in models.iter().enumerate() {
             let mut names: Vec<String> = fs
                 .read_dir(format!("/t{t}"))
                 .expect("readdir own")
@@ -396,11 +444,16 @@ fn namespace_race_round(round: u64, with_data: bool) {
                     Some(data) => assert_eq!(&fs.read(&p).expect("read"), data, "{p}"),
                     None => assert!(fs.read_dir(&p).expect("readdir").is_empty(), "{p}"),
                 }
+                let x = fs.xattrs(&p).expect("xattrs");
+                let got = x.iter().find(|(k, _)| k == b"user.t").map(|(_, v)| v);
+                assert_eq!(got, attrs.get(name), "{p}: user.t");
             }
         }
-        for e in fs.read_dir("/shared").expect("readdir shared") {
-            let p = format!("/shared/{}", String::from_utf8_lossy(e.file_name()));
-            fs.symlink_metadata(&p).expect("every shared name resolves");
+        for dir in ["/shared", "/shared2"] {
+            for e in fs.read_dir(dir).expect("readdir shared") {
+                let p = format!("{dir}/{}", String::from_utf8_lossy(e.file_name()));
+                fs.symlink_metadata(&p).expect("every shared name resolves");
+            }
         }
     };
     check(&fs);

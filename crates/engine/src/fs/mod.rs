@@ -19,6 +19,7 @@ mod group_commit;
 #[cfg(test)]
 mod handle_model;
 mod inode_locks;
+pub(crate) use inode_locks::InodeGuard;
 pub mod inode_write;
 pub(crate) mod jwrite;
 pub mod map;
@@ -802,6 +803,29 @@ impl Fs {
     pub(crate) fn lock_nondir(&self, ino: Ino) -> inode_locks::InodeGuard<'_> {
         let held = Held::acquire(self.lock_id(), Rank::NonDir);
         self.inner.inode_locks.lock(ino.0, held)
+    }
+
+    /// The inode locks of a rename's non-directories: `a`, and `b` when it is another
+    /// inode, the lower number first (as every thread that holds two does; one that
+    /// holds one waits for no other inode lock, so there is no cycle).
+    #[track_caller]
+    pub(crate) fn lock_nondirs(
+        &self,
+        a: Ino,
+        b: Option<Ino>,
+    ) -> (
+        inode_locks::InodeGuard<'_>,
+        Option<inode_locks::InodeGuard<'_>>,
+    ) {
+        match b.filter(|&b| b != a) {
+            None => (self.lock_nondir(a), None),
+            Some(b) => {
+                let (lo, hi) = (a.min(b), a.max(b));
+                let first = self.lock_nondir(lo);
+                let held = Held::acquire(self.lock_id(), Rank::SecondNonDir);
+                (first, Some(self.inner.inode_locks.lock(hi.0, held)))
+            }
+        }
     }
 
     /// The rename lock: taken before a second directory's lock.
