@@ -30,8 +30,9 @@
 //! background) go through the `log` crate; the embedding program routes them.
 //!
 //! Metadata readers take no lock but a buffer cache shard's mutex (never held across
-//! I/O); namespace and attribute changes run as concurrent handles under inode locks,
-//! what changes a file's mapping serializes on `Fs::write_lock`; file data takes the inode's
+//! I/O); namespace and attribute changes and writeback run as concurrent handles under
+//! inode locks, truncate, fallocate and writes that allocate at once serialize on
+//! `Fs::write_lock`; file data takes the inode's
 //! I/O lock (shared for reads and writes inside the file). The lock order is in
 //! docs/ARCHITECTURE.md. An image whose journal needs recovery is replayed at open (in
 //! memory for read-only opens). Call [`Fs::close`] at the end: it writes the page cache

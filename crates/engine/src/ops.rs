@@ -9,9 +9,10 @@
 //! the inode's own; rename under its directory's and its files' when it stays in one
 //! directory and names none, else — as rmdir — under the rename lock, then its
 //! parents, the directories it names and its files (see docs/ARCHITECTURE.md,
-//! Locking). What changes a file's mapping (truncate, fallocate, allocating writes)
-//! or the orphan list's chain takes `Fs::write_lock`, which excludes all handles, for
-//! its whole duration. Each checks POSIX preconditions first and only
+//! Locking); a write's new times under the file's own. What changes a file's mapping
+//! under its exclusive I/O lock (truncate, fallocate, writes that allocate straight
+//! to the device) or the orphan list's chain takes `Fs::write_lock`, which excludes
+//! all handles, for its whole duration. Each checks POSIX preconditions first and only
 //! then changes anything, so a failed precondition leaves the image untouched. Inode
 //! link counts follow ext4: a directory has 2 + subdirectories (dir_nlink: 1 once that
 //! would pass 64999); an inode whose last link goes is truncated and freed at once
@@ -1625,7 +1626,9 @@ impl Fs {
         if near(i.mtime, t) && near(i.ctime, t) {
             return Ok(());
         }
-        let _w = self.write_lock();
+        // The record alone: a handle under the inode's lock.
+        let _h = self.handle();
+        let _i = self.lock_nondir(ino);
         self.check_writable()?;
         let mut inode = self.read_live_inode(ino)?;
         let t = self.now();

@@ -5,14 +5,17 @@
 //! an orphan instead of freeing it under the pass), then, chunk by chunk in page order:
 //! 1. snapshot up to [`WRITEBACK_CHUNK_BYTES`] of dirty pages (mark them `writeback`,
 //!    copy their bytes, remember their `seq`), under the file's state lock;
-//! 2. for each run of consecutive pages: under the tree lock (exclusive) and the write
-//!    lock, map the run's next piece; a hole gets blocks at once, inserted as one
-//!    *unwritten* extent (so a commit at any moment sees zeros there, never stale
-//!    blocks); then, without locks, write the data where the piece maps;
-//! 3. under the tree and write locks again: mark the pieces written, and raise the
-//!    on-disk size up to the in-memory size, but not past the first dirty page that is
-//!    still unwritten (looked for at this step: pages dirtied while the chunk was on
-//!    its way count) — so the i_size that commits covers only written data;
+//! 2. for each run of consecutive pages: under the tree lock (exclusive) and a handle
+//!    with the inode's lock (`Fs::lock_nondir`: other files' passes and namespace
+//!    operations go on beside it), map the run's next piece; a hole gets blocks at
+//!    once, inserted as one *unwritten* extent (so a commit at any moment sees zeros
+//!    there, never stale blocks); then, without locks, write the data where the piece
+//!    maps;
+//! 3. under the tree lock and a handle with the inode's lock again: mark the pieces
+//!    written, and raise the on-disk size up to the in-memory size, but not past the
+//!    first dirty page that is still unwritten (looked for at this step: pages
+//!    dirtied while the chunk was on its way count) — so the i_size that commits
+//!    covers only written data;
 //! 4. clear `dirty` on the pages whose `seq` did not move (a write during the pass
 //!    leaves its page dirty for the next one), release their reservations, wake
 //!    waiters.
@@ -105,7 +108,8 @@ impl Fs {
     fn settle_size(&self, fc: &FileCache, ino: Ino) -> Result<()> {
         let ps = self.inner.pagecache.page_size as u64;
         let _t = self.tree_exclusive(ino);
-        let _w = self.write_lock();
+        let _h = self.handle();
+        let _i = self.lock_nondir(ino);
         self.check_writable()?;
         let mut inode = self.read_inode(ino)?;
         let target = {
@@ -359,7 +363,8 @@ impl Fs {
         // pool); a write going out at once claims them afresh.
         let _c = delayed.then(|| claim_as(Claim::Writeback(fc.clone())));
         let _t = self.tree_exclusive(ino);
-        let _w = self.write_lock();
+        let _h = self.handle();
+        let _i = self.lock_nondir(ino);
         self.check_writable()?;
         if fc.lock().dead {
             return Ok(None);
@@ -511,7 +516,8 @@ impl Fs {
         // the file's promise covers, or the pool: it must not fail.
         let _c = crate::fs::space::claim_as(crate::fs::space::Claim::Writeback(fc.clone()));
         let _t = self.tree_exclusive(ino);
-        let _w = self.write_lock();
+        let _h = self.handle();
+        let _i = self.lock_nondir(ino);
         self.check_writable()?;
         if fc.lock().dead {
             return Ok(());
