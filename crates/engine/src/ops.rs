@@ -4,7 +4,8 @@
 //!
 //! Namespace and attribute operations run as handles (`Fs::handle`), beside other
 //! handles: creating and removing names (mknod, mkdir, symlink, unlink) under the
-//! inode locks of the directory they change and of the inode they unlink; link under
+//! inode locks of the directory they change and of the inode they unlink (tmpfile:
+//! its directory's, shared); link under
 //! the new parent's and the inode's; setattr without a size (and xattrs, ACLs) under
 //! the inode's own; rename under its directory's and its files' when it stays in one
 //! directory and names none, else — as rmdir — under the rename lock, then its
@@ -462,7 +463,11 @@ impl Fs {
                 ))
             }
         }
-        let _w = self.write_lock();
+        // A handle: the directory is only read (its default ACL), under its lock
+        // shared (no ACL change meanwhile); the new inode is nobody else's until it is
+        // returned, and goes on the orphan list under that list's lock.
+        let _h = self.handle();
+        let _p = self.lock_dir_shared(parent);
         self.check_writable()?;
         let d = self.dir_handle(parent)?;
         may_change(&d.inode, "add a name", true)?;

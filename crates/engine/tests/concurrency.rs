@@ -217,14 +217,15 @@ fn sub_block_writes(direct: bool) {
     assert!(r.clean, "{}", r.output);
 }
 
-/// Namespace operations as concurrent handles: four threads create, link, unlink,
+/// Namespace operations as concurrent handles: four threads create (also unnamed
+/// files, O_TMPFILE, which some of them then link), link, unlink,
 /// rename and remove names, and set attributes — each in a directory of its own (whose
 /// contents and attributes a model predicts) and in two shared directories where they
 /// race for the same few names, renaming files and directories within one and between
 /// the two, into each other, over each other — while a fifth commits and reads. All of
 /// these run as handles under inode locks (a rename that moves a directory or spans two
-/// under the rename lock too), beside each other; writes take the write lock and
-/// exclude them. Afterwards every thread's directory is what its model says, byte for
+/// under the rename lock too), beside each other and beside writeback; truncates take
+/// the write lock and exclude them. Afterwards every thread's directory is what its model says, byte for
 /// byte and attribute for attribute after a reopen, every shared name resolves, and
 /// e2fsck -fn is clean (link counts, "..", directory blocks, bitmaps, counters: a lost
 /// update anywhere shows there).
@@ -309,7 +310,7 @@ fn namespace_race_round(round: u64, with_data: bool) {
                     let op = match round % 3 {
                         1 => [2, 6, 7][rng.below(3) as usize],
                         2 => [4, 5][rng.below(2) as usize],
-                        _ => rng.below(16),
+                        _ => rng.below(17),
                     };
                     match op {
                         0 | 1 => {
@@ -401,13 +402,24 @@ fn namespace_race_round(round: u64, with_data: bool) {
                         }
                         // This thread's file moves out to a shared name (no longer its
                         // own: unless the name was a link to it, which stays put).
-                        _ => {
+                        15 => {
                             if own.get(&name).is_some_and(|v| v.is_some()) {
                                 racing(fs.rename(&path, &shared));
                                 if fs.symlink_metadata(&path).is_err() {
                                     own.remove(&name);
                                     attrs.remove(&name);
                                 }
+                            }
+                        }
+                        // An unnamed file (O_TMPFILE: an orphan from the start) that
+                        // gets a shared name, or goes with its last reference.
+                        _ => {
+                            let f = fs.create_unnamed("/shared", 0o644, true).expect("tmpfile");
+                            if with_data {
+                                f.write_all_at(b"unnamed", 0).expect("write unnamed");
+                            }
+                            if rng.below(2) == 0 {
+                                racing(f.link(&shared));
                             }
                         }
                     }
