@@ -47,7 +47,11 @@ pub struct RenameFlags {
 }
 
 /// What a rename names (see `Fs::rename_names`).
-struct RenameNames {
+struct RenameNames<'a> {
+    parent: Ino,
+    name: &'a [u8],
+    new_parent: Ino,
+    new_name: &'a [u8],
     /// The old and new parents' inodes.
     od: Inode,
     nd: Inode,
@@ -928,7 +932,7 @@ impl Fs {
             let n = self.rename_names(parent, name, new_parent, new_name)?;
             if !n.src_inode.is_dir() && !n.dst.as_ref().is_some_and(|d| d.1.is_dir()) {
                 let _c = self.lock_nondirs(n.src.ino, n.dst.as_ref().map(|d| d.0.ino));
-                return self.rename_locked(parent, name, new_parent, new_name, fl, n);
+                return self.rename_locked(fl, n);
             }
         }
         // A directory moves, goes or is exchanged, or two directories change: the
@@ -957,18 +961,18 @@ impl Fs {
         let _c = files
             .first()
             .map(|&a| self.lock_nondirs(a, files.get(1).copied()));
-        self.rename_locked(parent, name, new_parent, new_name, fl, n)
+        self.rename_locked(fl, n)
     }
 
     /// What a rename names, looked up under its parents' locks: the source's entry and
     /// inode, the destination's when there is one, and both parents' inodes.
-    fn rename_names(
+    fn rename_names<'a>(
         &self,
         parent: Ino,
-        name: &[u8],
+        name: &'a [u8],
         new_parent: Ino,
-        new_name: &[u8],
-    ) -> Result<RenameNames> {
+        new_name: &'a [u8],
+    ) -> Result<RenameNames<'a>> {
         self.check_writable()?;
         let od = self.dir_handle(parent)?.inode;
         let nd = self.dir_handle(new_parent)?.inode;
@@ -983,6 +987,10 @@ impl Fs {
             None => None,
         };
         Ok(RenameNames {
+            parent,
+            name,
+            new_parent,
+            new_name,
             od,
             nd,
             src,
@@ -992,16 +1000,12 @@ impl Fs {
     }
 
     /// [`Fs::rename_ino`] with every lock it needs held.
-    fn rename_locked(
-        &self,
-        parent: Ino,
-        name: &[u8],
-        new_parent: Ino,
-        new_name: &[u8],
-        fl: RenameFlags,
-        n: RenameNames,
-    ) -> Result<()> {
+    fn rename_locked(&self, fl: RenameFlags, n: RenameNames<'_>) -> Result<()> {
         let RenameNames {
+            parent,
+            name,
+            new_parent,
+            new_name,
             od,
             nd,
             src,
