@@ -9,6 +9,12 @@
 //! command caught by SIGINT/SIGTERM/SIGHUP stops, closes its image clean and ends by
 //! that signal (see `interrupt`).
 
+/// mimalloc, not glibc's malloc: the engine's caches allocate an entry per insert and
+/// free retired ones on whichever thread reclaims them; glibc's arenas then take locks
+/// and scatter the entries (measured in docs/BENCHMARKS.md, "The allocator").
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod bench;
 mod bench_dax;
 mod extract;
