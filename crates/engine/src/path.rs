@@ -301,17 +301,19 @@ impl OpenOptions {
         // The walk and what follows under one read guard: no number it found is
         // handed to another inode before the open pins or creates.
         let _g = fs.read_guard();
-        match self.open_once(fs, p) {
-            // The name was resolved without a lock: an unlink may have freed its inode
-            // before this open read it, which reads as an entry to a deleted inode. A
-            // second try sees the name gone (ENOENT), or made again; corruption that
-            // is really there fails again.
-            Err(Error::Corrupted { .. }) => self.open_once(fs, p),
-            r => r,
-        }
+        // The name is resolved without a lock: an unlink may free its inode before
+        // this open reads it; then the open goes on with what the path names now (the
+        // walk's result is the open's to judge: ENOENT may mean "create").
+        let c = self.creds.as_ref();
+        fs.once_more(
+            || Ok(fs.resolve_checked(p, true, c)),
+            |found| found.as_ref().ok().copied(),
+            |found| self.open_found(fs, p, found),
+        )
     }
 
-    fn open_once(&self, fs: &Fs, p: &[u8]) -> Result<File> {
+    /// Open `p`, which the walk resolved to `found`.
+    fn open_found(&self, fs: &Fs, p: &[u8], found: Result<Ino>) -> Result<File> {
         let writing = self.write || self.append;
         if (self.truncate || self.create || self.create_new) && !writing {
             return Err(Error::InvalidInput(
@@ -323,7 +325,7 @@ impl OpenOptions {
         // A file this open made is pinned from its creation on (its `File` holds the
         // pin, released if the open fails later).
         let mut made: Option<File> = None;
-        let ino = match fs.resolve_checked(p, true, c) {
+        let ino = match found {
             Ok(ino) => {
                 if self.create_new {
                     return Err(Error::Exists);
