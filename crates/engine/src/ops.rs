@@ -979,13 +979,9 @@ impl Fs {
         let src = self.lookup(parent, name)?.ok_or(Error::NotFound)?;
         let dst = self.lookup(new_parent, new_name)?;
         let src_inode = self.read_live_inode(src.ino)?;
-        let dst = match dst {
-            Some(e) => {
-                let i = self.read_live_inode(e.ino)?;
-                Some((e, i))
-            }
-            None => None,
-        };
+        let dst = dst
+            .map(|e| self.read_live_inode(e.ino).map(|i| (e, i)))
+            .transpose()?;
         Ok(RenameNames {
             parent,
             name,
