@@ -23,6 +23,12 @@
 //! *revoked*: the next commit carries a revoke record for it, so that recovery never
 //! writes its logged copy over whatever the block is reused for.
 //!
+//! Journaled file data (`fs::data_io`: an fsync's few new blocks) lives here too, as
+//! entries marked `file_data`: dirty, logged and revoked like metadata, never dropped
+//! for room, and dropped by [`BufferCache::log_emptied`] once home (written by the
+//! checkpoint, unchanged since). While held, the data paths read the block through
+//! [`BufferCache::data_blocks`] and change it with [`BufferCache::update_data`].
+//!
 //! Locking: the map is split in [`SHARDS`] shards by block number, each behind its own
 //! mutex (the state of a block — contents, dirty, logged, revoked, committing — is all
 //! in its shard, so every rule above is per shard); no shard mutex is held across
@@ -85,6 +91,10 @@ struct Entry {
     dirty: bool,
     /// Committed contents not yet written home (the checkpoint's to write).
     logged: Option<Arc<[u8]>>,
+    /// File data journaled by an fsync ([`BufferCache::put_data`]): its home holds
+    /// older bytes until the checkpoint, so data reads and writes of the block go
+    /// through this entry (`data_blocks`, `update_data`) until the log is emptied.
+    file_data: bool,
 }
 
 impl Entry {
@@ -95,11 +105,12 @@ impl Entry {
             verified: 0,
             dirty: false,
             logged: None,
+            file_data: false,
         }
     }
 
     fn droppable(&self) -> bool {
-        !self.dirty && self.logged.is_none()
+        !self.dirty && self.logged.is_none() && !self.file_data
     }
 }
 
@@ -152,6 +163,8 @@ pub struct BufferCache {
     shards: Box<[Padded<Mutex<Blocks>>]>,
     dirty: Padded<AtomicUsize>,
     logged: Padded<AtomicUsize>,
+    /// Entries holding journaled file data (0: data reads and writes skip the cache).
+    data: Padded<AtomicUsize>,
     /// Bumped by every accepted write (whether something changed since a moment).
     writes: crate::striped::Counter,
     /// Failed metadata reads (`errors_seen`).
@@ -183,6 +196,7 @@ impl BufferCache {
                 .collect(),
             dirty: Padded::default(),
             logged: Padded::default(),
+            data: Padded::default(),
             writes: Default::default(),
             errors: Padded::default(),
         }
@@ -424,12 +438,94 @@ impl BufferCache {
         let b = &mut *guard;
         self.make_room(b);
         match b.map.get_mut(&blk) {
-            Some(e) => e.data = data,
+            Some(e) => {
+                e.data = data;
+                if std::mem::take(&mut e.file_data) {
+                    self.data.0.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
             None => {
                 b.map.insert(blk, Entry::clean(data));
             }
         }
         self.dirtied(b, blk, kind);
+    }
+
+    /// Journal `contents` as the new data of file block `blk` (an fsync's small
+    /// write, see `jwrite`): dirty like metadata, committed to the log, written home
+    /// by the checkpoint; until then the home holds older bytes, and the data paths
+    /// read and change the block here ([`BufferCache::data_blocks`],
+    /// [`BufferCache::update_data`]).
+    pub fn put_data(&self, blk: u64, contents: &[u8]) -> Result<()> {
+        if blk >= self.blocks_count || contents.len() != self.block_size {
+            return Err(Error::InvalidInput(format!(
+                "data journal write of {} bytes to block {blk} outside the filesystem",
+                contents.len()
+            )));
+        }
+        let mut guard = self.at(blk);
+        let b = &mut *guard;
+        self.make_room(b);
+        let e = b
+            .map
+            .entry(blk)
+            .or_insert_with(|| Entry::clean(Arc::from(contents)));
+        match Arc::get_mut(&mut e.data) {
+            Some(buf) => buf.copy_from_slice(contents),
+            None => e.data = Arc::from(contents),
+        }
+        if !std::mem::replace(&mut e.file_data, true) {
+            self.data.0.fetch_add(1, Ordering::Relaxed);
+        }
+        self.dirtied(b, blk, Kind::Raw);
+        Ok(())
+    }
+
+    /// Write `bytes` at byte `at` of file block `blk` if the block's data is
+    /// journaled (held here); `false` when it is not, and the caller writes home.
+    pub fn update_data(&self, blk: u64, at: usize, bytes: &[u8]) -> Result<bool> {
+        if at
+            .checked_add(bytes.len())
+            .is_none_or(|end| end > self.block_size)
+        {
+            return Err(Error::InvalidInput(format!(
+                "data write of {} bytes at {at} of block {blk}",
+                bytes.len()
+            )));
+        }
+        if self.data.0.load(Ordering::Acquire) == 0 {
+            return Ok(false);
+        }
+        let mut guard = self.at(blk);
+        if !guard.map.get(&blk).is_some_and(|e| e.file_data) {
+            return Ok(false);
+        }
+        self.change_entry(&mut guard, blk, Kind::Raw, |b| {
+            b[at..at + bytes.len()].copy_from_slice(bytes);
+            Ok(Some(()))
+        })?;
+        Ok(true)
+    }
+
+    /// The journaled data held for blocks `blk..blk+n` (see [`BufferCache::put_data`]):
+    /// a data read takes these first, then reads the device, then lays these over
+    /// what it read (an entry dropped meanwhile was written home before it went).
+    pub fn data_blocks(&self, blk: u64, n: u64) -> Vec<(u64, Arc<[u8]>)> {
+        if self.data.0.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        let mut v = Vec::new();
+        for k in blk..blk.saturating_add(n) {
+            if let Some(e) = self.at(k).map.get(&k).filter(|e| e.file_data) {
+                v.push((k, e.data.clone()));
+            }
+        }
+        v
+    }
+
+    /// Entries holding journaled file data.
+    pub fn data_count(&self) -> usize {
+        self.data.0.load(Ordering::Relaxed)
     }
 
     /// The cached contents of `blk` (in `b`, its shard) were just changed: they are
@@ -501,11 +597,15 @@ impl BufferCache {
     fn forget_in(&self, b: &mut Blocks, blocks: impl FnOnce(&mut dyn FnMut(u64))) {
         let mut dropped_dirty = 0;
         let mut logged_gone = 0;
+        let mut data_gone = 0;
         let mut gone = |blk: u64| {
             let e = b.map.remove(&blk);
             if let Some(e) = &e {
                 if e.dirty {
                     dropped_dirty += 1;
+                }
+                if e.file_data {
+                    data_gone += 1;
                 }
                 if let Some(d) = &e.logged {
                     logged_gone += 1;
@@ -521,6 +621,7 @@ impl BufferCache {
         blocks(&mut gone);
         self.dirty.0.fetch_sub(dropped_dirty, Ordering::Relaxed);
         self.logged.0.fetch_sub(logged_gone, Ordering::Relaxed);
+        self.data.0.fetch_sub(data_gone, Ordering::Relaxed);
     }
 
     /// The revoke records of the next commit (logged blocks freed since the last one);
@@ -646,12 +747,23 @@ impl BufferCache {
     /// not be written again by a later one, over whatever reuses it once its free
     /// commits — a free whose revoke record this drops, so that its commit would not
     /// drop the copy either.
+    ///
+    /// Journaled file data that is home now (written by the checkpoint, not changed
+    /// since) leaves the cache: with the log empty no older copy can be replayed over
+    /// the block, so the data paths may use its home again.
     pub fn log_emptied(&self) {
+        let mut data_gone = 0;
         self.each(|map| {
             let all = &map.commit_all;
             map.revoked.retain(|b| all.contains(b));
             map.freed_logged.retain(|b, _| all.contains(b));
+            map.map.retain(|b, e| {
+                let home = e.file_data && !e.dirty && e.logged.is_none() && !all.contains(b);
+                data_gone += usize::from(home);
+                !home
+            });
         });
+        self.data.0.fetch_sub(data_gone, Ordering::Relaxed);
     }
 
     /// Number of logged blocks (committed, not yet home).
@@ -843,5 +955,57 @@ mod tests {
         c.write(5, Kind::Raw, vec![4u8; 1024], |_| Ok(()))
             .expect("write");
         assert!(c.take_revoked().is_empty());
+    }
+
+    /// Journaled file data: held (and changed) here while the log may replay an
+    /// older copy, home after the checkpoint, dropped once the log is empty; freed
+    /// while logged, revoked like metadata.
+    #[test]
+    fn journaled_data_is_held_until_the_log_is_empty() {
+        let dev = Arc::new(MemDevice::new(vec![0u8; 1024 * 16]));
+        let c = BufferCache::new(dev.clone(), 1024, 16, 16);
+        let held = |blk| c.data_blocks(blk, 1).first().map(|(_, d)| d[..4].to_vec());
+        assert!(
+            !c.update_data(6, 0, b"x").expect("update"),
+            "nothing held yet"
+        );
+        c.put_data(6, &[7u8; 1024]).expect("put");
+        c.put_data(7, &[8u8; 1024]).expect("put");
+        assert_eq!(c.data_count(), 2);
+        assert!(c.update_data(6, 1, b"ab").expect("update"));
+        assert_eq!(held(6), Some(vec![7, b'a', b'b', 7]));
+        let txn = c.dirty_blocks();
+        assert_eq!(txn.len(), 2, "journaled data is the transaction's");
+        c.begin_commit(&txn);
+        c.committed(&txn);
+        c.end_commit();
+        // Logged block 7 freed: revoked, and no longer held.
+        c.forget(7, 1);
+        assert_eq!(c.take_revoked(), vec![7]);
+        assert_eq!(held(7), None);
+        // Changed after its commit: the checkpoint writes the committed copy home,
+        // the change stays held (dirty) through the log's emptying.
+        assert!(c.update_data(6, 0, b"z").expect("update"));
+        c.checkpoint().expect("checkpoint");
+        let mut home = vec![0u8; 4];
+        dev.read_at(&mut home, 6 * 1024).expect("read");
+        assert_eq!(home, vec![7, b'a', b'b', 7]);
+        c.log_emptied();
+        assert_eq!(held(6), Some(vec![b'z', b'a', b'b', 7]));
+        // Committed and written home again: gone once the log is empty.
+        let t2 = c.dirty_blocks();
+        c.begin_commit(&t2);
+        c.committed(&t2);
+        c.end_commit();
+        c.checkpoint().expect("checkpoint");
+        assert_eq!(
+            held(6),
+            Some(vec![b'z', b'a', b'b', 7]),
+            "held until the log is empty"
+        );
+        c.log_emptied();
+        assert_eq!(held(6), None);
+        assert_eq!(c.data_count(), 0);
+        assert!(!c.update_data(6, 0, b"y").expect("update"), "home again");
     }
 }

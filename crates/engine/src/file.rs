@@ -262,7 +262,6 @@ impl Fs {
         }
         let want = (buf.len() as u64).min(inode.size - offset) as usize;
         let bs = u64::from(self.inner.block_size);
-        let dev = self.cache().device().clone();
         let mut done = 0usize;
         while done < want {
             let pos = offset + done as u64;
@@ -277,7 +276,7 @@ impl Fs {
             let dst = &mut buf[done..done + n];
             match phys {
                 None => dst.fill(MaybeUninit::new(0)),
-                Some(p) => dev.read_at_uninit(dst, p * bs + in_blk)?,
+                Some(p) => self.read_data(dst, p * bs + in_blk)?,
             }
             done += n;
         }

@@ -1555,9 +1555,7 @@ impl Fs {
                 ..
             } = self.map_block(ino, inode, lblk)?
             {
-                self.cache()
-                    .device()
-                    .write_at(&vec![0u8; n as usize], physical * bs + in_blk)?;
+                self.write_data(&vec![0u8; n as usize], physical * bs + in_blk, false)?;
             }
             pos += n;
         }
@@ -1733,9 +1731,12 @@ impl Fs {
                 _ => return Ok(None),
             }
         }
-        let dev = self.cache().device().clone();
         for (from, to, at) in runs {
-            dev.write_at(&buf[(from - offset) as usize..(to - offset) as usize], at)?;
+            self.write_data(
+                &buf[(from - offset) as usize..(to - offset) as usize],
+                at,
+                false,
+            )?;
         }
         Ok(Some(buf.len()))
     }
@@ -1795,7 +1796,6 @@ impl Fs {
     ) -> Result<()> {
         let end = offset + buf.len() as u64;
         let bs = u64::from(self.inner.block_size);
-        let dev = self.cache().device().clone();
         let inode = &mut *inode;
         while *pos < end {
             let pos_now = *pos;
@@ -1811,7 +1811,7 @@ impl Fs {
                     let run_end = ((lblk + len) * bs).min(end);
                     let n = (run_end - pos_now) as usize;
                     let src = &buf[(pos_now - offset) as usize..][..n];
-                    dev.write_at(src, physical * bs + pos_now % bs)?;
+                    self.write_data(src, physical * bs + pos_now % bs, false)?;
                     *pos = run_end;
                 }
                 Mapping::Mapped {
@@ -1826,7 +1826,7 @@ impl Fs {
                     let start_in = (pos_now - lblk * bs) as usize;
                     let n = (run_end - pos_now) as usize;
                     write_zero_padded(
-                        dev.as_ref(),
+                        self,
                         &buf[(pos_now - offset) as usize..][..n],
                         start_in,
                         (nblk * bs) as usize,
@@ -1852,7 +1852,7 @@ impl Fs {
                     let start_in = (pos_now - lblk * bs) as usize;
                     let n = (run_end - pos_now) as usize;
                     if let Err(e) = write_zero_padded(
-                        dev.as_ref(),
+                        self,
                         &buf[(pos_now - offset) as usize..][..n],
                         start_in,
                         (got * bs) as usize,
@@ -2141,17 +2141,11 @@ impl FsDir<'_> {
 /// Write `data` at byte `start_in` of the `whole` fresh bytes at device offset `at`,
 /// zeros around it: straight from the caller's buffer when it fills them all (a DAX
 /// device then copies once), else through one zero-padded buffer (one device write).
-fn write_zero_padded(
-    dev: &dyn crate::device::BlockDevice,
-    data: &[u8],
-    start_in: usize,
-    whole: usize,
-    at: u64,
-) -> Result<()> {
+fn write_zero_padded(fs: &Fs, data: &[u8], start_in: usize, whole: usize, at: u64) -> Result<()> {
     if start_in == 0 && data.len() == whole {
-        return Ok(dev.write_at(data, at)?);
+        return fs.write_data(data, at, false);
     }
     let mut v = vec![0u8; whole];
     v[start_in..start_in + data.len()].copy_from_slice(data);
-    Ok(dev.write_at(&v, at)?)
+    fs.write_data(&v, at, false)
 }

@@ -9,25 +9,11 @@ use std::sync::Arc;
 
 use common::Recorder;
 use rext4::device::{BlockDevice, MemDevice};
-use rext4::{Fs, FsOptions, Mapping};
+use rext4::{Fs, Mapping};
 use rext4_testkit::crash::Event;
-use rext4_testkit::{
-    e2fsck_fn, e2fsck_fy, fixture_bytes, mkfs, skip, LoopMount, MkfsOptions, TempDir,
-};
+use rext4_testkit::{e2fsck_fn, e2fsck_fy, fixture_bytes, skip, LoopMount, TempDir};
 
-fn base_image(bs: u32, size: u64) -> Vec<u8> {
-    let img = mkfs(&MkfsOptions::new(bs, size)).expect("mkfs");
-    std::fs::read(img.path()).expect("read")
-}
-
-fn rw(dev: Arc<dyn BlockDevice>) -> Fs {
-    let opts = FsOptions {
-        read_only: false,
-        commit_secs: 0,
-        ..FsOptions::default()
-    };
-    Fs::open_device(dev, opts).expect("open rw")
-}
+use common::{base_image, open_device_rw as rw};
 
 fn flushes(dev: &Recorder) -> usize {
     dev.events

@@ -35,9 +35,13 @@
 //! by a checkpoint. So an fsync costs two flushes, and the one in a few hundred that
 //! finds the log full (or the cache crowded) four.
 //!
+//! Journaled data: file data is written home before the commit that maps it (ordered
+//! mode), except an fsync's few new blocks, whose data goes into the log with that
+//! commit and home at the checkpoint (`data_io`; held in the buffer cache meanwhile).
+//!
 //! Revoke: a logged block that is freed (a directory block, an extent tree or xattr
-//! block) could be reused for file data, which is not journaled, while its old copy is
-//! still in the log; recovery would write that copy over the data. So the commit that
+//! block, journaled file data) could be reused for file data written home while its
+//! old copy is still in the log; recovery would write that copy over the data. So the commit that
 //! frees it carries a revoke record (jbd2's: no copy from a transaction up to the
 //! revoking one is replayed). A block freed again after a checkpoint needs none. Blocks
 //! freed by the running transaction stay *busy* (not reallocated) until it commits, so

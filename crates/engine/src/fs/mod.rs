@@ -14,6 +14,7 @@
 //! before use (the buffer cache refuses others), every inode number against
 //! `inodes_count`.
 
+mod data_io;
 pub(crate) mod dax_file;
 mod group_commit;
 #[cfg(test)]

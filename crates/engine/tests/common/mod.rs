@@ -210,3 +210,19 @@ pub fn open_rw(path: &std::path::Path) -> Fs {
     };
     Fs::open_with(path, opts).expect("open rw")
 }
+
+/// A fresh mke2fs image of `size` bytes with blocks of `bs`, as bytes.
+pub fn base_image(bs: u32, size: u64) -> Vec<u8> {
+    let img = rext4_testkit::mkfs(&rext4_testkit::MkfsOptions::new(bs, size)).expect("mkfs");
+    std::fs::read(img.path()).expect("read")
+}
+
+/// Open a device read-write (no periodic commit thread, for determinism).
+pub fn open_device_rw(dev: std::sync::Arc<dyn rext4::device::BlockDevice>) -> Fs {
+    let opts = rext4::FsOptions {
+        read_only: false,
+        commit_secs: 0,
+        ..rext4::FsOptions::default()
+    };
+    Fs::open_device(dev, opts).expect("open rw")
+}

@@ -115,7 +115,6 @@ impl Fs {
         let mut out: Vec<Box<[u8]>> = (0..n).map(|_| self.pc().alloc_zeroed()).collect();
         let _t = self.tree_shared(ino);
         let inode = self.read_inode(ino)?;
-        let dev = self.cache().device().clone();
         let end_page = size.div_ceil(ps);
         let mut i = 0u64;
         let mut tmp = Vec::new();
@@ -128,7 +127,7 @@ impl Fs {
             let k = len.max(1).min(n - i).min(end_page - l);
             if let Some(p) = phys {
                 tmp.resize((k * ps) as usize, 0);
-                dev.read_at(&mut tmp, p * ps)?;
+                self.read_data_init(&mut tmp, p * ps)?;
                 for (j, chunk) in tmp.chunks(ps as usize).enumerate() {
                     out[i as usize + j].copy_from_slice(chunk);
                 }
@@ -544,7 +543,11 @@ impl Fs {
         self.pin(ino);
         // Dirty pages past this write keep the on-disk size below them (`finish_chunk`).
         let runs = [(offset / ps, buf.len() as u64 / ps)];
-        let r = self.write_chunk(fc.arc(), ino, &runs, buf, false);
+        let how = super::writeback::ChunkWrite {
+            delayed: false,
+            journal: false,
+        };
+        let r = self.write_chunk(fc.arc(), ino, &runs, buf, how);
         if r.is_err() {
             // The write did not happen: the file keeps the size it had.
             let mut st = fc.lock();

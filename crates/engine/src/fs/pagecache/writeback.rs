@@ -51,6 +51,17 @@ use crate::fs::{Fs, Ino};
 /// One snapshotted page: index, the page, its `seq` at snapshot time.
 type Snap = (u64, Arc<super::Page>, u64);
 
+/// How a chunk's data goes out (`Fs::write_chunk`).
+#[derive(Clone, Copy)]
+pub(crate) struct ChunkWrite {
+    /// The pages are the page cache's (a writeback pass), so holes under them hold
+    /// promised blocks; otherwise (`write_now`) blocks are claimed afresh.
+    pub(crate) delayed: bool,
+    /// The data of blocks that are unwritten (just allocated, or preallocated) is
+    /// journaled instead of written home (`data_io`).
+    pub(crate) journal: bool,
+}
+
 /// What a piece of a run maps to when its data is written.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Piece {
@@ -72,6 +83,19 @@ impl Fs {
         last: u64,
         wait: bool,
     ) -> Result<usize> {
+        self.writeback_pass(ino, first, last, wait, false)
+    }
+
+    /// [`Fs::writeback_ino`]; `for_fsync`: a commit follows at once, so a pass that
+    /// allocates only a few blocks journals their data (`data_io`).
+    fn writeback_pass(
+        &self,
+        ino: Ino,
+        first: u64,
+        last: u64,
+        wait: bool,
+        for_fsync: bool,
+    ) -> Result<usize> {
         let Some(fc) = self.inner.pagecache.file(ino) else {
             return Ok(0);
         };
@@ -85,7 +109,7 @@ impl Fs {
         }
         self.pin(ino);
         let r = self
-            .writeback_pinned(&fc, ino, first, last, wait)
+            .writeback_pinned(&fc, ino, first, last, wait, for_fsync)
             .and_then(|n| {
                 if whole {
                     self.settle_size(&fc, ino)?;
@@ -147,6 +171,7 @@ impl Fs {
         first: u64,
         last: u64,
         wait: bool,
+        for_fsync: bool,
     ) -> Result<usize> {
         let pc = &self.inner.pagecache;
         let ps = pc.page_size as u64;
@@ -209,7 +234,14 @@ impl Fs {
             };
             // 2 and 3.
             crate::fs::space::note_refusal("");
-            let r = self.write_chunk(fc, ino, &runs, &scratch, true);
+            // The whole pass in one small chunk, for an fsync: its new blocks'
+            // data goes to the log with the commit that follows.
+            let journal = for_fsync && written == 0 && self.journals_data(snaps.len());
+            let how = ChunkWrite {
+                delayed: true,
+                journal,
+            };
+            let r = self.write_chunk(fc, ino, &runs, &scratch, how);
             // 4. Completion.
             let mut st = fc.lock();
             let drop_data = matches!(r, Err(Error::NoSpace));
@@ -278,20 +310,18 @@ impl Fs {
     }
 
     /// Write the snapshotted runs of one chunk: steps 2 and 3 of the module note.
-    /// `delayed`: the pages are the page cache's (a writeback pass), so holes under
-    /// them hold promised blocks; otherwise (`write_now`) blocks are claimed afresh.
     pub(crate) fn write_chunk(
         &self,
         fc: &Arc<FileCache>,
         ino: Ino,
         runs: &[(u64, u64)],
         scratch: &[u8],
-        delayed: bool,
+        how: ChunkWrite,
     ) -> Result<()> {
         // Pages whose promises this chunk's allocations spent (`FileState::inflight`):
         // the tree promise counts them until the chunk is finished, whatever happens.
         let mut inflight = 0u64;
-        let r = self.write_chunk_pieces(fc, ino, runs, scratch, delayed, &mut inflight);
+        let r = self.write_chunk_pieces(fc, ino, runs, scratch, how, &mut inflight);
         if inflight > 0 {
             let mut st = fc.lock();
             st.inflight = st.inflight.saturating_sub(inflight);
@@ -307,11 +337,11 @@ impl Fs {
         ino: Ino,
         runs: &[(u64, u64)],
         scratch: &[u8],
-        delayed: bool,
+        how: ChunkWrite,
         inflight: &mut u64,
     ) -> Result<()> {
+        let ChunkWrite { delayed, journal } = how;
         let ps = self.inner.pagecache.page_size as u64;
-        let dev = self.cache().device().clone();
         let mut converts: Vec<(u64, u64)> = Vec::new();
         let mut at = 0usize;
         for &(start, n) in runs {
@@ -326,12 +356,13 @@ impl Fs {
                     return Ok(()); // the inode was freed: nothing to write
                 };
                 let bytes = &data[(i * ps) as usize..((i + len) * ps) as usize];
-                if let Err(e) = dev.write_at(bytes, phys * ps) {
+                let journal = journal && piece == Piece::Convert;
+                if let Err(e) = self.write_data(bytes, phys * ps, journal) {
                     // The chunk's extents may already be in the running transaction:
                     // abort, so none of it is committed over data that never arrived,
                     // and whoever recovers the image sees the error.
                     self.inner.abort(format!("data write failed: {e}"));
-                    return Err(Error::Io(e));
+                    return Err(e);
                 }
                 if piece == Piece::Convert {
                     match converts.last_mut() {
@@ -597,7 +628,7 @@ impl Fs {
         if self.inner.read_only {
             return Ok(());
         }
-        self.writeback_ino(ino, 0, u64::MAX, true)?;
+        self.writeback_pass(ino, 0, u64::MAX, true, true)?;
         if let Some(fc) = self.inner.pagecache.file(ino) {
             if let Some(e) = fc.lock().error.take() {
                 return Err(e.to_error());
