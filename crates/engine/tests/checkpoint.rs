@@ -9,11 +9,11 @@ use std::sync::Arc;
 
 use common::Recorder;
 use rext4::device::{BlockDevice, MemDevice};
-use rext4::{Fs, Mapping};
+use rext4::Fs;
 use rext4_testkit::crash::Event;
-use rext4_testkit::{e2fsck_fn, e2fsck_fy, fixture_bytes, skip, LoopMount, TempDir};
+use rext4_testkit::{e2fsck_fn, fixture_bytes, skip, TempDir};
 
-use common::{base_image, open_device_rw as rw};
+use common::{base_image, blocks_of, open_device_rw as rw, recover};
 
 fn flushes(dev: &Recorder) -> usize {
     dev.events
@@ -88,37 +88,6 @@ fn an_fsync_costs_two_flushes() {
     let r = e2fsck_fn(&path);
     assert!(r.clean, "e2fsck after recovery:\n{}", r.output);
     drop(fs);
-}
-
-/// The physical blocks of `path` (a directory's or a file's).
-fn blocks_of(fs: &Fs, path: &str) -> Vec<u64> {
-    let ino = fs.metadata(path).expect("metadata").ino;
-    let (_, runs) = fs.fiemap_ino(ino, u64::MAX >> 20).expect("fiemap");
-    let mut v = Vec::new();
-    for (_, m) in runs {
-        if let Mapping::Mapped { physical, len, .. } = m {
-            v.extend(physical..physical + len);
-        }
-    }
-    v
-}
-
-/// How the crash image of `revoked_block_reused_for_data` is recovered.
-fn recover(path: &std::path::Path, how: &str) -> Result<(), String> {
-    match how {
-        "rext4" => common::open_rw(path)
-            .close()
-            .map_err(|e| format!("close: {e}")),
-        "e2fsck" => {
-            let r = e2fsck_fy(path);
-            if r.exit_code > 1 {
-                return Err(format!("e2fsck -fy exit {}:\n{}", r.exit_code, r.output));
-            }
-            Ok(())
-        }
-        "kernel" => LoopMount::new(path, false, "")?.unmount(),
-        _ => unreachable!(),
-    }
 }
 
 /// A directory's blocks are committed (in the log, not yet home), the directory is

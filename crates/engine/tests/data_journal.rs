@@ -9,24 +9,11 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{base_image, open_device_rw, Recorder};
+use common::{base_image, blocks_of, open_device_rw, recover, Recorder};
 use rext4::device::MemDevice;
-use rext4::{Fs, Mapping, OpenOptions};
+use rext4::{Fs, OpenOptions};
 use rext4_testkit::crash::{flush_points, image_at};
-use rext4_testkit::{e2fsck_fn, e2fsck_fy, fixture_bytes, skip, LoopMount, TempDir};
-
-/// The physical blocks of file `path`, in file order.
-fn blocks_of(fs: &Fs, path: &str) -> Vec<u64> {
-    let ino = fs.metadata(path).expect("metadata").ino;
-    let (_, runs) = fs.fiemap_ino(ino, u64::MAX >> 20).expect("fiemap");
-    let mut v = Vec::new();
-    for (_, m) in runs {
-        if let Mapping::Mapped { physical, len, .. } = m {
-            v.extend(physical..physical + len);
-        }
-    }
-    v
-}
+use rext4_testkit::{e2fsck_fn, fixture_bytes, skip, TempDir};
 
 /// `path` opened for reading and writing.
 fn open_rw_file(fs: &Fs, path: &str) -> rext4::File {
@@ -35,24 +22,6 @@ fn open_rw_file(fs: &Fs, path: &str) -> rext4::File {
         .write(true)
         .open(fs, path)
         .expect("open rw")
-}
-
-/// Recover a crash image at `path` the way `how` names (rext4, e2fsck or the kernel).
-fn recover(path: &std::path::Path, how: &str) -> Result<(), String> {
-    match how {
-        "rext4" => common::open_rw(path)
-            .close()
-            .map_err(|e| format!("close: {e}")),
-        "e2fsck" => {
-            let r = e2fsck_fy(path);
-            if r.exit_code > 1 {
-                return Err(format!("e2fsck -fy exit {}:\n{}", r.exit_code, r.output));
-            }
-            Ok(())
-        }
-        "kernel" => LoopMount::new(path, false, "")?.unmount(),
-        _ => unreachable!(),
-    }
 }
 
 /// Every recoverer this machine has: rext4 and e2fsck always, the kernel where loop

@@ -226,3 +226,33 @@ pub fn open_device_rw(dev: std::sync::Arc<dyn rext4::device::BlockDevice>) -> Fs
     };
     Fs::open_device(dev, opts).expect("open rw")
 }
+
+/// The physical blocks of `path` (a directory's or a file's), in logical order.
+pub fn blocks_of(fs: &Fs, path: &str) -> Vec<u64> {
+    let ino = fs.metadata(path).expect("metadata").ino;
+    let (_, runs) = fs.fiemap_ino(ino, u64::MAX >> 20).expect("fiemap");
+    let mut v = Vec::new();
+    for (_, m) in runs {
+        if let rext4::Mapping::Mapped { physical, len, .. } = m {
+            v.extend(physical..physical + len);
+        }
+    }
+    v
+}
+
+/// Recover a crash image at `path` the way `how` names: "rext4" (open read-write and
+/// close), "e2fsck" (-fy) or "kernel" (loop mount and unmount).
+pub fn recover(path: &std::path::Path, how: &str) -> Result<(), String> {
+    match how {
+        "rext4" => open_rw(path).close().map_err(|e| format!("close: {e}")),
+        "e2fsck" => {
+            let r = rext4_testkit::e2fsck_fy(path);
+            if r.exit_code > 1 {
+                return Err(format!("e2fsck -fy exit {}:\n{}", r.exit_code, r.output));
+            }
+            Ok(())
+        }
+        "kernel" => rext4_testkit::LoopMount::new(path, false, "")?.unmount(),
+        _ => unreachable!(),
+    }
+}
