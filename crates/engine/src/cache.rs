@@ -466,14 +466,19 @@ impl BufferCache {
         let mut guard = self.at(blk);
         let b = &mut *guard;
         self.make_room(b);
-        let e = b
-            .map
-            .entry(blk)
-            .or_insert_with(|| Entry::clean(Arc::from(contents)));
-        match Arc::get_mut(&mut e.data) {
-            Some(buf) => buf.copy_from_slice(contents),
-            None => e.data = Arc::from(contents),
-        }
+        let e = match b.map.entry(blk) {
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(Entry::clean(Arc::from(contents)))
+            }
+            std::collections::hash_map::Entry::Occupied(o) => {
+                let e = o.into_mut();
+                match Arc::get_mut(&mut e.data) {
+                    Some(buf) => buf.copy_from_slice(contents),
+                    None => e.data = Arc::from(contents),
+                }
+                e
+            }
+        };
         if !std::mem::replace(&mut e.file_data, true) {
             self.data.0.fetch_add(1, Ordering::Relaxed);
         }

@@ -1555,7 +1555,7 @@ impl Fs {
                 ..
             } = self.map_block(ino, inode, lblk)?
             {
-                self.write_data(&vec![0u8; n as usize], physical * bs + in_blk, false)?;
+                self.write_data(&vec![0u8; n as usize], physical * bs + in_blk)?;
             }
             pos += n;
         }
@@ -1732,11 +1732,7 @@ impl Fs {
             }
         }
         for (from, to, at) in runs {
-            self.write_data(
-                &buf[(from - offset) as usize..(to - offset) as usize],
-                at,
-                false,
-            )?;
+            self.write_data(&buf[(from - offset) as usize..(to - offset) as usize], at)?;
         }
         Ok(Some(buf.len()))
     }
@@ -1811,7 +1807,7 @@ impl Fs {
                     let run_end = ((lblk + len) * bs).min(end);
                     let n = (run_end - pos_now) as usize;
                     let src = &buf[(pos_now - offset) as usize..][..n];
-                    self.write_data(src, physical * bs + pos_now % bs, false)?;
+                    self.write_data(src, physical * bs + pos_now % bs)?;
                     *pos = run_end;
                 }
                 Mapping::Mapped {
@@ -2143,9 +2139,9 @@ impl FsDir<'_> {
 /// device then copies once), else through one zero-padded buffer (one device write).
 fn write_zero_padded(fs: &Fs, data: &[u8], start_in: usize, whole: usize, at: u64) -> Result<()> {
     if start_in == 0 && data.len() == whole {
-        return fs.write_data(data, at, false);
+        return fs.write_data(data, at);
     }
     let mut v = vec![0u8; whole];
     v[start_in..start_in + data.len()].copy_from_slice(data);
-    fs.write_data(&v, at, false)
+    fs.write_data(&v, at)
 }

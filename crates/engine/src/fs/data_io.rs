@@ -52,13 +52,10 @@ impl Fs {
         for (blk, contents) in held {
             let from = (blk * bs).max(at);
             let to = ((blk + 1) * bs).min(at + len);
-            let src = &contents[(from - blk * bs) as usize..(to - blk * bs) as usize];
-            for (d, s) in buf[(from - at) as usize..(to - at) as usize]
-                .iter_mut()
-                .zip(src)
-            {
-                *d = MaybeUninit::new(*s);
-            }
+            copy_into(
+                &mut buf[(from - at) as usize..(to - at) as usize],
+                &contents[(from - blk * bs) as usize..(to - blk * bs) as usize],
+            );
         }
         Ok(())
     }
@@ -69,28 +66,31 @@ impl Fs {
         self.read_data(unsafe { crate::device::as_uninit(buf) }, at)
     }
 
-    /// Write file data at device byte `at`. With `journal`, `buf` is whole blocks from a
-    /// block boundary and is journaled (an fsync's small pass); otherwise it goes home,
-    /// but for blocks whose data is journaled, which change where they are held.
-    pub(crate) fn write_data(&self, buf: &[u8], at: u64, journal: bool) -> Result<()> {
+    /// Journal `buf`, whole blocks from the block boundary at device byte `at`, as
+    /// their new data (an fsync's small pass; see the module note).
+    pub(crate) fn journal_data(&self, buf: &[u8], at: u64) -> Result<()> {
+        let bs = u64::from(self.inner.block_size);
+        if !at.is_multiple_of(bs) || !(buf.len() as u64).is_multiple_of(bs) {
+            return Err(crate::error::Error::InvalidInput(format!(
+                "journaled data of {} bytes at {at}: not whole blocks",
+                buf.len()
+            )));
+        }
+        for (k, block) in buf.chunks(bs as usize).enumerate() {
+            self.cache().put_data(at / bs + k as u64, block)?;
+        }
+        Ok(())
+    }
+
+    /// Write file data home at device byte `at`, but for blocks whose data is
+    /// journaled, which change where they are held.
+    pub(crate) fn write_data(&self, buf: &[u8], at: u64) -> Result<()> {
         let cache = self.cache();
         let dev = cache.device();
-        if !journal && cache.data_count() == 0 {
+        if cache.data_count() == 0 {
             return Ok(dev.write_at(buf, at)?);
         }
         let bs = u64::from(self.inner.block_size);
-        if journal {
-            if !at.is_multiple_of(bs) || !(buf.len() as u64).is_multiple_of(bs) {
-                return Err(crate::error::Error::InvalidInput(format!(
-                    "journaled data of {} bytes at {at}: not whole blocks",
-                    buf.len()
-                )));
-            }
-            for (k, block) in buf.chunks(bs as usize).enumerate() {
-                cache.put_data(at / bs + k as u64, block)?;
-            }
-            return Ok(());
-        }
         let end = at + buf.len() as u64;
         let mut pos = at;
         // Start of the bytes not yet written that go home.
@@ -116,4 +116,12 @@ impl Fs {
         }
         Ok(())
     }
+}
+
+/// `dst.copy_from_slice(src)` for a destination that need not be initialized.
+pub(crate) fn copy_into(dst: &mut [MaybeUninit<u8>], src: &[u8]) {
+    assert_eq!(dst.len(), src.len());
+    // SAFETY: lengths are equal, `src` and `dst` cannot overlap (one is borrowed
+    // shared, the other exclusively), and `MaybeUninit<u8>` has the layout of `u8`.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast(), src.len()) }
 }

@@ -16,6 +16,7 @@ use super::{
     new_page, pages_spanned, FileCache, Page, PageCache, READ_AROUND_BYTES, WRITE_NOW_BYTES,
 };
 use crate::error::{Error, Result};
+use crate::fs::data_io::copy_into;
 use crate::fs::map::Mapping;
 use crate::fs::{Fs, Ino};
 
@@ -1018,12 +1019,4 @@ enum IoGuard<'a> {
 /// Whether `inode` is a regular, extent-mapped file (what the page cache writes).
 pub(crate) fn cacheable(inode: &Inode) -> bool {
     inode.is_reg() && inode.has_flag(flags::EXTENTS)
-}
-
-/// `dst.copy_from_slice(src)` for a destination that need not be initialized.
-fn copy_into(dst: &mut [MaybeUninit<u8>], src: &[u8]) {
-    assert_eq!(dst.len(), src.len());
-    // SAFETY: lengths are equal, `src` and `dst` cannot overlap (one is borrowed
-    // shared, the other exclusively), and `MaybeUninit<u8>` has the layout of `u8`.
-    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast(), src.len()) }
 }

@@ -356,8 +356,12 @@ impl Fs {
                     return Ok(()); // the inode was freed: nothing to write
                 };
                 let bytes = &data[(i * ps) as usize..((i + len) * ps) as usize];
-                let journal = journal && piece == Piece::Convert;
-                if let Err(e) = self.write_data(bytes, phys * ps, journal) {
+                let r = if journal && piece == Piece::Convert {
+                    self.journal_data(bytes, phys * ps)
+                } else {
+                    self.write_data(bytes, phys * ps)
+                };
+                if let Err(e) = r {
                     // The chunk's extents may already be in the running transaction:
                     // abort, so none of it is committed over data that never arrived,
                     // and whoever recovers the image sees the error.
