@@ -15,7 +15,7 @@
 //! fallocate 0..32 KiB first in each iteration), `churn` (SEEDS lesson C, like the anchors' seedC script:
 //! create+unlink of one name in a tight loop for `--secs`, alone, then while
 //! `--threads` threads stat a 16-deep path and a symlink to it; and the lookups alone).
-//! `dax` (SEEDS lesson E) is in `bench_dax`.
+//! `dax` (SEEDS lesson E) is in `bench_dax`, `firstwrite` (lesson D) in `bench_firstwrite`.
 //! mdtest phases, like the anchors' mdtest.c on a mount, do not sync (the kernel's
 //! figures are page-cache figures too); seqwrite includes its fsync.
 
@@ -43,6 +43,9 @@ pub enum Workload {
     /// DAX (IMAGE on tmpfs/hugetlbfs): copy limits, write/read bandwidth, fsync cost
     /// against dirty bytes and file size (see bench_dax).
     Dax,
+    /// Open through a device with --latency-ms per read, write and fsync one new file
+    /// of -s bytes (default 4k), and count the reads (see bench_firstwrite).
+    Firstwrite,
 }
 
 #[derive(clap::Args)]
@@ -75,6 +78,21 @@ pub struct BenchArgs {
     /// Request size for dax (suffixes k, m, g; default 1m).
     #[arg(long)]
     pub chunk: Option<String>,
+    /// firstwrite: milliseconds every read of the image waits (default 0).
+    #[arg(long)]
+    pub latency_ms: Option<f64>,
+    /// firstwrite: requests the slow device serves at once (default 32).
+    #[arg(long)]
+    pub queue_depth: Option<usize>,
+    /// firstwrite: bitmaps one allocation reads together (the kernel's mb_prefetch).
+    #[arg(long)]
+    pub mb_prefetch: Option<u32>,
+    /// firstwrite: bitmaps one allocation may prefetch in all (mb_prefetch_limit).
+    #[arg(long)]
+    pub mb_prefetch_limit: Option<u32>,
+    /// firstwrite: no background bitmap prefetcher (no_prefetch_block_bitmaps).
+    #[arg(long)]
+    pub no_prefetch: bool,
     /// Label for RESULT lines.
     #[arg(long, default_value = "rext4-api")]
     pub label: String,
@@ -117,6 +135,9 @@ fn phase(label: &str, workload: &str, name: &str, ops: u64, secs: f64) {
 pub fn run(a: BenchArgs) -> Result<(), String> {
     if matches!(a.workload, Workload::Dax) {
         return crate::bench_dax::run(&a);
+    }
+    if matches!(a.workload, Workload::Firstwrite) {
+        return crate::bench_firstwrite::run(&a);
     }
     let fs = Fs::open_with(
         &a.image,
@@ -190,7 +211,9 @@ fn workload(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
         }
         Workload::Smallfsync => smallfsync(fs, a)?,
         Workload::Churn => churn(fs, a)?,
-        Workload::Dax => return Err("dax runs on its own open".into()),
+        Workload::Dax | Workload::Firstwrite => {
+            return Err("dax and firstwrite run on their own open".into())
+        }
         Workload::Pwtrunc => {
             let n = a.count.unwrap_or(50_000);
             let f = fs.create("/pwtrunc").map_err(e)?;

@@ -370,3 +370,32 @@ fn journal(fs: &Fs, ino: u32) -> rext4::Result<String> {
     }
     Ok(o)
 }
+
+/// `rext4 info --stats`: what the open cost on the device (and, for a filesystem that
+/// has been used, what its allocations read).
+pub fn render_stats(fs: &Fs) -> String {
+    let st = fs.io_stats();
+    let mut s = String::new();
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "Reads at open:            {} ({} KiB)",
+        st.at_open.reads,
+        st.at_open.read_bytes / 1024
+    );
+    let _ = writeln!(
+        s,
+        "Writes at open:           {} ({} KiB), {} flushes",
+        st.at_open.writes,
+        st.at_open.write_bytes / 1024,
+        st.at_open.flushes
+    );
+    let _ = writeln!(s, "Block allocations:        {}", st.allocations);
+    let _ = writeln!(s, "Bitmaps read singly:      {}", st.bitmaps_read);
+    let _ = writeln!(
+        s,
+        "Bitmaps prefetched:       {} in {} requests",
+        st.bitmaps_prefetched, st.prefetch_requests
+    );
+    s
+}

@@ -17,6 +17,7 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod bench;
 mod bench_dax;
+mod bench_firstwrite;
 mod extract;
 mod info;
 mod interrupt;
@@ -58,6 +59,9 @@ enum Cmd {
     Info {
         /// Image file or block device.
         image: PathBuf,
+        /// Also print what opening the image read (device requests and bytes).
+        #[arg(long)]
+        stats: bool,
     },
     /// List directories: `rext4 ls [-l] IMAGE:/path...` (several: a "PATH:" header per
     /// directory, as ls does).
@@ -241,9 +245,12 @@ fn writes_an_image(cmd: &Cmd) -> bool {
 fn run(cli: Cli) -> Result<(), (u8, String)> {
     let e1 = |s: String| (1u8, s);
     match cli.cmd {
-        Cmd::Info { image } => {
+        Cmd::Info { image, stats } => {
             let fs = open(&image).map_err(e1)?;
             show::write_out(info::render(&fs).as_bytes())?;
+            if stats {
+                show::write_out(info::render_stats(&fs).as_bytes())?;
+            }
         }
         Cmd::Ls { long, specs } => show::ls_all(&specs, long)?,
         Cmd::Cat { specs } => show::cat_all(&specs)?,

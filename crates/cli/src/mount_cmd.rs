@@ -14,7 +14,9 @@ pub struct MountArgs {
     /// early_commit=MS (default 200: what the server got reaches the image file this
     /// soon, so a crash of the server alone loses only that; 0 off),
     /// cache_mb=MIB (the engine's page cache bound; default 1/16 of RAM, 64 MiB to 2 GiB),
-    /// threads=N, bdi_max_ratio=PCT (dirty-page share, default 40; 0 keeps
+    /// threads=N, mb_prefetch=N and mb_prefetch_limit=N (block bitmaps one allocation
+    /// reads together and in all; the kernel's defaults), no_prefetch_block_bitmaps (no
+    /// background bitmap prefetch after mount), bdi_max_ratio=PCT (dirty-page share, default 40; 0 keeps
     /// the kernel's 1% strict FUSE limit), log=FILE (append the server's messages to
     /// FILE; default: syslog for the daemon, standard error with -f), allow_other,
     /// default_permissions, nodefault_permissions, nowriteback_cache, debug, dev, suid,

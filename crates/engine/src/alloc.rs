@@ -26,6 +26,7 @@
 //! then the superblock (`live`), never the other way round; a free marks its blocks
 //! busy before their bits go, so no other allocator takes them in between.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use rext4_format::bitmap;
@@ -98,7 +99,7 @@ impl Fs {
     /// Group `g`'s block bitmap to look at: the cached block, or the implicit one of a
     /// BLOCK_UNINIT group. Drop it before changing the bitmap (`change_block_bitmap`),
     /// or the change copies the block.
-    fn block_bitmap(&self, g: usize, grp: &Group) -> Result<Arc<[u8]>> {
+    pub(crate) fn block_bitmap(&self, g: usize, grp: &Group) -> Result<Arc<[u8]>> {
         if grp.desc.has_flag(FLAG_BLOCK_UNINIT) {
             return Ok(self.uninit_block_bitmap(g).into());
         }
@@ -114,6 +115,7 @@ impl Fs {
         grp: &mut Group,
         f: impl FnOnce(&mut [u8]),
     ) -> Result<()> {
+        grp.bitmap_gen = grp.bitmap_gen.wrapping_add(1);
         if grp.desc.has_flag(FLAG_BLOCK_UNINIT) {
             let mut b = self.uninit_block_bitmap(g);
             f(&mut b);
@@ -177,20 +179,23 @@ impl Fs {
     /// Returns (first block, length ≥ 1). Caller holds the write lock.
     pub(crate) fn alloc_blocks(&self, goal: u64, max_len: u32) -> Result<(u64, u32)> {
         self.check_writable()?;
+        self.inner.prefetch.allocations.fetch_add(1, Relaxed);
         let want = u64::from(max_len.max(1));
         // First a free run long enough for the whole request (up to 8 MiB of blocks),
         // so large writes come out contiguous instead of filling small holes; then any
-        // free block.
+        // free block. Each first where it costs no I/O, then anywhere (`prefetch`).
         let need = want.min(2048);
-        if need > 1 {
-            if let Some(r) = self.alloc_pass(goal, want, need)? {
-                return Ok(r);
+        let mut budget = self.inner.prefetch.limit;
+        let passes: &[u64] = if need > 1 { &[need, 1] } else { &[1] };
+        for &n in passes {
+            for at_hand in [true, false] {
+                if let Some(r) = self.alloc_pass(goal, want, n, at_hand, &mut budget)? {
+                    return Ok(r);
+                }
             }
         }
-        self.alloc_pass(goal, want, 1)?.ok_or_else(|| {
-            crate::fs::space::note_refusal("the allocator found no free block that is not busy");
-            Error::NoSpace
-        })
+        crate::fs::space::note_refusal("the allocator found no free block that is not busy");
+        Err(Error::NoSpace)
     }
 
     /// One block for file metadata (extent tree nodes), taken from the end of the group
@@ -259,8 +264,19 @@ impl Fs {
     }
 
     /// Take the first run of at least `need` usable blocks (free and not busy) at or
-    /// after `goal` (wrapping around the filesystem), up to `want` blocks long.
-    fn alloc_pass(&self, goal: u64, want: u64, need: u64) -> Result<Option<(u64, u32)>> {
+    /// after `goal` (wrapping around the filesystem), up to `want` blocks long. With
+    /// `at_hand`, only in the goal group and groups whose bitmap costs no read to search
+    /// (`Fs::bitmap_at_hand`); otherwise a bitmap that is not cached brings in a batch
+    /// of the next ones while `budget` (groups this allocation may still prefetch)
+    /// lasts.
+    fn alloc_pass(
+        &self,
+        goal: u64,
+        want: u64,
+        need: u64,
+        at_hand: bool,
+        budget: &mut usize,
+    ) -> Result<Option<(u64, u32)>> {
         let sb = &self.inner.sb;
         let ngroups = self.inner.groups.len();
         let goal = goal.clamp(u64::from(sb.first_data_block), sb.blocks_count - 1);
@@ -268,8 +284,32 @@ impl Fs {
         for i in 0..=ngroups {
             let g = (g0 + i) % ngroups;
             let mut grp = self.group(g)?;
-            if u64::from(grp.desc.free_blocks_count) < need {
+            let fits = |grp: &Group| {
+                u64::from(grp.desc.free_blocks_count) >= need
+                    && (need == 1 || grp.longest_free.is_none_or(|l| u64::from(l) >= need))
+            };
+            if !fits(&grp) {
                 continue;
+            }
+            if !self.bitmap_at_hand(&grp, need) {
+                if at_hand && i != 0 {
+                    continue;
+                }
+                if !at_hand && *budget > 0 {
+                    drop(grp);
+                    let order = (i..=ngroups).map(|k| (g0 + k) % ngroups);
+                    let batch = self.inner.prefetch.batch.min(*budget);
+                    *budget -= self.prefetch_groups(order, need, batch)?.min(*budget);
+                    grp = self.group(g)?;
+                    if !fits(&grp) {
+                        continue;
+                    }
+                }
+            }
+            if !grp.desc.has_flag(FLAG_BLOCK_UNINIT)
+                && !self.cache().contains(grp.desc.block_bitmap)
+            {
+                self.inner.prefetch.bitmaps_read.fetch_add(1, Relaxed);
             }
             let first = sb.group_first_block(g as u64);
             let n = sb.blocks_in_group(g as u64);
@@ -312,6 +352,10 @@ impl Fs {
                 x += len;
             }
             drop(busy);
+            if found.is_none() && need > 1 && from == 0 && to == n {
+                // The whole bitmap was searched: remember how long its runs are.
+                grp.longest_free = Some(crate::fs::prefetch::longest_free_run(&b, n));
+            }
             drop(b);
             let Some((x, len)) = found else { continue };
             // Free is not the same as available: what is promised or kept back
@@ -377,6 +421,17 @@ impl Fs {
                 }
             })?;
             grp.desc.free_blocks_count += freed;
+            // Runs may be longer now: measure them again where that costs no read.
+            grp.longest_free = match grp.longest_free {
+                Some(_) => {
+                    let b = self.block_bitmap(g, &grp)?;
+                    Some(crate::fs::prefetch::longest_free_run(
+                        &b,
+                        sb.blocks_in_group(g as u64),
+                    ))
+                }
+                None => None,
+            };
             drop(grp);
             self.inner.space.freed(u64::from(freed));
             let mut live = self.live();

@@ -288,6 +288,91 @@ impl BufferCache {
         Ok(e.data.clone())
     }
 
+    /// Cache `data` as block `blk`'s clean contents, unless the block is cached
+    /// already (bytes read for another purpose that hold a whole block).
+    pub fn insert_clean(&self, blk: u64, data: &[u8]) {
+        if blk >= self.blocks_count || data.len() != self.block_size {
+            return;
+        }
+        let mut guard = self.at(blk);
+        let map = &mut *guard;
+        self.make_room(map);
+        map.map.entry(blk).or_insert(Entry::clean(Arc::from(data)));
+    }
+
+    /// Whether block `blk` is cached (whatever its state): reading it costs no I/O.
+    pub fn contains(&self, blk: u64) -> bool {
+        self.at(blk).map.contains_key(&blk)
+    }
+
+    /// Blocks `blks` (in any order), as [`Self::read`] would return them unverified:
+    /// the ones not cached are read in few large requests — runs of adjacent blocks,
+    /// at most `max_run` blocks each, all issued together
+    /// ([`BlockDevice::read_many`]) — and cached clean (a block cached meanwhile keeps
+    /// its entry). Returns the contents in the order of `blks` and how many requests
+    /// it issued. Used where many known blocks are needed at once: the descriptor
+    /// table at open, a batch of block bitmaps.
+    pub fn read_batch(&self, blks: &[u64], max_run: usize) -> Result<(Vec<Arc<[u8]>>, usize)> {
+        if let Some(&b) = blks.iter().find(|&&b| b >= self.blocks_count) {
+            return Err(Error::corrupted(
+                format!(
+                    "block {b} is past the end of the filesystem ({})",
+                    self.blocks_count
+                ),
+                Some(b),
+            ));
+        }
+        let mut missing: Vec<u64> = blks
+            .iter()
+            .copied()
+            .filter(|&b| !self.contains(b))
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        let bs = self.block_size;
+        // Runs of adjacent missing blocks, each one request.
+        let mut runs: Vec<(u64, usize)> = Vec::new();
+        for &b in &missing {
+            match runs.last_mut() {
+                Some((s, n)) if *s + *n as u64 == b && *n < max_run.max(1) => *n += 1,
+                _ => runs.push((b, 1)),
+            }
+        }
+        let mut bufs: Vec<Vec<u8>> = runs.iter().map(|&(_, n)| vec![0u8; n * bs]).collect();
+        {
+            let mut reqs: Vec<(u64, &mut [u8])> = runs
+                .iter()
+                .zip(bufs.iter_mut())
+                .map(|(&(s, _), b)| (s * bs as u64, b.as_mut_slice()))
+                .collect();
+            if let Err(e) = self.dev.read_many(&mut reqs) {
+                READ_ERRORS.with(|c| c.set(c.get() + 1));
+                self.errors.0.fetch_add(1, Ordering::SeqCst);
+                return Err(e.into());
+            }
+        }
+        let mut got: IntMap<u64, Arc<[u8]>> = IntMap::default();
+        for (&(s, n), buf) in runs.iter().zip(&bufs) {
+            for i in 0..n {
+                let blk = s + i as u64;
+                let data: Arc<[u8]> = Arc::from(&buf[i * bs..(i + 1) * bs]);
+                let mut guard = self.at(blk);
+                let map = &mut *guard;
+                self.make_room(map);
+                let e = map.map.entry(blk).or_insert(Entry::clean(data));
+                got.insert(blk, e.data.clone());
+            }
+        }
+        let out = blks
+            .iter()
+            .map(|&b| match got.get(&b) {
+                Some(d) => Ok(d.clone()),
+                None => self.read(b, Kind::Raw, |_| Ok(())),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((out, runs.len()))
+    }
+
     /// Drop clean entries when the shard is full (dirty and logged ones stay until
     /// committed and written home).
     fn make_room(&self, b: &mut Blocks) {

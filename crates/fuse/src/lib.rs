@@ -100,6 +100,14 @@ pub struct MountOptions {
     /// metadata to the log, without a flush, so a crash of the server process alone
     /// loses only the last moment (`FsOptions::early_commit_ms`).
     pub early_commit_ms: u64,
+    /// Block bitmaps one allocation reads together (`mb_prefetch=`, the kernel's
+    /// tunable; engine default when `None`: 8 x groups per flex group).
+    pub mb_prefetch: Option<u32>,
+    /// Block bitmaps one allocation may prefetch in all (`mb_prefetch_limit=`).
+    pub mb_prefetch_limit: Option<u32>,
+    /// Summarize the block bitmaps in the background after mount
+    /// (`prefetch_block_bitmaps`, the default; `no_prefetch_block_bitmaps` turns it off).
+    pub prefetch_block_bitmaps: bool,
     /// Page cache (file data) size in MiB (engine default when `None`: 1/16 of RAM,
     /// 64 MiB to 2 GiB).
     pub cache_mb: Option<u64>,
@@ -150,6 +158,9 @@ impl Default for MountOptions {
             errors: ErrorsPolicy::Continue,
             commit_secs: 5,
             early_commit_ms: 200,
+            mb_prefetch: None,
+            mb_prefetch_limit: None,
+            prefetch_block_bitmaps: true,
             cache_mb: None,
             allow_other: false,
             default_permissions: true,
@@ -191,7 +202,8 @@ fn parse_num(opt: &str, v: &str) -> Result<u64, String> {
 
 /// Parse a mount(8)-style comma-separated option list (later options override
 /// earlier ones). Known: ro, rw, errors=continue|remount-ro, commit=N, cache_mb=N,
-/// early_commit=MS, threads=N, bdi_max_ratio=N, log=FILE, allow_other, default_permissions,
+/// early_commit=MS, threads=N, bdi_max_ratio=N, mb_prefetch=N, mb_prefetch_limit=N,
+/// prefetch_block_bitmaps, no_prefetch_block_bitmaps, log=FILE, allow_other, default_permissions,
 /// nodefault_permissions, debug, writeback_cache, nowriteback_cache, uring, nouring, dev,
 /// nodev, suid, nosuid, exec, noexec, atime, relatime, nostrictatime, strictatime,
 /// norelatime, noatime, nodiratime, diratime, and the no-ops lazytime, nolazytime,
@@ -235,6 +247,18 @@ pub fn apply_options(o: &mut MountOptions, s: &str) -> Result<(), String> {
             ("commit", Some(x)) => o.commit_secs = parse_num(k, x)?,
             ("early_commit", Some(x)) => o.early_commit_ms = parse_num(k, x)?,
             ("cache_mb", Some(x)) => o.cache_mb = Some(parse_num(k, x)?),
+            ("mb_prefetch" | "mb_prefetch_limit", Some(x)) => {
+                let n = parse_num(k, x)?;
+                if n == 0 || n > u64::from(u32::MAX) {
+                    return Err(format!("{k} must be 1..={}, not {n}", u32::MAX));
+                }
+                match k {
+                    "mb_prefetch" => o.mb_prefetch = Some(n as u32),
+                    _ => o.mb_prefetch_limit = Some(n as u32),
+                }
+            }
+            ("prefetch_block_bitmaps", _) => flag(o, |o| o.prefetch_block_bitmaps = true)?,
+            ("no_prefetch_block_bitmaps", _) => flag(o, |o| o.prefetch_block_bitmaps = false)?,
             ("threads", Some(x)) => {
                 let n = parse_num(k, x)?;
                 if n == 0 || n > 256 {
@@ -252,7 +276,7 @@ pub fn apply_options(o: &mut MountOptions, s: &str) -> Result<(), String> {
             ("log", Some(x)) if !x.is_empty() => o.log = Some(PathBuf::from(x)),
             (
                 "errors" | "commit" | "early_commit" | "cache_mb" | "threads" | "bdi_max_ratio"
-                | "log",
+                | "log" | "mb_prefetch" | "mb_prefetch_limit",
                 _,
             ) => return Err(format!("mount option {k} needs a value ({k}=...)")),
             ("allow_other", _) => flag(o, |o| o.allow_other = true)?,
@@ -598,6 +622,9 @@ fn serve_inner(
         read_only: ro,
         commit_secs: opts.commit_secs,
         early_commit_ms: opts.early_commit_ms,
+        mb_prefetch: opts.mb_prefetch,
+        mb_prefetch_limit: opts.mb_prefetch_limit,
+        prefetch_block_bitmaps: opts.prefetch_block_bitmaps,
         // The kernel's page cache holds file data (KEEP_CACHE, and the writeback
         // cache): the engine keeps only dirty pages, for delayed allocation.
         cache_clean: false,
@@ -850,6 +877,15 @@ mod tests {
         // Later options win.
         let o = parse_options("ro,rw").expect("valid");
         assert!(o.rw && !o.ro);
+        // The kernel's bitmap prefetch tunables, as mount options.
+        let d = MountOptions::default();
+        assert!(d.prefetch_block_bitmaps && d.mb_prefetch.is_none());
+        let o = parse_options("mb_prefetch=32,mb_prefetch_limit=64,no_prefetch_block_bitmaps")
+            .expect("valid");
+        assert_eq!((o.mb_prefetch, o.mb_prefetch_limit), (Some(32), Some(64)));
+        assert!(!o.prefetch_block_bitmaps);
+        let o = parse_options("no_prefetch_block_bitmaps,prefetch_block_bitmaps").expect("valid");
+        assert!(o.prefetch_block_bitmaps);
     }
 
     #[test]
@@ -888,6 +924,9 @@ mod tests {
             ("bdi_max_ratio", "bdi_max_ratio"),
             ("log", "log"),
             ("log=", "log"),
+            ("mb_prefetch=0", "mb_prefetch"),
+            ("mb_prefetch_limit", "mb_prefetch_limit"),
+            ("prefetch_block_bitmaps=1", "prefetch_block_bitmaps"),
         ] {
             let e = parse_options(s).expect_err(s);
             assert!(e.contains(needle), "{s}: {e}");

@@ -93,6 +93,9 @@ pub struct Log {
     /// Physical block of each journal block (index = journal block number).
     map: Vec<u64>,
     jsb: JournalSuperblock,
+    /// The block holding the journal superblock, as read at open (its bytes past the
+    /// superblock are kept as they were when it is written again, without a read).
+    jsb_block: Vec<u8>,
     bs: usize,
     last_commit_sec: u64,
     /// The log block after the last committed transaction; `None` while the log is
@@ -140,7 +143,7 @@ impl Log {
                 block: None,
             });
         };
-        let jsb = recover::read_superblock(dev, map.as_slice(), bs)?;
+        let (jsb, jsb_block) = recover::read_superblock_block(dev, map.as_slice(), bs)?;
         if jsb.blocksize as usize != bs
             || (jsb.maxlen as u64) > map.len() as u64
             || jsb.first == 0
@@ -155,6 +158,7 @@ impl Log {
         Ok(Log {
             map,
             jsb,
+            jsb_block,
             bs,
             last_commit_sec: 0,
             head: None,
@@ -203,10 +207,8 @@ impl Log {
 
     fn write_jsb<D: Device + ?Sized>(&mut self, dev: &D) -> Result<()> {
         self.jsb.update_checksum();
-        let mut b = vec![0u8; self.bs];
-        dev.read_at(&mut b, self.map[0] * self.bs as u64)?;
-        self.jsb.encode(&mut b[..jbd2::SB_SIZE])?;
-        dev.write_at(&b, self.map[0] * self.bs as u64)?;
+        self.jsb.encode(&mut self.jsb_block[..jbd2::SB_SIZE])?;
+        dev.write_at(&self.jsb_block, self.map[0] * self.bs as u64)?;
         Ok(())
     }
 

@@ -193,6 +193,15 @@ pub(crate) fn read_superblock<D: Device + ?Sized, M: LogMap + ?Sized>(
     map: &M,
     bs: usize,
 ) -> Result<JournalSuperblock> {
+    Ok(read_superblock_block(dev, map, bs)?.0)
+}
+
+/// The journal superblock and the whole block that holds it.
+pub(crate) fn read_superblock_block<D: Device + ?Sized, M: LogMap + ?Sized>(
+    dev: &D,
+    map: &M,
+    bs: usize,
+) -> Result<(JournalSuperblock, Vec<u8>)> {
     let mut b = vec![0u8; bs];
     read(dev, map, bs, 0, &mut b)?;
     let at = map.physical(0)?;
@@ -201,7 +210,7 @@ pub(crate) fn read_superblock<D: Device + ?Sized, M: LogMap + ?Sized>(
     if let Err(e) = jsb.features_supported() {
         return Err(Error::Unsupported(format!("journal: {e}")));
     }
-    Ok(jsb)
+    Ok((jsb, b))
 }
 
 /// Read and check the journal superblock for recovery.

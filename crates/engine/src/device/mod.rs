@@ -5,10 +5,13 @@
 //! O_DIRECT through an aligned bounce buffer), [`MemDevice`] (a byte vector) and
 //! [`crate::device::dax::DaxDevice`] (a memory-mapped backing store, copies with persistent
 //! stores; `BlockDevice::dax` tells the file data path to bypass the page cache).
+//! [`latency`] wraps any of them to count requests ([`latency::Counted`], under every open
+//! filesystem) or to make them slow ([`latency::LatencyDevice`]).
 //! Offsets and lengths are bytes; callers stay inside [`BlockDevice::size_bytes`], and
 //! backends refuse anything outside it so no request can write past the image.
 
 pub mod dax;
+pub mod latency;
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -27,6 +30,12 @@ pub trait BlockDevice: Send + Sync {
     /// then costs one copy, as a read(2) does).
     fn read_at_uninit(&self, buf: &mut [MaybeUninit<u8>], offset: u64) -> io::Result<()> {
         self.read_at(zeroed(buf), offset)
+    }
+    /// Read a batch: each `(offset, buffer)` filled as [`Self::read_at`] fills it,
+    /// several in flight at once (the default: up to [`latency::MAX_IN_FLIGHT`]
+    /// threads, see [`latency`]); on an error some buffers may be unfilled.
+    fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        latency::read_parallel(self, reqs)
     }
     /// Write `buf` at byte offset `offset`.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;

@@ -25,6 +25,7 @@ pub mod inode_write;
 pub(crate) mod jwrite;
 pub mod map;
 pub mod pagecache;
+pub mod prefetch;
 pub(crate) mod space;
 
 use std::path::Path;
@@ -119,6 +120,16 @@ pub struct FsOptions {
     /// tune2fs -e; continue when unset). Whatever the behaviour, the superblock is
     /// marked as having errors, so e2fsck checks the image fully.
     pub errors: Option<Errors>,
+    /// Block bitmaps one allocation reads together when its search meets one that is
+    /// not cached (the kernel's `mb_prefetch`; `None`: 8 x groups per flex group, or
+    /// 32 without flex_bg). See [`prefetch`].
+    pub mb_prefetch: Option<u32>,
+    /// Block bitmaps one allocation may prefetch in all (`mb_prefetch_limit`; `None`:
+    /// 4 x `mb_prefetch`).
+    pub mb_prefetch_limit: Option<u32>,
+    /// Summarize every group's block bitmap in the background after a read-write
+    /// open, at idle priority (the kernel's `prefetch_block_bitmaps`, on by default).
+    pub prefetch_block_bitmaps: bool,
 }
 
 /// ext4's `errors=` behaviours after a metadata error.
@@ -161,6 +172,9 @@ impl Default for FsOptions {
             boot_id: None,
             dax: false,
             errors: None,
+            mb_prefetch: None,
+            mb_prefetch_limit: None,
+            prefetch_block_bitmaps: true,
         }
     }
 }
@@ -248,6 +262,12 @@ impl Busy {
 pub(crate) struct Group {
     pub(crate) desc: GroupDesc,
     pub(crate) dirty: bool,
+    /// At least the longest free run of the block bitmap, once known (`prefetch`):
+    /// allocating keeps it true, a free forgets it.
+    pub(crate) longest_free: Option<u32>,
+    /// Bumped by every change of the block bitmap (a summary made from a read
+    /// without the mutex is kept only if this did not move meanwhile).
+    pub(crate) bitmap_gen: u32,
 }
 
 /// Superblock state that changes while the filesystem is open.
@@ -360,6 +380,12 @@ pub(crate) struct Inner {
     pub(crate) errors: Errors,
     /// The cache's failed metadata reads already marked in the superblock.
     errors_noted: std::sync::atomic::AtomicU64,
+    /// Counts every request to the device (the device under `cache` is this one).
+    pub(crate) io: Arc<crate::device::latency::Counted>,
+    /// What open read and wrote (`Fs::io_stats`).
+    pub(crate) io_at_open: Mutex<crate::device::latency::IoCounts>,
+    /// Bitmap prefetch settings, counters and the background prefetcher.
+    pub(crate) prefetch: prefetch::Prefetch,
 }
 
 /// An open ext4 filesystem. Cheap to clone; shareable across threads.
@@ -416,11 +442,14 @@ impl Fs {
     }
 
     fn open_claimed(
-        mut dev: Arc<dyn BlockDevice>,
+        under: Arc<dyn BlockDevice>,
         opts: FsOptions,
         claim: Option<crate::claim::Claim>,
         mut warnings: Vec<String>,
     ) -> Result<Fs> {
+        // Every request is counted (`Fs::io_stats`), open's included.
+        let counted = Arc::new(crate::device::latency::Counted::new(under));
+        let mut dev: Arc<dyn BlockDevice> = counted.clone();
         if opts.dax && dev.dax().is_none() {
             return Err(Error::InvalidInput(
                 "FsOptions::dax needs a DAX device (a mapped image: crate::device::dax::DaxDevice)"
@@ -433,7 +462,12 @@ impl Fs {
                 "too small to hold an ext4 superblock".into(),
             ));
         }
-        dev.read_at(&mut raw, SB_OFFSET)?;
+        // The first 4 KiB in the one request: the block holding the superblock is then
+        // cached for the first commit, which journals it (a slow device charges per
+        // request, not per byte).
+        let mut head = vec![0u8; 4096.min(dev.size_bytes()) as usize];
+        dev.read_at(&mut head, 0)?;
+        raw.copy_from_slice(&head[SB_OFFSET as usize..SB_OFFSET as usize + SB_SIZE]);
         crate::journal::check_ext4_magic(&raw)?;
         // bigalloc changes the group geometry that decoding checks: name the feature
         // rather than report its geometry as corruption.
@@ -489,6 +523,7 @@ impl Fs {
             dev = r.device;
             raw = r.raw;
             sb = r.sb;
+            head.clear();
             // ---- end journal recovery ----
         }
         let bs = sb.block_size();
@@ -506,6 +541,13 @@ impl Fs {
         // page cache: the overlay is not memory that can be mapped.
         let dax = opts.dax && dev.dax().is_some();
         let cache = BufferCache::new(dev, bs as usize, sb.blocks_count, opts.cache_blocks);
+        let sb_for_prefetch = sb.clone();
+        let sb_blk = SB_OFFSET / u64::from(bs);
+        if let Some(b) =
+            head.get((sb_blk * u64::from(bs)) as usize..((sb_blk + 1) * u64::from(bs)) as usize)
+        {
+            cache.insert_clean(sb_blk, b);
+        }
         let csum_seed = sb.csum_seed();
         let metadata_csum = sb.metadata_csum();
         let groups = read_groups(&cache, &sb, csum_seed)?;
@@ -537,7 +579,14 @@ impl Fs {
                 sb,
                 groups: groups
                     .into_iter()
-                    .map(|desc| Padded(Mutex::new(Group { desc, dirty: false })))
+                    .map(|desc| {
+                        Padded(Mutex::new(Group {
+                            desc,
+                            dirty: false,
+                            longest_free: None,
+                            bitmap_gen: 0,
+                        }))
+                    })
                     .collect(),
                 inode_tables,
                 txn: Padded(RwLock::new(())),
@@ -593,6 +642,13 @@ impl Fs {
                     .errors
                     .unwrap_or_else(|| Errors::from_superblock(errors_field)),
                 errors_noted: Default::default(),
+                io: counted,
+                io_at_open: Mutex::new(Default::default()),
+                prefetch: prefetch::Prefetch::new(
+                    &sb_for_prefetch,
+                    opts.mb_prefetch,
+                    opts.mb_prefetch_limit,
+                ),
             }),
         };
         {
@@ -652,6 +708,13 @@ impl Fs {
             crate::fs::jwrite::start_commit_thread(&fs, opts.commit_secs);
             crate::fs::jwrite::start_early_thread(&fs, opts.early_commit_ms);
             crate::fs::pagecache::writeback::start_writeback_thread(&fs);
+        }
+        *fs.inner
+            .io_at_open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = fs.inner.io.counts();
+        if !fs.inner.read_only && opts.prefetch_block_bitmaps {
+            prefetch::start_prefetcher(&fs);
         }
         Ok(fs)
     }
@@ -988,6 +1051,7 @@ impl Fs {
                 .and(self.dax_write_back_dirty(None))
         };
         self.inner.pagecache.stop_writeback();
+        self.inner.prefetch.stop();
         let _w = self.write_lock();
         self.inner.close()?;
         // Closed and clean: others may have the image now.
@@ -1735,6 +1799,7 @@ impl Drop for Inner {
         // Best effort when the last handle goes away without close() (file data was
         // written back by the last `Fs` handle's drop).
         self.pagecache.stop_writeback();
+        self.prefetch.stop();
         let _ = self.close();
     }
 }
@@ -1834,15 +1899,23 @@ impl Fs {
     }
 }
 
+/// The largest request batched reads make (the descriptor table, bitmap batches).
+pub(crate) const MAX_REQUEST_BYTES: usize = 1 << 20;
+
 fn read_groups(cache: &BufferCache, sb: &Superblock, seed: u32) -> Result<Vec<GroupDesc>> {
     let ngroups = sb.group_count();
     let ds = sb.desc_size();
     let per_block = sb.descs_per_block();
     let kind = DescCsum::of(sb, seed);
     let mut out = Vec::with_capacity(ngroups.min(1 << 20) as usize);
-    for i in 0..sb.desc_blocks() {
-        let blk = sb.desc_block_location(i);
-        let data = cache.read(blk, Kind::GroupDesc, |_| Ok(()))?;
+    // The whole table in few large requests, all in flight together (16 TiB has
+    // 2,048 descriptor blocks: one read each would cost seconds on a slow device).
+    let locations: Vec<u64> = (0..sb.desc_blocks())
+        .map(|i| sb.desc_block_location(i))
+        .collect();
+    let (table, _) = cache.read_batch(&locations, MAX_REQUEST_BYTES / cache.block_size())?;
+    for (i, (&blk, data)) in locations.iter().zip(table).enumerate() {
+        let i = i as u64;
         for j in 0..per_block {
             let g = i * per_block + j;
             if g >= ngroups {

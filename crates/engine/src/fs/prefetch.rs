@@ -1,0 +1,393 @@
+//! Block bitmaps on a huge filesystem: loaded on demand, prefetched in batches, warmed
+//! in the background, and what it all cost ([`IoStats`]).
+//!
+//! On a device where a read costs milliseconds what counts is how many reads are
+//! issued one after another (SEEDS §D). Open reads the superblock, the descriptor table
+//! (in large requests, all in flight: `read_groups`) and the journal's superblock;
+//! bitmaps and inode tables are read when first needed. Then:
+//!
+//! - **Summaries.** Each group keeps `Group::longest_free`, an upper bound on its
+//!   longest free run, known once its bitmap has been looked at (here, or by a failed
+//!   search). Allocating only shortens runs, so the bound stays true; a free measures
+//!   it again in the bitmap it just changed (in the cache).
+//!   A search for a long run skips groups whose bound is too short, without I/O, as it
+//!   skips groups whose free count is.
+//! - **The allocator's passes** (`alloc::alloc_blocks`): first only groups that cost no
+//!   I/O — BLOCK_UNINIT ones, those whose bitmap is cached or whose summary says the
+//!   request fits — besides the goal group itself (the kernel's cheap criteria skip
+//!   groups whose buddy is not loaded the same way); then every group, and the first
+//!   bitmap missing from the cache brings in a batch ([`Fs::prefetch_groups`]): the
+//!   next `mb_prefetch` groups of the scan that could satisfy the request, their
+//!   bitmaps read as runs of adjacent blocks (a flex group's bitmaps are adjacent: one
+//!   request for 16 groups), all in flight together. One allocation prefetches at most
+//!   `mb_prefetch_limit` groups; past that, bitmaps load one at a time. Defaults are
+//!   the kernel's: `mb_prefetch` = 8 x groups per flex group (32 without flex_bg),
+//!   `mb_prefetch_limit` = 4 x that, both at most the group count.
+//! - **The background prefetcher** (`start_prefetcher`, mount option
+//!   `prefetch_block_bitmaps`, on by default for read-write opens) summarizes every
+//!   group after open, at idle I/O priority, one request at a time, and only after the
+//!   device has had no foreground request for [`QUIET`]: a foreground request waits for
+//!   at most the one prefetch request in flight. Its reads bypass the buffer cache (a
+//!   16 TiB filesystem has 512 MiB of bitmaps) and count as background in
+//!   [`crate::device::latency::Counted`]. It stops at close, between two requests.
+//!
+//! A summary computed from a bitmap read without the group's mutex is kept only if the
+//! group did not change meanwhile (`Group::bitmap_gen`) and its bitmap is not cached
+//! (a cached one may be newer than the device's: dirty or logged blocks are never
+//! dropped, so an uncached bitmap's home copy is its latest).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rext4_format::bitmap;
+use rext4_format::group::FLAG_BLOCK_UNINIT;
+use rext4_format::superblock::feature;
+
+use crate::device::latency::IoCounts;
+use crate::error::Result;
+use crate::fs::{Fs, MAX_REQUEST_BYTES};
+
+/// How long the device must have been free of foreground requests before the
+/// background prefetcher issues its next one.
+pub const QUIET: Duration = Duration::from_millis(10);
+
+/// What the filesystem has read and written, and what its allocator cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IoStats {
+    /// Every request to the device since open (open's included).
+    pub device: IoCounts,
+    /// The requests open made (superblock, descriptor table, journal, orphans).
+    pub at_open: IoCounts,
+    /// Block allocations (calls into the block allocator).
+    pub allocations: u64,
+    /// Block bitmaps the allocator read one at a time.
+    pub bitmaps_read: u64,
+    /// Block bitmaps the allocator read in batches, and the requests they took.
+    pub bitmaps_prefetched: u64,
+    pub prefetch_requests: u64,
+    /// Groups the background prefetcher summarized, and its requests.
+    pub background_groups: u64,
+    pub background_requests: u64,
+}
+
+impl IoStats {
+    /// Device reads made by allocations (bitmaps, singly and in batches).
+    pub fn allocation_reads(&self) -> u64 {
+        self.bitmaps_read + self.prefetch_requests
+    }
+}
+
+/// The prefetch settings and counters of one open filesystem.
+pub(crate) struct Prefetch {
+    /// Groups one batch reads (`mb_prefetch`).
+    pub(crate) batch: usize,
+    /// Groups one allocation may prefetch (`mb_prefetch_limit`).
+    pub(crate) limit: usize,
+    pub(crate) allocations: AtomicU64,
+    pub(crate) bitmaps_read: AtomicU64,
+    bitmaps_prefetched: AtomicU64,
+    prefetch_requests: AtomicU64,
+    background_groups: AtomicU64,
+    background_requests: AtomicU64,
+    stop: AtomicBool,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Prefetch {
+    /// The kernel's defaults for `sb`, or the given values (each at least 1 and at
+    /// most the group count).
+    pub(crate) fn new(
+        sb: &rext4_format::superblock::Superblock,
+        batch: Option<u32>,
+        limit: Option<u32>,
+    ) -> Prefetch {
+        let groups = sb.group_count().max(1) as usize;
+        let default_batch = if sb.has_incompat(feature::INCOMPAT_FLEX_BG) {
+            let flex = 1usize << sb.log_groups_per_flex.min(20);
+            flex.min(8192) * 8
+        } else {
+            32
+        };
+        let batch = batch
+            .map(|b| b as usize)
+            .unwrap_or(default_batch)
+            .clamp(1, groups);
+        let limit = limit
+            .map(|l| l as usize)
+            .unwrap_or(batch * 4)
+            .clamp(1, groups);
+        Prefetch {
+            batch,
+            limit,
+            allocations: AtomicU64::new(0),
+            bitmaps_read: AtomicU64::new(0),
+            bitmaps_prefetched: AtomicU64::new(0),
+            prefetch_requests: AtomicU64::new(0),
+            background_groups: AtomicU64::new(0),
+            background_requests: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            thread: Mutex::new(None),
+        }
+    }
+
+    /// Stop the background prefetcher and wait for it (unless called from it).
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Relaxed);
+        let t = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = t {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// The longest run of clear bits among the first `n` of `b`.
+pub(crate) fn longest_free_run(b: &[u8], n: u64) -> u32 {
+    let (mut best, mut run) = (0u64, 0u64);
+    let mut x = 0u64;
+    while x < n {
+        if x.is_multiple_of(8) && x + 8 <= n {
+            match b.get((x / 8) as usize) {
+                Some(0) => {
+                    run += 8;
+                    x += 8;
+                    continue;
+                }
+                Some(0xFF) => {
+                    best = best.max(run);
+                    run = 0;
+                    x += 8;
+                    continue;
+                }
+                _ => {}
+            }
+        }
+        if bitmap::test(b, x) {
+            best = best.max(run);
+            run = 0;
+        } else {
+            run += 1;
+        }
+        x += 1;
+    }
+    best.max(run).min(u64::from(u32::MAX)) as u32
+}
+
+impl Fs {
+    /// What this filesystem has read and written since open, and what its allocator
+    /// cost.
+    pub fn io_stats(&self) -> IoStats {
+        let p = &self.inner.prefetch;
+        IoStats {
+            device: self.inner.io.counts(),
+            at_open: *self
+                .inner
+                .io_at_open
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+            allocations: p.allocations.load(Relaxed),
+            bitmaps_read: p.bitmaps_read.load(Relaxed),
+            bitmaps_prefetched: p.bitmaps_prefetched.load(Relaxed),
+            prefetch_requests: p.prefetch_requests.load(Relaxed),
+            background_groups: p.background_groups.load(Relaxed),
+            background_requests: p.background_requests.load(Relaxed),
+        }
+    }
+
+    /// Whether group `g`'s block bitmap costs no I/O to search: BLOCK_UNINIT, cached,
+    /// or summarized with a run of `need` (then one read finds it).
+    pub(crate) fn bitmap_at_hand(&self, grp: &crate::fs::Group, need: u64) -> bool {
+        grp.desc.has_flag(FLAG_BLOCK_UNINIT)
+            || self.cache().contains(grp.desc.block_bitmap)
+            || grp.longest_free.is_some_and(|l| u64::from(l) >= need)
+    }
+
+    /// Read the block bitmaps of the groups `order` yields that may hold a run of
+    /// `need` blocks and are not at hand, up to `max` of them, as one batch (runs of
+    /// adjacent blocks, all in flight) into the cache, and summarize each. Returns
+    /// how many groups it read. No group mutex may be held by the caller.
+    pub(crate) fn prefetch_groups(
+        &self,
+        order: impl Iterator<Item = usize>,
+        need: u64,
+        max: usize,
+    ) -> Result<usize> {
+        let mut picked: Vec<(usize, u64)> = Vec::new();
+        for g in order {
+            if picked.len() >= max {
+                break;
+            }
+            let grp = self.group(g)?;
+            let d = &grp.desc;
+            if u64::from(d.free_blocks_count) < need
+                || d.has_flag(FLAG_BLOCK_UNINIT)
+                || grp.longest_free.is_some_and(|l| u64::from(l) < need)
+                || self.cache().contains(d.block_bitmap)
+            {
+                continue;
+            }
+            picked.push((g, d.block_bitmap));
+        }
+        if picked.is_empty() {
+            return Ok(0);
+        }
+        let blocks: Vec<u64> = picked.iter().map(|&(_, b)| b).collect();
+        let max_run = MAX_REQUEST_BYTES / self.cache().block_size();
+        let (_, requests) = self.cache().read_batch(&blocks, max_run)?;
+        let p = &self.inner.prefetch;
+        p.bitmaps_prefetched.fetch_add(picked.len() as u64, Relaxed);
+        p.prefetch_requests.fetch_add(requests as u64, Relaxed);
+        for &(g, _) in &picked {
+            let mut grp = self.group(g)?;
+            if grp.desc.has_flag(FLAG_BLOCK_UNINIT) || !self.cache().contains(grp.desc.block_bitmap)
+            {
+                continue;
+            }
+            let b = self.block_bitmap(g, &grp)?;
+            grp.longest_free = Some(longest_free_run(
+                &b,
+                self.inner.sb.blocks_in_group(g as u64),
+            ));
+        }
+        Ok(picked.len())
+    }
+}
+
+/// Start the background prefetcher of a read-write filesystem (see the module note).
+pub(crate) fn start_prefetcher(fs: &Fs) {
+    let weak = std::sync::Arc::downgrade(&fs.inner);
+    let spawned = std::thread::Builder::new()
+        .name("rext4-prefetch".into())
+        .spawn(move || {
+            crate::device::latency::mark_background();
+            set_idle_io_priority();
+            let ngroups = match weak.upgrade() {
+                Some(inner) => inner.groups.len(),
+                None => return,
+            };
+            let mut g = 0usize;
+            while g < ngroups {
+                let Some(inner) = weak.upgrade() else { return };
+                let fs = Fs { inner };
+                match background_step(&fs, g) {
+                    Some(next) => g = next,
+                    None => return,
+                }
+            }
+        });
+    if let Ok(t) = spawned {
+        *fs.inner
+            .prefetch
+            .thread
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(t);
+    }
+}
+
+/// One request of the background prefetcher, from group `g` on: wait for a quiet
+/// device, read the next run of adjacent bitmaps of unsummarized groups, summarize
+/// them. Returns the group to go on from, or `None` to stop.
+fn background_step(fs: &Fs, g: usize) -> Option<usize> {
+    let p = &fs.inner.prefetch;
+    let ngroups = fs.inner.groups.len();
+    let bs = fs.cache().block_size();
+    let max_run = (MAX_REQUEST_BYTES / bs).max(1);
+    // The next run: groups whose bitmaps lie next to each other on the device.
+    let mut run: Vec<(usize, u64, u32)> = Vec::new();
+    let mut next = g;
+    while next < ngroups && run.len() < max_run {
+        if p.stop.load(Relaxed) || fs.check_writable().is_err() {
+            return None;
+        }
+        let grp = fs.group(next).ok()?;
+        let d = &grp.desc;
+        let wanted = d.free_blocks_count > 0
+            && !d.has_flag(FLAG_BLOCK_UNINIT)
+            && grp.longest_free.is_none()
+            && !fs.cache().contains(d.block_bitmap);
+        let adjacent = run.last().is_none_or(|&(_, b, _)| b + 1 == d.block_bitmap);
+        if wanted && !adjacent {
+            break;
+        }
+        if wanted {
+            run.push((next, d.block_bitmap, grp.bitmap_gen));
+        } else if !run.is_empty() {
+            next += 1;
+            break;
+        }
+        next += 1;
+    }
+    if run.is_empty() {
+        return Some(next);
+    }
+    // Wait for a quiet device.
+    loop {
+        if p.stop.load(Relaxed) || fs.check_writable().is_err() {
+            return None;
+        }
+        let idle = fs.inner.io.foreground_idle();
+        if idle >= QUIET {
+            break;
+        }
+        std::thread::sleep((QUIET - idle).max(Duration::from_millis(1)));
+    }
+    let mut buf = vec![0u8; run.len() * bs];
+    let dev = fs.cache().device();
+    if dev.read_at(&mut buf, run[0].1 * bs as u64).is_err() {
+        // Not this thread's to report: the allocator meets the error itself.
+        return Some(next);
+    }
+    p.background_requests.fetch_add(1, Relaxed);
+    for (i, &(grp_no, blk, gen)) in run.iter().enumerate() {
+        let Ok(mut grp) = fs.group(grp_no) else {
+            continue;
+        };
+        if grp.bitmap_gen != gen
+            || grp.desc.block_bitmap != blk
+            || grp.longest_free.is_some()
+            || fs.cache().contains(blk)
+        {
+            continue;
+        }
+        let n = fs.inner.sb.blocks_in_group(grp_no as u64);
+        grp.longest_free = Some(longest_free_run(&buf[i * bs..(i + 1) * bs], n));
+        p.background_groups.fetch_add(1, Relaxed);
+    }
+    Some(next)
+}
+
+/// Ask the kernel to serve this thread's I/O at idle priority (best effort).
+fn set_idle_io_priority() {
+    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+    const IOPRIO_CLASS_IDLE: libc::c_long = 3;
+    const IOPRIO_CLASS_SHIFT: libc::c_long = 13;
+    // SAFETY: ioprio_set(2) on the calling thread (0) with plain integer arguments.
+    unsafe {
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            0 as libc::c_long,
+            IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::longest_free_run;
+
+    #[test]
+    fn longest_free_run_counts_clear_bits_within_n() {
+        let mut b = vec![0xFFu8; 16];
+        assert_eq!(longest_free_run(&b, 128), 0);
+        b[2] = 0; // bits 16..24
+        b[3] = 0b1111_1100; // bits 24, 25 free
+        assert_eq!(longest_free_run(&b, 128), 10);
+        b[15] = 0; // bits 120..128, but only 124 count
+        assert_eq!(longest_free_run(&b, 124), 10);
+        assert_eq!(longest_free_run(&[0u8; 16], 100), 100);
+        assert_eq!(longest_free_run(&[0b0101_0101u8; 4], 32), 1);
+    }
+}
