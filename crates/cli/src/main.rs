@@ -432,7 +432,19 @@ fn usage_error(e: clap::Error) -> ! {
     std::process::exit(2)
 }
 
+/// No transparent huge pages for this process: mimalloc asks for them, and every
+/// thread's first allocations then fault in (and zero) 2 MiB at a time — measured
+/// here as ~8 ms of a mount's first 4 KiB write spent in the kernel's page clearing,
+/// and the per-process bimodal create rates of docs/BENCHMARKS.md.
+fn no_huge_pages() {
+    // SAFETY: prctl(2) with integer arguments; affects only this process's mappings.
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+    }
+}
+
 fn main() -> ExitCode {
+    no_huge_pages();
     let matches = match Cli::command().try_get_matches() {
         Ok(m) => m,
         Err(e) => usage_error(e),

@@ -80,7 +80,7 @@ impl Fs {
             let c = bitmap::compute_csum(&b, sb.clusters_per_group, self.inner.csum_seed);
             grp.desc.block_bitmap_csum = self.desc_bitmap_csum(c);
         }
-        grp.dirty = true;
+        self.group_changed(grp);
         self.cache()
             .write(grp.desc.block_bitmap, Kind::Bitmap, b, |_| Ok(()))
     }
@@ -91,7 +91,7 @@ impl Fs {
             let c = bitmap::compute_csum(&b, sb.inodes_per_group, self.inner.csum_seed);
             grp.desc.inode_bitmap_csum = self.desc_bitmap_csum(c);
         }
-        grp.dirty = true;
+        self.group_changed(grp);
         self.cache()
             .write(grp.desc.inode_bitmap, Kind::Bitmap, b, |_| Ok(()))
     }
@@ -127,6 +127,15 @@ impl Fs {
         Ok(())
     }
 
+    /// `grp`'s descriptor changed: the next commit writes it.
+    pub(crate) fn group_changed(&self, grp: &mut Group) {
+        grp.dirty = true;
+        let no = grp.no as usize;
+        if let Some(w) = self.inner.dirty_groups.get(no / 64) {
+            w.fetch_or(1 << (no % 64), Relaxed);
+        }
+    }
+
     /// A bitmap of `grp` changed: its new checksum `c` (if any) goes in the descriptor
     /// through `set`, and the descriptor is dirty.
     fn note_bitmap_change(
@@ -138,7 +147,7 @@ impl Fs {
         if let Some(c) = c {
             set(&mut grp.desc, self.desc_bitmap_csum(c));
         }
-        grp.dirty = true;
+        self.group_changed(grp);
     }
 
     /// Change group `grp`'s (initialized) inode bitmap with `f`, as

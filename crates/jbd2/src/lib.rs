@@ -90,8 +90,8 @@ impl From<FormatError> for Error {
 pub type Result<T> = std::result::Result<T, Error>;
 
 pub struct Log {
-    /// Physical block of each journal block (index = journal block number).
-    map: Vec<u64>,
+    /// Where the log's blocks are on the device.
+    map: Runs,
     jsb: JournalSuperblock,
     /// The block holding the journal superblock, as read at open (its bytes past the
     /// superblock are kept as they were when it is written again, without a read).
@@ -106,6 +106,57 @@ pub struct Log {
     /// The chain of early commits since the last commit, if any (only ever started on
     /// an empty log).
     early: Option<Early>,
+}
+
+/// A log's map: runs of log blocks on consecutive device blocks, in log order.
+#[derive(Debug, Clone, Default)]
+pub struct Runs {
+    /// (first log block, first device block, length), sorted, adjacent.
+    runs: Vec<(u64, u64, u64)>,
+    blocks: u64,
+}
+
+impl Runs {
+    /// The map of `blocks` (the device block of each log block).
+    pub fn from_blocks(blocks: &[u64]) -> Runs {
+        let mut r = Runs::default();
+        for &p in blocks {
+            r.push(p, 1);
+        }
+        r
+    }
+
+    /// Append `len` log blocks on device blocks `physical..`.
+    pub fn push(&mut self, physical: u64, len: u64) {
+        match self.runs.last_mut() {
+            Some((_, p, l)) if *p + *l == physical => *l += len,
+            _ => self.runs.push((self.blocks, physical, len)),
+        }
+        self.blocks += len;
+    }
+
+    /// The device block of log block `j`, which the log's superblock geometry (checked
+    /// at open against [`LogMap::blocks`]) keeps inside the map.
+    fn at(&self, j: u64) -> u64 {
+        let i = self.runs.partition_point(|r| r.0 <= j);
+        let (l, p, _) = self.runs[i.saturating_sub(1)];
+        p + (j - l)
+    }
+}
+
+impl LogMap for Runs {
+    fn blocks(&self) -> u64 {
+        self.blocks
+    }
+    fn physical(&self, j: u64) -> Result<u64> {
+        if j >= self.blocks {
+            return Err(Error::Corrupted {
+                what: format!("journal block {j} is not mapped"),
+                block: None,
+            });
+        }
+        Ok(self.at(j))
+    }
 }
 
 /// A chain of early commits (format crate, "rext4's early commits"): transactions
@@ -137,15 +188,21 @@ impl Log {
     /// order; the journal superblock is in the first): its superblock read, checked
     /// against the map and the block size `bs`, and its features known.
     pub fn open<D: Device + ?Sized>(dev: &D, map: Vec<u64>, bs: usize) -> Result<Log> {
-        let Some(&sb_at) = map.first() else {
+        Self::open_runs(dev, Runs::from_blocks(&map), bs)
+    }
+
+    /// [`Self::open`] with the map as runs of consecutive device blocks (a journal
+    /// of a million blocks is a handful of extents).
+    pub fn open_runs<D: Device + ?Sized>(dev: &D, map: Runs, bs: usize) -> Result<Log> {
+        let Ok(sb_at) = map.physical(0) else {
             return Err(Error::Corrupted {
                 what: "journal of no blocks".into(),
                 block: None,
             });
         };
-        let (jsb, jsb_block) = recover::read_superblock_block(dev, map.as_slice(), bs)?;
+        let (jsb, jsb_block) = recover::read_superblock_block(dev, &map, bs)?;
         if jsb.blocksize as usize != bs
-            || (jsb.maxlen as u64) > map.len() as u64
+            || (jsb.maxlen as u64) > map.blocks()
             || jsb.first == 0
             || jsb.first >= jsb.maxlen
         {
@@ -208,7 +265,7 @@ impl Log {
     fn write_jsb<D: Device + ?Sized>(&mut self, dev: &D) -> Result<()> {
         self.jsb.update_checksum();
         self.jsb.encode(&mut self.jsb_block[..jbd2::SB_SIZE])?;
-        dev.write_at(&self.jsb_block, self.map[0] * self.bs as u64)?;
+        dev.write_at(&self.jsb_block, self.map.at(0) * self.bs as u64)?;
         Ok(())
     }
 
@@ -436,7 +493,7 @@ impl Log {
         // would read as a corrupt transaction, and recovery would refuse the log).
         out.put(self, pos, &vec![0u8; self.bs])?;
         out.finish()?;
-        let commit_at = self.map[pos as usize] * self.bs as u64;
+        let commit_at = self.map.at(u64::from(pos)) * self.bs as u64;
         // The revoke feature is set with the first revoke record, as jbd2 does.
         let revoke_feature =
             !revokes.is_empty() && self.jsb.feature_incompat & jbd2::INCOMPAT_REVOKE == 0;
@@ -511,7 +568,7 @@ impl<'d, D: Device + ?Sized> LogBatch<'d, D> {
 
     /// Queue `block` for log block `pos` of `j`.
     fn put(&mut self, j: &Log, pos: u32, block: &[u8]) -> Result<()> {
-        let at = j.map[pos as usize] * j.bs as u64;
+        let at = j.map.at(u64::from(pos)) * j.bs as u64;
         if !self.buf.is_empty()
             && (self.at + self.buf.len() as u64 != at || self.buf.len() >= Self::MAX)
         {

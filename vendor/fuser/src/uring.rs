@@ -598,6 +598,8 @@ struct Slot {
     cap: usize,
     words_hdr: usize,
     words_data: usize,
+    /// `data` is a mapping (`alloc_payload`), unmapped on drop.
+    data_mapped: bool,
     state: Mutex<SlotState>,
     replied: Condvar,
 }
@@ -622,13 +624,25 @@ fn alloc_words(words: usize) -> *mut u8 {
     Box::into_raw(vec![0u64; words].into_boxed_slice()).cast::<u8>()
 }
 
+/// A payload buffer of `words` words: fresh pages where the kernel maps them (zero,
+/// faulted in only where a request writes: see `read_buf::map_zeroed`), else zeroed
+/// words. Returns the buffer and whether it is a mapping.
+fn alloc_payload(words: usize) -> (*mut u8, bool) {
+    match crate::read_buf::map_zeroed(words * 8) {
+        Some(p) => (p, true),
+        None => (alloc_words(words), false),
+    }
+}
+
 impl Slot {
     fn new(cap: usize) -> Slot {
         let words_hdr = HDR_SIZE.div_ceil(8);
         let words_data = (LEAD + cap).div_ceil(8);
+        let data = alloc_payload(words_data);
         Slot {
             hdr: alloc_words(words_hdr),
-            data: alloc_words(words_data),
+            data: data.0,
+            data_mapped: data.1,
             cap,
             words_hdr,
             words_data,
@@ -689,10 +703,14 @@ impl Drop for Slot {
                 self.hdr.cast::<u64>(),
                 self.words_hdr,
             )));
-            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
-                self.data.cast::<u64>(),
-                self.words_data,
-            )));
+            if self.data_mapped {
+                crate::read_buf::unmap(self.data, self.words_data * 8);
+            } else {
+                drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                    self.data.cast::<u64>(),
+                    self.words_data,
+                )));
+            }
         }
     }
 }

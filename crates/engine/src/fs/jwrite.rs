@@ -82,7 +82,7 @@ pub(crate) fn load(fs: &Fs) -> Result<Option<Journal>> {
             None,
         ));
     }
-    let mut map = Vec::with_capacity(nblocks as usize);
+    let mut map = rext4_jbd2::Runs::default();
     let mut l = 0u64;
     while l < nblocks {
         match fs.map_block(ino, &inode, l)? {
@@ -91,9 +91,7 @@ pub(crate) fn load(fs: &Fs) -> Result<Option<Journal>> {
                 len,
                 unwritten: false,
             } => {
-                for k in 0..len.min(nblocks - l) {
-                    map.push(physical + k);
-                }
+                map.push(physical, len.min(nblocks - l));
                 l += len.min(nblocks - l);
             }
             _ => {
@@ -104,7 +102,11 @@ pub(crate) fn load(fs: &Fs) -> Result<Option<Journal>> {
             }
         }
     }
-    Ok(Some(Journal::open(fs.cache().device().as_ref(), map, bs)?))
+    Ok(Some(Journal::open_runs(
+        fs.cache().device().as_ref(),
+        map,
+        bs,
+    )?))
 }
 
 /// Commit every `secs` seconds while the filesystem is open read-write (mount's

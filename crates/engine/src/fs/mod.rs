@@ -268,6 +268,8 @@ pub(crate) struct Group {
     /// Bumped by every change of the block bitmap (a summary made from a read
     /// without the mutex is kept only if this did not move meanwhile).
     pub(crate) bitmap_gen: u32,
+    /// The group's number (its bit in `Inner::dirty_groups`).
+    pub(crate) no: u32,
 }
 
 /// Superblock state that changes while the filesystem is open.
@@ -288,6 +290,9 @@ pub(crate) struct Inner {
     pub(crate) sb: Superblock,
     pub(crate) live: Padded<Mutex<Live>>,
     pub(crate) groups: Vec<Padded<Mutex<Group>>>,
+    /// One bit per group whose descriptor may be dirty (`Fs::group_changed`): a
+    /// commit writes those without visiting every group (131,072 at 16 TiB).
+    pub(crate) dirty_groups: Box<[std::sync::atomic::AtomicU64]>,
     /// The blocks that belong to the filesystem itself, as sorted disjoint
     /// `[start, end)` runs: superblock and descriptor copies, reserved descriptor
     /// blocks, bitmaps and inode tables. No file frees one (see `Fs::in_system_zone`).
@@ -551,6 +556,14 @@ impl Fs {
         let csum_seed = sb.csum_seed();
         let metadata_csum = sb.metadata_csum();
         let groups = read_groups(&cache, &sb, csum_seed)?;
+        // As the kernel at mount: the superblock's free counts are a summary of the
+        // group descriptors (the kernel does not journal them).
+        let (free_blocks, free_inodes) = groups.iter().fold((0u64, 0u64), |(b, i), g| {
+            (
+                b + u64::from(g.free_blocks_count),
+                i + u64::from(g.free_inodes_count),
+            )
+        });
         let system_zone = system_zone(&sb, &groups);
         let inode_tables = groups.iter().map(|g| g.inode_table).collect();
         if !read_only && cache.device().is_read_only() {
@@ -577,14 +590,19 @@ impl Fs {
                     closed: read_only,
                 })),
                 sb,
+                dirty_groups: (0..groups.len().div_ceil(64))
+                    .map(|_| std::sync::atomic::AtomicU64::new(0))
+                    .collect(),
                 groups: groups
                     .into_iter()
-                    .map(|desc| {
+                    .enumerate()
+                    .map(|(no, desc)| {
                         Padded(Mutex::new(Group {
                             desc,
                             dirty: false,
                             longest_free: None,
                             bitmap_gen: 0,
+                            no: no as u32,
                         }))
                     })
                     .collect(),
@@ -652,18 +670,10 @@ impl Fs {
             }),
         };
         {
-            // As the kernel at mount: the superblock's free counts are a summary of the
-            // group descriptors (the kernel does not journal them).
-            let (fb, fi) = fs.group_descs().iter().fold((0u64, 0u64), |(b, i), g| {
-                (
-                    b + u64::from(g.free_blocks_count),
-                    i + u64::from(g.free_inodes_count),
-                )
-            });
             let mut live = fs.live();
-            live.sb.free_blocks_count = fb;
-            fs.inner.space.freed(fb);
-            live.sb.free_inodes_count = fi.min(u64::from(u32::MAX)) as u32;
+            live.sb.free_blocks_count = free_blocks;
+            fs.inner.space.freed(free_blocks);
+            live.sb.free_inodes_count = free_inodes.min(u64::from(u32::MAX)) as u32;
         }
         if !read_only {
             let journal = crate::fs::jwrite::load(&fs)?;
@@ -1293,7 +1303,10 @@ impl Inner {
         Ok(())
     }
 
-    /// Write dirty group descriptors into their GDT blocks (through the cache).
+    /// Write dirty group descriptors into their GDT blocks (through the cache): the
+    /// groups `dirty_groups` names (a group is marked dirty, then its bit set, under
+    /// its mutex; the bit is taken before the mutex here, so a change after it is
+    /// found by the next commit).
     fn write_group_descs(&self) -> Result<()> {
         let sb = &self.sb;
         let ds = sb.desc_size();
@@ -1301,12 +1314,17 @@ impl Inner {
         let kind = DescCsum::of(sb, self.csum_seed);
         let mut by_block: std::collections::BTreeMap<u64, Vec<(usize, GroupDesc)>> =
             Default::default();
-        for g in 0..self.groups.len() {
-            let mut grp = self.group(g)?;
-            if grp.dirty {
-                grp.dirty = false;
-                let blk = sb.desc_block_location(g as u64 / per_block);
-                by_block.entry(blk).or_default().push((g, grp.desc.clone()));
+        for (w, word) in self.dirty_groups.iter().enumerate() {
+            let mut bits = word.swap(0, Relaxed);
+            while bits != 0 {
+                let g = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let mut grp = self.group(g)?;
+                if grp.dirty {
+                    grp.dirty = false;
+                    let blk = sb.desc_block_location(g as u64 / per_block);
+                    by_block.entry(blk).or_default().push((g, grp.desc.clone()));
+                }
             }
         }
         for (blk, descs) in by_block {
@@ -1494,7 +1512,8 @@ impl Inner {
         if self.cache.dirty_count() > 0 || self.cache.has_revoked() || self.live().dirty {
             return false;
         }
-        (0..self.groups.len()).all(|g| self.group(g).is_ok_and(|grp| !grp.dirty))
+        // A dirty descriptor has its bit set until a commit writes it.
+        self.dirty_groups.iter().all(|w| w.load(Relaxed) == 0)
     }
 
     /// An early commit of the metadata changed since the last one (no flush; see
