@@ -302,6 +302,7 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
         Cmd::Io(args) => io_cmd::run(args)?,
         Cmd::Mkfs(args) => mkfs_cmd::run(args)?,
         Cmd::Mount(a) => {
+            no_huge_pages();
             // A malformed -o list is a usage error (exit 2), found before mounting.
             for list in &a.options {
                 rext4_fuse::apply_options(&mut rext4_fuse::MountOptions::default(), list)
@@ -432,10 +433,11 @@ fn usage_error(e: clap::Error) -> ! {
     std::process::exit(2)
 }
 
-/// No transparent huge pages for this process: mimalloc asks for them, and every
-/// thread's first allocations then fault in (and zero) 2 MiB at a time — measured
-/// here as ~8 ms of a mount's first 4 KiB write spent in the kernel's page clearing,
-/// and the per-process bimodal create rates of docs/BENCHMARKS.md.
+/// No transparent huge pages for the mount server: mimalloc asks for them, and each
+/// of its threads' first allocations then fault in (and zero) 2 MiB at a time —
+/// measured as ~8 ms of a fresh mount's first 4 KiB write+fsync spent in the kernel's
+/// page clearing (docs/BENCHMARKS.md, #14). In-process work keeps them: `rext4 bench
+/// mdtest` creates ~30% faster with them, while a mount's rate is its round trips.
 fn no_huge_pages() {
     // SAFETY: prctl(2) with integer arguments; affects only this process's mappings.
     unsafe {
@@ -444,7 +446,6 @@ fn no_huge_pages() {
 }
 
 fn main() -> ExitCode {
-    no_huge_pages();
     let matches = match Cli::command().try_get_matches() {
         Ok(m) => m,
         Err(e) => usage_error(e),

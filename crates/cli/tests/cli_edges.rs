@@ -1280,3 +1280,78 @@ fn bench_dax_reports_and_leaves_the_image_clean() {
     assert_ne!(r.code, 0, "a size below the request size");
     assert!(r.stderr.contains("--size"), "{}", r.stderr);
 }
+
+/// `rext4 bench firstwrite` through a slow device: the RESULT lines of the run with
+/// the read counts, the files it wrote removed again, the image closed clean; `rext4
+/// info --stats` prints what its own open read.
+#[test]
+fn bench_firstwrite_counts_reads_and_leaves_the_image_as_it_was() {
+    let d = TempDir::new("edges-firstwrite").expect("tempdir");
+    let img = d.join("fw.img");
+    // 4 KiB blocks as on any large image: the second file's inode shares the first's
+    // inode table block.
+    run(
+        &[
+            s("mkfs"),
+            s("-q"),
+            s("-b"),
+            s("4096"),
+            img.as_os_str(),
+            s("256M"),
+        ],
+        0,
+    );
+    let r = run(
+        &[
+            s("bench"),
+            s("firstwrite"),
+            img.as_os_str(),
+            s("--latency-ms"),
+            s("2"),
+            s("--label"),
+            s("fwtest"),
+        ],
+        0,
+    );
+    let out = r.stdout_str();
+    let value = |metric: &str| -> f64 {
+        let key = format!("RESULT|fwtest|firstwrite|{metric}|");
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&key))
+            .unwrap_or_else(|| panic!("{metric} missing:\n{out}"));
+        line[key.len()..]
+            .split('|')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{metric}: {line}"))
+    };
+    let reads = value("reads_at_open");
+    assert!(
+        (1.0..=8.0).contains(&reads),
+        "open read {reads} times:\n{out}"
+    );
+    assert!(value("read_kib_at_open") >= 4.0);
+    // Two milliseconds a read: the run took at least that per read it counted.
+    let total = value("open_first_4k_write_fsync_ms");
+    let first_reads = value("reads_first_write");
+    assert!(
+        total >= 2.0 * (reads + first_reads) * 0.9,
+        "{total} ms for {reads} + {first_reads} reads of 2 ms:\n{out}"
+    );
+    assert_eq!(value("first_write_extents"), 1.0);
+    assert_eq!(value("reads_second_write"), 0.0, "{out}");
+    let ls = run(&[s("ls"), s(&format!("{}:/", img.display()))], 0);
+    assert!(
+        !ls.stdout_str().contains("firstwrite-"),
+        "the bench's files stay:\n{}",
+        ls.stdout_str()
+    );
+    assert_closed_clean(&img, "after bench firstwrite");
+    let info = run(&[s("info"), s("--stats"), img.as_os_str()], 0);
+    assert!(
+        info.stdout_str().contains("Reads at open:"),
+        "{}",
+        info.stdout_str()
+    );
+}

@@ -600,6 +600,26 @@ mod tests {
     use rext4_format::jbd2::{LogEnd, Scanner};
     use std::sync::Mutex;
 
+    /// The map of a fragmented journal: runs merge where device blocks follow each
+    /// other, every log block maps where the block list said, and nothing past it.
+    #[test]
+    fn runs_map_every_log_block_and_nothing_more() {
+        let blocks: Vec<u64> = (100..140).chain(500..510).chain([7, 8, 9000]).collect();
+        let r = Runs::from_blocks(&blocks);
+        assert_eq!(r.runs.len(), 4, "{:?}", r.runs);
+        assert_eq!(r.blocks(), blocks.len() as u64);
+        for (j, &p) in blocks.iter().enumerate() {
+            assert_eq!(r.physical(j as u64).expect("mapped"), p, "log block {j}");
+        }
+        assert!(r.physical(blocks.len() as u64).is_err());
+        let mut pushed = Runs::default();
+        pushed.push(100, 40);
+        pushed.push(500, 10);
+        pushed.push(7, 2);
+        pushed.push(9000, 1);
+        assert_eq!(pushed.runs, r.runs);
+    }
+
     const BS: usize = 1024;
     /// The log's first device block (a journal of one extent).
     const AT: u64 = 10;

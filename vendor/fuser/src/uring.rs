@@ -178,6 +178,9 @@ fn can_switch_class() -> io::Result<()> {
 /// to `HOLD_MIN` after `HOLD_MAX` in SCHED_IDLE.
 struct Monitor {
     inner: Mutex<MonitorState>,
+    /// Notified when the last serving thread leaves: the monitor ends at once rather
+    /// than at its next sample (an unmount waits for it).
+    gone: parking_lot::Condvar,
     /// The CPUs the process may use: where unpinned threads run.
     all: libc::cpu_set_t,
 }
@@ -233,6 +236,9 @@ impl Drop for Member {
         let mut st = self.monitor.inner.lock();
         st.members.retain(|m| m.0 != self.tid);
         st.alive -= 1;
+        if st.alive == 0 {
+            self.monitor.gone.notify_all();
+        }
     }
 }
 
@@ -369,8 +375,10 @@ impl Monitor {
         let mut sampler = Sampler::default();
         let mut policy = Policy::new(Instant::now());
         loop {
-            std::thread::sleep(SAMPLE);
             let mut st = self.inner.lock();
+            if st.alive > 0 {
+                self.gone.wait_for(&mut st, SAMPLE);
+            }
             if st.alive == 0 {
                 return;
             }
@@ -470,6 +478,7 @@ pub(crate) fn spawn<FS: Filesystem + 'static>(
     let Prepared { rings, payload } = prepared;
     let monitor = Arc::new(Monitor {
         inner: Mutex::new(MonitorState::default()),
+        gone: parking_lot::Condvar::new(),
         all: process_cpus(),
     });
     let cpus = online_queues(rings.iter().map(|r| (r.0, r.1)));
