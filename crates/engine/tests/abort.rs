@@ -231,8 +231,16 @@ fn sweep(fault: Fault) {
         fs.close().expect("close");
         dev.counted()
     };
+    // A floor that says the 16-block cache sends metadata reads to the device: the
+    // sequence made 64 reads until #14 stopped reading the journal's superblock back
+    // before each write of it (now 33: each remaining read is still failed once);
+    // writes, 149.
+    let floor = match fault {
+        Fault::Read => 25,
+        _ => 50,
+    };
     assert!(
-        total > 50,
+        total > floor,
         "the sequence made only {total} {fault:?} requests"
     );
     let tmp = TempDir::new("abort").expect("tmp");

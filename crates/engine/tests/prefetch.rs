@@ -264,6 +264,11 @@ fn background_prefetcher_summarizes_quietly_and_stops_at_close() {
     );
     assert!(st.background_requests >= 1);
     let wait = dev.max_foreground_wait();
+    eprintln!(
+        "background prefetch: {} groups in {} requests; {fg_reads} foreground reads, the \
+         longest waited {wait:?} for the device (a request takes {lat} ms)",
+        st.background_groups, st.background_requests
+    );
     assert!(
         wait < Duration::from_millis(lat * 2),
         "a foreground request waited {wait:?} for the device (one request is {lat} ms)"
