@@ -19,7 +19,11 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::BlockDevice;
-use crate::cache::Padded;
+
+/// A counter alone on its cache line (every thread bumps it).
+#[repr(align(64))]
+#[derive(Default)]
+struct Padded<T>(T);
 
 /// Reads a batch keeps in flight at once (the kernel's mballoc prefetch keeps 8).
 pub const MAX_IN_FLIGHT: usize = 8;
