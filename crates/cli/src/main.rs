@@ -212,7 +212,7 @@ enum Cmd {
     /// not reach a FUSE server): `rext4 sync MOUNTPOINT...`.
     Sync(mount_cmd::SyncArgs),
     /// Run a benchmark workload through the API: `rext4 bench WORKLOAD IMAGE`
-    /// (mdtest, seqwrite, seqread, smallfsync, pwtrunc, churn, dax).
+    /// (mdtest, seqwrite, seqread, smallfsync, pwtrunc, churn, dax, firstwrite).
     Bench(bench::BenchArgs),
 }
 
