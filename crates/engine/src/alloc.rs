@@ -129,7 +129,6 @@ impl Fs {
 
     /// `grp`'s descriptor changed: the next commit writes it.
     pub(crate) fn group_changed(&self, grp: &mut Group) {
-        grp.dirty = true;
         let no = grp.no as usize;
         if let Some(w) = self.inner.dirty_groups.get(no / 64) {
             w.fetch_or(1 << (no % 64), Relaxed);
@@ -137,7 +136,7 @@ impl Fs {
     }
 
     /// A bitmap of `grp` changed: its new checksum `c` (if any) goes in the descriptor
-    /// through `set`, and the descriptor is dirty.
+    /// through `set`, and the descriptor is to be written (`group_changed`).
     fn note_bitmap_change(
         &self,
         grp: &mut Group,
@@ -293,11 +292,7 @@ impl Fs {
         for i in 0..=ngroups {
             let g = (g0 + i) % ngroups;
             let mut grp = self.group(g)?;
-            let fits = |grp: &Group| {
-                u64::from(grp.desc.free_blocks_count) >= need
-                    && (need == 1 || grp.longest_free.is_none_or(|l| u64::from(l) >= need))
-            };
-            if !fits(&grp) {
+            if !grp.may_hold(need) {
                 continue;
             }
             if !self.bitmap_at_hand(&grp, need) {
@@ -310,14 +305,12 @@ impl Fs {
                     let batch = self.inner.prefetch.batch.min(*budget);
                     *budget -= self.prefetch_groups(order, need, batch)?.min(*budget);
                     grp = self.group(g)?;
-                    if !fits(&grp) {
+                    if !grp.may_hold(need) {
                         continue;
                     }
                 }
             }
-            if !grp.desc.has_flag(FLAG_BLOCK_UNINIT)
-                && !self.cache().contains(grp.desc.block_bitmap)
-            {
+            if !self.bitmap_in_memory(&grp) {
                 self.inner.prefetch.bitmaps_read.fetch_add(1, Relaxed);
             }
             let first = sb.group_first_block(g as u64);
@@ -363,7 +356,7 @@ impl Fs {
             drop(busy);
             if found.is_none() && need > 1 && from == 0 && to == n {
                 // The whole bitmap was searched: remember how long its runs are.
-                grp.longest_free = Some(crate::fs::prefetch::longest_free_run(&b, n));
+                grp.summarize(&b, n);
             }
             drop(b);
             let Some((x, len)) = found else { continue };
@@ -431,16 +424,10 @@ impl Fs {
             })?;
             grp.desc.free_blocks_count += freed;
             // Runs may be longer now: measure them again where that costs no read.
-            grp.longest_free = match grp.longest_free {
-                Some(_) => {
-                    let b = self.block_bitmap(g, &grp)?;
-                    Some(crate::fs::prefetch::longest_free_run(
-                        &b,
-                        sb.blocks_in_group(g as u64),
-                    ))
-                }
-                None => None,
-            };
+            if grp.longest_free.is_some() {
+                let b = self.block_bitmap(g, &grp)?;
+                grp.summarize(&b, sb.blocks_in_group(g as u64));
+            }
             drop(grp);
             self.inner.space.freed(u64::from(freed));
             let mut live = self.live();

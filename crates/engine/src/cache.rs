@@ -260,8 +260,7 @@ impl BufferCache {
             None => {
                 let mut v = vec![0u8; self.block_size];
                 if let Err(e) = self.dev.read_at(&mut v, blk * self.block_size as u64) {
-                    READ_ERRORS.with(|c| c.set(c.get() + 1));
-                    self.errors.0.fetch_add(1, Ordering::SeqCst);
+                    self.count_read_error();
                     return Err(e.into());
                 }
                 Arc::from(v)
@@ -271,8 +270,7 @@ impl BufferCache {
             Error::Corrupted { what, block } => {
                 // Corruption found on the way counts as a failed read: an operation
                 // that changed metadata before it aborts (`WriteGuard`).
-                READ_ERRORS.with(|c| c.set(c.get() + 1));
-                self.errors.0.fetch_add(1, Ordering::SeqCst);
+                self.count_read_error();
                 Error::Corrupted {
                     what,
                     block: block.or(Some(blk)),
@@ -288,16 +286,32 @@ impl BufferCache {
         Ok(e.data.clone())
     }
 
+    /// A failed metadata read (a device error, or a block that failed its check):
+    /// counted for this thread and for the filesystem (`errors_seen`).
+    fn count_read_error(&self) {
+        READ_ERRORS.with(|c| c.set(c.get() + 1));
+        self.errors.0.fetch_add(1, Ordering::SeqCst);
+    }
+
     /// Cache `data` as block `blk`'s clean contents, unless the block is cached
     /// already (bytes read for another purpose that hold a whole block).
     pub fn insert_clean(&self, blk: u64, data: &[u8]) {
-        if blk >= self.blocks_count || data.len() != self.block_size {
-            return;
+        if blk < self.blocks_count && data.len() == self.block_size {
+            self.cache_clean(blk, Arc::from(data));
         }
+    }
+
+    /// Cache `data` as block `blk`'s clean contents unless it is cached already;
+    /// returns what the cache holds for it.
+    fn cache_clean(&self, blk: u64, data: Arc<[u8]>) -> Arc<[u8]> {
         let mut guard = self.at(blk);
         let map = &mut *guard;
         self.make_room(map);
-        map.map.entry(blk).or_insert(Entry::clean(Arc::from(data)));
+        map.map
+            .entry(blk)
+            .or_insert(Entry::clean(data))
+            .data
+            .clone()
     }
 
     /// Whether block `blk` is cached (whatever its state): reading it costs no I/O.
@@ -346,8 +360,7 @@ impl BufferCache {
                 .map(|(&(s, _), b)| (s * bs as u64, b.as_mut_slice()))
                 .collect();
             if let Err(e) = self.dev.read_many(&mut reqs) {
-                READ_ERRORS.with(|c| c.set(c.get() + 1));
-                self.errors.0.fetch_add(1, Ordering::SeqCst);
+                self.count_read_error();
                 return Err(e.into());
             }
         }
@@ -355,12 +368,10 @@ impl BufferCache {
         for (&(s, n), buf) in runs.iter().zip(&bufs) {
             for i in 0..n {
                 let blk = s + i as u64;
-                let data: Arc<[u8]> = Arc::from(&buf[i * bs..(i + 1) * bs]);
-                let mut guard = self.at(blk);
-                let map = &mut *guard;
-                self.make_room(map);
-                let e = map.map.entry(blk).or_insert(Entry::clean(data));
-                got.insert(blk, e.data.clone());
+                got.insert(
+                    blk,
+                    self.cache_clean(blk, Arc::from(&buf[i * bs..(i + 1) * bs])),
+                );
             }
         }
         let out = blks

@@ -91,9 +91,11 @@ pub fn mark_background() {
     BACKGROUND.with(|b| b.set(true));
 }
 
-/// Counts what goes to the device under it (and passes everything through), and
-/// tracks foreground activity: requests in flight from threads not marked background
-/// and when the last one ended.
+/// Counts what goes to the device under it (and passes everything through), and,
+/// while someone watches ([`Counted::watch_foreground`]: the background prefetcher
+/// while it runs), tracks foreground activity: requests in flight from threads not
+/// marked background and when the last one ended. Unwatched, a request costs only its
+/// two counters.
 pub struct Counted {
     inner: Arc<dyn BlockDevice>,
     /// Foreground requests.
@@ -104,6 +106,8 @@ pub struct Counted {
     in_flight: Padded<AtomicU64>,
     /// When the last foreground request started or ended (since `epoch`, ns).
     last: AtomicU64,
+    /// Foreground activity is tracked (`in_flight`, `last`).
+    watched: std::sync::atomic::AtomicBool,
     epoch: std::time::Instant,
 }
 
@@ -115,6 +119,7 @@ impl Counted {
             background: Counters::default(),
             in_flight: Padded::default(),
             last: AtomicU64::new(0),
+            watched: std::sync::atomic::AtomicBool::new(false),
             epoch: std::time::Instant::now(),
         }
     }
@@ -137,8 +142,14 @@ impl Counted {
         }
     }
 
+    /// Track foreground activity from now on (`on`), or stop. A request that started
+    /// before tracking did is not seen in flight.
+    pub fn watch_foreground(&self, on: bool) {
+        self.watched.store(on, Relaxed);
+    }
+
     /// How long the device has been without foreground requests (zero while one is
-    /// in flight).
+    /// in flight), as tracked while watched ([`Self::watch_foreground`]).
     pub fn foreground_idle(&self) -> Duration {
         if self.in_flight.0.load(Relaxed) > 0 {
             return Duration::ZERO;
@@ -148,7 +159,7 @@ impl Counted {
     }
 
     fn track<R>(&self, f: impl FnOnce() -> R) -> R {
-        if BACKGROUND.with(|b| b.get()) {
+        if !self.watched.load(Relaxed) || BACKGROUND.with(|b| b.get()) {
             return f();
         }
         self.in_flight.0.fetch_add(1, Relaxed);
@@ -420,6 +431,46 @@ mod tests {
             (c2.reads, c2.writes, c2.write_bytes, c2.flushes),
             (0, 1, 512, 1)
         );
+    }
+
+    /// While watched, a foreground request in flight makes the device busy; a
+    /// background thread's request does not; unwatched, nothing is tracked.
+    #[test]
+    fn counted_tracks_foreground_requests_only_while_watched() {
+        let slow = Arc::new(LatencyDevice::new(
+            mem(1 << 20),
+            Latency::Fixed(Duration::from_millis(200)),
+            4,
+        ));
+        let c = Arc::new(Counted::new(slow.clone()));
+        let read_in_thread = |background: bool| {
+            let c = c.clone();
+            let before = slow.counts().reads;
+            let t = std::thread::spawn(move || {
+                if background {
+                    mark_background();
+                }
+                let mut b = vec![0u8; 4096];
+                c.read_at(&mut b, 0).expect("read");
+            });
+            while slow.counts().reads == before {
+                std::thread::yield_now();
+            }
+            t
+        };
+        c.watch_foreground(true);
+        let t = read_in_thread(false);
+        assert_eq!(c.foreground_idle(), Duration::ZERO, "a request in flight");
+        t.join().expect("reader");
+        let t = read_in_thread(true);
+        assert!(c.foreground_idle() > Duration::ZERO, "background counted");
+        t.join().expect("reader");
+        c.watch_foreground(false);
+        let t = read_in_thread(false);
+        assert!(c.foreground_idle() > Duration::ZERO, "tracked unwatched");
+        t.join().expect("reader");
+        assert_eq!(c.counts().reads, 2);
+        assert_eq!(c.background_counts().reads, 1);
     }
 
     #[test]

@@ -258,17 +258,17 @@ impl Busy {
     }
 }
 
-/// A group descriptor and whether it differs from its on-disk copy.
+/// A group descriptor as it is now, and what the allocator knows of its bitmap.
 pub(crate) struct Group {
     pub(crate) desc: GroupDesc,
-    pub(crate) dirty: bool,
     /// At least the longest free run of the block bitmap, once known (`prefetch`):
-    /// allocating keeps it true, a free forgets it.
+    /// allocating keeps it true, a free measures it again.
     pub(crate) longest_free: Option<u32>,
     /// Bumped by every change of the block bitmap (a summary made from a read
     /// without the mutex is kept only if this did not move meanwhile).
     pub(crate) bitmap_gen: u32,
-    /// The group's number (its bit in `Inner::dirty_groups`).
+    /// The group's number (its bit in `Inner::dirty_groups`, set while the
+    /// descriptor differs from its on-disk copy).
     pub(crate) no: u32,
 }
 
@@ -290,8 +290,9 @@ pub(crate) struct Inner {
     pub(crate) sb: Superblock,
     pub(crate) live: Padded<Mutex<Live>>,
     pub(crate) groups: Vec<Padded<Mutex<Group>>>,
-    /// One bit per group whose descriptor may be dirty (`Fs::group_changed`): a
-    /// commit writes those without visiting every group (131,072 at 16 TiB).
+    /// One bit per group whose descriptor differs from its on-disk copy
+    /// (`Fs::group_changed`): a commit writes those without visiting every group
+    /// (131,072 at 16 TiB).
     pub(crate) dirty_groups: Box<[std::sync::atomic::AtomicU64]>,
     /// The blocks that belong to the filesystem itself, as sorted disjoint
     /// `[start, end)` runs: superblock and descriptor copies, reserved descriptor
@@ -388,7 +389,7 @@ pub(crate) struct Inner {
     /// Counts every request to the device (the device under `cache` is this one).
     pub(crate) io: Arc<crate::device::latency::Counted>,
     /// What open read and wrote (`Fs::io_stats`).
-    pub(crate) io_at_open: Mutex<crate::device::latency::IoCounts>,
+    pub(crate) io_at_open: std::sync::OnceLock<crate::device::latency::IoCounts>,
     /// Bitmap prefetch settings, counters and the background prefetcher.
     pub(crate) prefetch: prefetch::Prefetch,
 }
@@ -546,7 +547,6 @@ impl Fs {
         // page cache: the overlay is not memory that can be mapped.
         let dax = opts.dax && dev.dax().is_some();
         let cache = BufferCache::new(dev, bs as usize, sb.blocks_count, opts.cache_blocks);
-        let sb_for_prefetch = sb.clone();
         let sb_blk = SB_OFFSET / u64::from(bs);
         if let Some(b) =
             head.get((sb_blk * u64::from(bs)) as usize..((sb_blk + 1) * u64::from(bs)) as usize)
@@ -569,6 +569,7 @@ impl Fs {
         if !read_only && cache.device().is_read_only() {
             read_only = true;
         }
+        let prefetch = prefetch::Prefetch::new(&sb, opts.mb_prefetch, opts.mb_prefetch_limit);
         let was_clean = sb.state & STATE_VALID != 0;
         let errors_field = sb.errors;
         let space = Arc::new(crate::fs::space::Space::new(
@@ -599,7 +600,6 @@ impl Fs {
                     .map(|(no, desc)| {
                         Padded(Mutex::new(Group {
                             desc,
-                            dirty: false,
                             longest_free: None,
                             bitmap_gen: 0,
                             no: no as u32,
@@ -661,12 +661,8 @@ impl Fs {
                     .unwrap_or_else(|| Errors::from_superblock(errors_field)),
                 errors_noted: Default::default(),
                 io: counted,
-                io_at_open: Mutex::new(Default::default()),
-                prefetch: prefetch::Prefetch::new(
-                    &sb_for_prefetch,
-                    opts.mb_prefetch,
-                    opts.mb_prefetch_limit,
-                ),
+                io_at_open: std::sync::OnceLock::new(),
+                prefetch,
             }),
         };
         {
@@ -719,10 +715,7 @@ impl Fs {
             crate::fs::jwrite::start_early_thread(&fs, opts.early_commit_ms);
             crate::fs::pagecache::writeback::start_writeback_thread(&fs);
         }
-        *fs.inner
-            .io_at_open
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = fs.inner.io.counts();
+        let _ = fs.inner.io_at_open.set(fs.inner.io.counts());
         if !fs.inner.read_only && opts.prefetch_block_bitmaps {
             prefetch::start_prefetcher(&fs);
         }
@@ -1303,10 +1296,10 @@ impl Inner {
         Ok(())
     }
 
-    /// Write dirty group descriptors into their GDT blocks (through the cache): the
-    /// groups `dirty_groups` names (a group is marked dirty, then its bit set, under
-    /// its mutex; the bit is taken before the mutex here, so a change after it is
-    /// found by the next commit).
+    /// Write changed group descriptors into their GDT blocks (through the cache): the
+    /// groups `dirty_groups` names (a change sets the bit under the group's mutex; the
+    /// bit is taken before the mutex here, so a change after that is written by the
+    /// next commit too).
     fn write_group_descs(&self) -> Result<()> {
         let sb = &self.sb;
         let ds = sb.desc_size();
@@ -1319,12 +1312,9 @@ impl Inner {
             while bits != 0 {
                 let g = w * 64 + bits.trailing_zeros() as usize;
                 bits &= bits - 1;
-                let mut grp = self.group(g)?;
-                if grp.dirty {
-                    grp.dirty = false;
-                    let blk = sb.desc_block_location(g as u64 / per_block);
-                    by_block.entry(blk).or_default().push((g, grp.desc.clone()));
-                }
+                let desc = self.group(g)?.desc.clone();
+                let blk = sb.desc_block_location(g as u64 / per_block);
+                by_block.entry(blk).or_default().push((g, desc));
             }
         }
         for (blk, descs) in by_block {
@@ -1512,7 +1502,7 @@ impl Inner {
         if self.cache.dirty_count() > 0 || self.cache.has_revoked() || self.live().dirty {
             return false;
         }
-        // A dirty descriptor has its bit set until a commit writes it.
+        // A changed descriptor has its bit set until a commit writes it.
         self.dirty_groups.iter().all(|w| w.load(Relaxed) == 0)
     }
 

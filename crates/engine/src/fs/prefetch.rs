@@ -46,7 +46,7 @@ use rext4_format::superblock::feature;
 
 use crate::device::latency::IoCounts;
 use crate::error::Result;
-use crate::fs::{Fs, MAX_REQUEST_BYTES};
+use crate::fs::{Fs, Group, MAX_REQUEST_BYTES};
 
 /// How long the device must have been free of foreground requests before the
 /// background prefetcher issues its next one.
@@ -196,6 +196,21 @@ pub(crate) fn longest_free_run(b: &[u8], n: u64) -> u32 {
     best.max(run).min(u64::from(u32::MAX)) as u32
 }
 
+impl Group {
+    /// Whether the group may hold a free run of `need` blocks, as far as its
+    /// descriptor (free count) and summary (longest run) tell.
+    pub(crate) fn may_hold(&self, need: u64) -> bool {
+        u64::from(self.desc.free_blocks_count) >= need
+            && (need == 1 || self.longest_free.is_none_or(|l| u64::from(l) >= need))
+    }
+
+    /// Record the longest free run of `bitmap`, the group's block bitmap as it is
+    /// now, over its `blocks` blocks.
+    pub(crate) fn summarize(&mut self, bitmap: &[u8], blocks: u64) {
+        self.longest_free = Some(longest_free_run(bitmap, blocks));
+    }
+}
+
 impl Fs {
     /// What this filesystem has read and written since open, and what its allocator
     /// cost.
@@ -203,11 +218,7 @@ impl Fs {
         let p = &self.inner.prefetch;
         IoStats {
             device: self.inner.io.counts(),
-            at_open: *self
-                .inner
-                .io_at_open
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
+            at_open: self.inner.io_at_open.get().copied().unwrap_or_default(),
             allocations: p.allocations.load(Relaxed),
             bitmaps_read: p.bitmaps_read.load(Relaxed),
             bitmaps_prefetched: p.bitmaps_prefetched.load(Relaxed),
@@ -217,12 +228,15 @@ impl Fs {
         }
     }
 
-    /// Whether group `g`'s block bitmap costs no I/O to search: BLOCK_UNINIT, cached,
-    /// or summarized with a run of `need` (then one read finds it).
-    pub(crate) fn bitmap_at_hand(&self, grp: &crate::fs::Group, need: u64) -> bool {
-        grp.desc.has_flag(FLAG_BLOCK_UNINIT)
-            || self.cache().contains(grp.desc.block_bitmap)
-            || grp.longest_free.is_some_and(|l| u64::from(l) >= need)
+    /// Whether `grp`'s block bitmap is in memory: implicit (BLOCK_UNINIT) or cached.
+    pub(crate) fn bitmap_in_memory(&self, grp: &Group) -> bool {
+        grp.desc.has_flag(FLAG_BLOCK_UNINIT) || self.cache().contains(grp.desc.block_bitmap)
+    }
+
+    /// Whether `grp`'s block bitmap costs no I/O to search: in memory, or summarized
+    /// with a run of `need` (then one read finds it).
+    pub(crate) fn bitmap_at_hand(&self, grp: &Group, need: u64) -> bool {
+        self.bitmap_in_memory(grp) || grp.longest_free.is_some_and(|l| u64::from(l) >= need)
     }
 
     /// Read the block bitmaps of the groups `order` yields that may hold a run of
@@ -241,15 +255,10 @@ impl Fs {
                 break;
             }
             let grp = self.group(g)?;
-            let d = &grp.desc;
-            if u64::from(d.free_blocks_count) < need
-                || d.has_flag(FLAG_BLOCK_UNINIT)
-                || grp.longest_free.is_some_and(|l| u64::from(l) < need)
-                || self.cache().contains(d.block_bitmap)
-            {
+            if !grp.may_hold(need) || self.bitmap_in_memory(&grp) {
                 continue;
             }
-            picked.push((g, d.block_bitmap));
+            picked.push((g, grp.desc.block_bitmap));
         }
         if picked.is_empty() {
             return Ok(0);
@@ -267,10 +276,7 @@ impl Fs {
                 continue;
             }
             let b = self.block_bitmap(g, &grp)?;
-            grp.longest_free = Some(longest_free_run(
-                &b,
-                self.inner.sb.blocks_in_group(g as u64),
-            ));
+            grp.summarize(&b, self.inner.sb.blocks_in_group(g as u64));
         }
         Ok(picked.len())
     }
@@ -295,7 +301,11 @@ pub(crate) fn start_prefetcher(fs: &Fs) {
                 }
             }
             let ngroups = match weak.upgrade() {
-                Some(inner) => inner.groups.len(),
+                Some(inner) => {
+                    // Its quiet rule needs the device's foreground activity.
+                    inner.io.watch_foreground(true);
+                    inner.groups.len()
+                }
                 None => return,
             };
             let mut g = 0usize;
@@ -304,8 +314,11 @@ pub(crate) fn start_prefetcher(fs: &Fs) {
                 let fs = Fs { inner };
                 match background_step(&fs, g) {
                     Some(next) => g = next,
-                    None => return,
+                    None => break,
                 }
+            }
+            if let Some(inner) = weak.upgrade() {
+                inner.io.watch_foreground(false);
             }
         });
     if let Ok(t) = spawned {
@@ -334,10 +347,8 @@ fn background_step(fs: &Fs, g: usize) -> Option<usize> {
         }
         let grp = fs.group(next).ok()?;
         let d = &grp.desc;
-        let wanted = d.free_blocks_count > 0
-            && !d.has_flag(FLAG_BLOCK_UNINIT)
-            && grp.longest_free.is_none()
-            && !fs.cache().contains(d.block_bitmap);
+        let wanted =
+            d.free_blocks_count > 0 && grp.longest_free.is_none() && !fs.bitmap_in_memory(&grp);
         let adjacent = run.last().is_none_or(|&(_, b, _)| b + 1 == d.block_bitmap);
         if wanted && !adjacent {
             break;
@@ -383,7 +394,7 @@ fn background_step(fs: &Fs, g: usize) -> Option<usize> {
             continue;
         }
         let n = fs.inner.sb.blocks_in_group(grp_no as u64);
-        grp.longest_free = Some(longest_free_run(&buf[i * bs..(i + 1) * bs], n));
+        grp.summarize(&buf[i * bs..(i + 1) * bs], n);
         p.background_groups.fetch_add(1, Relaxed);
     }
     Some(next)
