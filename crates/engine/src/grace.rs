@@ -30,12 +30,42 @@ pub const SLOTS: usize = 64;
 const COUNT_BITS: u32 = 16;
 const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
 
-#[repr(align(64))]
-struct Slot(AtomicU64);
+/// The atomic word grace periods are built on (every access sequentially consistent):
+/// std's in the engine, shuttle's in the model (`grace_model.rs`), so the model runs
+/// this file's code under an adversarial scheduler.
+pub trait Word: Send + Sync {
+    fn with(v: u64) -> Self;
+    fn get(&self) -> u64;
+    /// Compare-and-swap; `Err` carries the value found.
+    fn swap_if(&self, cur: u64, new: u64) -> Result<u64, u64>;
+    fn add(&self, v: u64) -> u64;
+}
 
-pub struct Grace {
-    epoch: AtomicU64,
-    slots: Box<[Slot]>,
+impl Word for AtomicU64 {
+    #[inline]
+    fn with(v: u64) -> Self {
+        AtomicU64::new(v)
+    }
+    #[inline]
+    fn get(&self) -> u64 {
+        self.load(Ordering::SeqCst)
+    }
+    #[inline]
+    fn swap_if(&self, cur: u64, new: u64) -> Result<u64, u64> {
+        self.compare_exchange_weak(cur, new, Ordering::SeqCst, Ordering::SeqCst)
+    }
+    #[inline]
+    fn add(&self, v: u64) -> u64 {
+        self.fetch_add(v, Ordering::SeqCst)
+    }
+}
+
+#[repr(align(64))]
+struct Slot<W>(W);
+
+pub struct Grace<W: Word = AtomicU64> {
+    epoch: W,
+    slots: Box<[Slot<W>]>,
 }
 
 impl Default for Grace {
@@ -56,42 +86,55 @@ thread_local! {
 
 impl Grace {
     pub fn new() -> Grace {
+        Grace::with_slots(SLOTS)
+    }
+}
+
+impl<W: Word> Grace<W> {
+    /// A tracker with `n` reader slots (at least one).
+    pub fn with_slots(n: usize) -> Grace<W> {
         Grace {
             // Epoch 0 would read as "idle" in a slot word; start at 1.
-            epoch: AtomicU64::new(1),
-            slots: (0..SLOTS).map(|_| Slot(AtomicU64::new(0))).collect(),
+            epoch: W::with(1),
+            slots: (0..n.max(1)).map(|_| Slot(W::with(0))).collect(),
         }
     }
 
     /// Start a lockless read; the returned guard ends it.
-    pub fn read(&self) -> ReadGuard<'_> {
-        let slot = thread_slot();
+    pub fn read(&self) -> ReadGuard<'_, W> {
+        let g = self.read_in(thread_slot() % self.slots.len());
+        let me = self as *const Grace<W> as usize;
+        OWN.with(|o| {
+            let (at, n) = o.get();
+            o.set((if n == 0 || at == me { me } else { usize::MAX }, n + 1));
+        });
+        g
+    }
+
+    /// Start a read in slot `slot` (the model picks slots itself; its threads share
+    /// one OS thread and so its thread-locals).
+    fn read_in(&self, slot: usize) -> ReadGuard<'_, W> {
         let s = &self.slots[slot].0;
-        let mut cur = s.load(Ordering::SeqCst);
+        let mut cur = s.get();
         loop {
             let count = cur & COUNT_MASK;
             let word = if count == 0 {
                 // An epoch read before a concurrent stamp is older than it, which
                 // only makes the stamp wait for us: safe either way.
-                (self.epoch.load(Ordering::SeqCst) << COUNT_BITS) | 1
+                (self.epoch.get() << COUNT_BITS) | 1
             } else if count == COUNT_MASK {
                 // Saturated (65535 readers in one slot): spin until one leaves.
                 std::hint::spin_loop();
-                cur = s.load(Ordering::SeqCst);
+                cur = s.get();
                 continue;
             } else {
                 cur + 1
             };
-            match s.compare_exchange_weak(cur, word, Ordering::SeqCst, Ordering::SeqCst) {
+            match s.swap_if(cur, word) {
                 Ok(_) => break,
                 Err(now) => cur = now,
             }
         }
-        let me = self as *const Grace as usize;
-        OWN.with(|o| {
-            let (at, n) = o.get();
-            o.set((if n == 0 || at == me { me } else { usize::MAX }, n + 1));
-        });
         ReadGuard { grace: self, slot }
     }
 
@@ -99,21 +142,21 @@ impl Grace {
     /// epoch is not past it): this thread waiting for the stamp would wait for itself.
     /// False when unsure (reads of another `Grace` overlapped).
     pub fn held_by_this_thread(&self, stamp: u64) -> bool {
-        let mine = OWN.with(|o| o.get()).0 == self as *const Grace as usize;
-        let w = self.slots[thread_slot()].0.load(Ordering::SeqCst);
+        let mine = OWN.with(|o| o.get()).0 == self as *const Grace<W> as usize;
+        let w = self.slots[thread_slot() % self.slots.len()].0.get();
         mine && w & COUNT_MASK != 0 && (w >> COUNT_BITS) <= stamp
     }
 
     /// Mark the moment something left the reader-visible structures; readers that
     /// started before it are what [`Grace::passed`] waits out.
     pub fn stamp(&self) -> u64 {
-        self.epoch.fetch_add(1, Ordering::SeqCst)
+        self.epoch.add(1)
     }
 
     /// Whether every reader that was active at `stamp` has finished. Never blocks.
     pub fn passed(&self, stamp: u64) -> bool {
         self.slots.iter().all(|s| {
-            let w = s.0.load(Ordering::SeqCst);
+            let w = s.0.get();
             w & COUNT_MASK == 0 || (w >> COUNT_BITS) > stamp
         })
     }
@@ -124,7 +167,7 @@ impl Grace {
         self.slots
             .iter()
             .filter_map(|s| {
-                let w = s.0.load(Ordering::SeqCst);
+                let w = s.0.get();
                 (w & COUNT_MASK != 0).then_some(w >> COUNT_BITS)
             })
             .min()
@@ -133,12 +176,12 @@ impl Grace {
 }
 
 /// An active lockless read (see [`Grace::read`]).
-pub struct ReadGuard<'a> {
-    grace: &'a Grace,
+pub struct ReadGuard<'a, W: Word = AtomicU64> {
+    grace: &'a Grace<W>,
     slot: usize,
 }
 
-impl Drop for ReadGuard<'_> {
+impl<W: Word> Drop for ReadGuard<'_, W> {
     fn drop(&mut self) {
         // `try_with`: a guard dropped while the thread's locals are torn down.
         let _ = OWN.try_with(|o| {
@@ -146,10 +189,10 @@ impl Drop for ReadGuard<'_> {
             o.set(if n <= 1 { (0, 0) } else { (at, n - 1) });
         });
         let s = &self.grace.slots[self.slot].0;
-        let mut cur = s.load(Ordering::SeqCst);
+        let mut cur = s.get();
         loop {
             let word = if cur & COUNT_MASK <= 1 { 0 } else { cur - 1 };
-            match s.compare_exchange_weak(cur, word, Ordering::SeqCst, Ordering::SeqCst) {
+            match s.swap_if(cur, word) {
                 Ok(_) => return,
                 Err(now) => cur = now,
             }
@@ -208,5 +251,261 @@ mod tests {
         go_tx.send(()).expect("go");
         t.join().expect("join");
         assert!(g.passed(s));
+    }
+}
+
+/// SEEDS lesson C under shuttle: this file's [`Grace`] (on shuttle's atomics) with the
+/// free and the allocation of `alloc.rs` and lockless readers of the dentry and inode
+/// caches around it. Random and PCT schedules.
+///
+/// The model filesystem: the name `link` names inode 1, a symlink whose target is
+/// `OLD`; inode 2 is free. Each inode number has an on-disk record and an inode-cache
+/// entry (0: none). Threads:
+/// - three readers, as a FUSE LOOKUP or a path walk (`Fs::read_guard`), twice each:
+///   under one guard, name → number from the dentry, then the inode in three reads
+///   (a target read piecewise), each from the cache, the record on a miss; two of them share a reader slot (the slot's count and
+///   oldest epoch);
+/// - the unlinker, as `unlink` then `Fs::free_inode`: the name leaves the dentry cache
+///   and the directory, then the inode leaves the cache and the record is cleared, the
+///   stamp is taken, the number goes into the cooling map (the allocator's `busy`
+///   mutex) and its bitmap bit is cleared (the group's mutex);
+/// - the creator, as `alloc_inode` twice (two new files, `NEW`; the second once inode 1
+///   was freed): forget stamps older
+///   than every reader (`oldest_reader`), take the first number free in the bitmap and
+///   not cooling; with none, wait for the newest cooling stamp once (`wait_grace`) and
+///   look again. It writes the new record and caches it.
+///
+/// Must hold: a reader that found `link` gets `OLD` or nothing (the inode is gone) —
+/// never `NEW`, another file's inode read as the link's; the creator always gets its
+/// two numbers (inode 1 once its stamp passed). The broken variants must each be
+/// caught: the number reused at once (no cooling), the stamp taken before the name
+/// and the inode left the caches, and a reader whose guard ends between the name and
+/// the inode.
+#[cfg(test)]
+mod model {
+    use super::{Grace, Word};
+    use shuttle::sync::atomic::{AtomicU64 as Atom, Ordering};
+    use shuttle::sync::{Arc, Mutex};
+    use shuttle::thread;
+    use std::collections::HashMap;
+
+    impl Word for Atom {
+        fn with(v: u64) -> Self {
+            Atom::new(v)
+        }
+        fn get(&self) -> u64 {
+            self.load(Ordering::SeqCst)
+        }
+        fn swap_if(&self, cur: u64, new: u64) -> Result<u64, u64> {
+            self.compare_exchange_weak(cur, new, Ordering::SeqCst, Ordering::SeqCst)
+        }
+        fn add(&self, v: u64) -> u64 {
+            self.fetch_add(v, Ordering::SeqCst)
+        }
+    }
+
+    const OLD: u64 = 0xA;
+    const NEW: u64 = 0xB;
+    /// Inode numbers 1 and 2 (index 0 unused).
+    const INODES: usize = 3;
+
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Broken {
+        None,
+        /// The free records no cooling stamp: the number may be handed out at once.
+        ReuseAtOnce,
+        /// The stamp is taken before the name and the inode leave the caches.
+        StampFirst,
+        /// A reader drops its guard after the name, before the inode.
+        GuardTooShort,
+    }
+
+    struct World {
+        grace: Grace<Atom>,
+        /// The dentry of `link`: its inode number, 0 once removed.
+        link: Atom,
+        /// Inode cache entries and on-disk records, by number (0: none / cleared).
+        cached: [Atom; INODES],
+        record: [Atom; INODES],
+        /// The group's inode bitmap (true: in use), under the group's mutex.
+        bitmap: Mutex<[bool; INODES]>,
+        /// Freed numbers and their stamps (`busy.cooling`).
+        cooling: Mutex<HashMap<usize, u64>>,
+        /// Set once the unlinker is done.
+        freed: Atom,
+    }
+
+    /// Two lookups of `link`, each under its own guard.
+    fn reader(w: &World, slot: usize, b: Broken) {
+        for _ in 0..2 {
+            lookup(w, slot, b);
+            thread::yield_now();
+        }
+    }
+
+    fn lookup(w: &World, slot: usize, b: Broken) {
+        let g = w.grace.read_in(slot);
+        let ino = w.link.load(Ordering::SeqCst) as usize;
+        if ino == 0 {
+            return;
+        }
+        let g = if b == Broken::GuardTooShort {
+            drop(g);
+            None
+        } else {
+            Some(g)
+        };
+        // The inode is read in three steps (a symlink's target read piecewise), each
+        // through the cache, the record on a miss.
+        for _ in 0..3 {
+            thread::yield_now();
+            let mut got = w.cached[ino].load(Ordering::SeqCst);
+            if got == 0 {
+                got = w.record[ino].load(Ordering::SeqCst);
+            }
+            assert!(
+                got == OLD || got == 0,
+                "a reader of `link` got inode {ino} of another file ({got:#x})"
+            );
+        }
+        drop(g);
+    }
+
+    fn unlink_and_free(w: &World, b: Broken) {
+        let ino = 1usize;
+        let early = (b == Broken::StampFirst).then(|| w.grace.stamp());
+        w.link.store(0, Ordering::SeqCst);
+        thread::yield_now();
+        w.cached[ino].store(0, Ordering::SeqCst);
+        w.record[ino].store(0, Ordering::SeqCst);
+        let stamp = early.unwrap_or_else(|| w.grace.stamp());
+        let mut bits = w.bitmap.lock().expect("bitmap");
+        if b != Broken::ReuseAtOnce {
+            w.cooling.lock().expect("cooling").insert(ino, stamp);
+        }
+        bits[ino] = false;
+        w.freed.store(1, Ordering::SeqCst);
+    }
+
+    /// One pass of `alloc_inode_pass`.
+    fn alloc_pass(w: &World) -> Option<usize> {
+        let oldest = w.grace.oldest_reader();
+        w.cooling
+            .lock()
+            .expect("cooling")
+            .retain(|_, s| *s >= oldest);
+        let mut bits = w.bitmap.lock().expect("bitmap");
+        let cooling = w.cooling.lock().expect("cooling");
+        let ino = (1..INODES).find(|&i| !bits[i] && !cooling.contains_key(&i))?;
+        bits[ino] = true;
+        Some(ino)
+    }
+
+    fn alloc(w: &World) -> usize {
+        for attempt in 0..2 {
+            if let Some(ino) = alloc_pass(w) {
+                return ino;
+            }
+            let newest = w.cooling.lock().expect("cooling").values().copied().max();
+            match newest {
+                Some(stamp) if attempt == 0 => {
+                    while !w.grace.passed(stamp) {
+                        thread::yield_now();
+                    }
+                }
+                _ => break,
+            }
+        }
+        panic!("no inode for the creator");
+    }
+
+    /// Two creates, the second after the unlink freed inode 1 (before it, there may be
+    /// no number for it: ENOSPC, not what the model is about).
+    fn create_two(w: &World) {
+        for n in 0..2 {
+            while n == 1 && w.freed.load(Ordering::SeqCst) == 0 {
+                thread::yield_now();
+            }
+            let ino = alloc(w);
+            w.record[ino].store(NEW, Ordering::SeqCst);
+            thread::yield_now();
+            w.cached[ino].store(NEW, Ordering::SeqCst);
+        }
+    }
+
+    fn scenario(b: Broken) {
+        let w = Arc::new(World {
+            grace: Grace::with_slots(2),
+            link: Atom::new(1),
+            cached: [Atom::new(0), Atom::new(OLD), Atom::new(0)],
+            record: [Atom::new(0), Atom::new(OLD), Atom::new(0)],
+            bitmap: Mutex::new([true, true, false]),
+            cooling: Mutex::new(HashMap::new()),
+            freed: Atom::new(0),
+        });
+        let mut ts = Vec::new();
+        // Two readers in slot 0 (shared), one in slot 1.
+        for slot in [0, 0, 1] {
+            let w = w.clone();
+            ts.push(thread::spawn(move || reader(&w, slot, b)));
+        }
+        let w1 = w.clone();
+        ts.push(thread::spawn(move || unlink_and_free(&w1, b)));
+        let w2 = w.clone();
+        ts.push(thread::spawn(move || create_two(&w2)));
+        for t in ts {
+            t.join().expect("join");
+        }
+        assert_eq!(w.link.load(Ordering::SeqCst), 0);
+        assert!(
+            w.bitmap.lock().expect("bitmap")[1..].iter().all(|&u| u),
+            "the creator did not end up with both numbers"
+        );
+    }
+
+    #[test]
+    fn inode_reuse_waits_for_readers_under_random_schedules() {
+        shuttle::check_random(|| scenario(Broken::None), 10_000);
+    }
+
+    #[test]
+    fn inode_reuse_waits_for_readers_under_pct_schedules() {
+        shuttle::check_pct(|| scenario(Broken::None), 10_000, 3);
+    }
+
+    /// Run the broken variant `b` over `n` random schedules, then `n` PCT schedules of
+    /// depth 3: it must fail, with a message containing `expect`.
+    fn caught(b: Broken, n: usize, expect: &str) {
+        let r = std::panic::catch_unwind(|| {
+            shuttle::check_random(move || scenario(b), n);
+            shuttle::check_pct(move || scenario(b), n, 3);
+        });
+        let err = r.expect_err("the broken variant passed every schedule");
+        let msg = err
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        assert!(msg.contains(expect), "{b:?}: {msg}");
+    }
+
+    /// The seed's bug: a freed number handed out again while a reader that found the
+    /// old name still reads it.
+    #[test]
+    fn the_model_catches_reuse_without_a_grace_period() {
+        caught(Broken::ReuseAtOnce, 5000, "of another file");
+    }
+
+    /// A stamp taken while the name is still reachable does not wait for the readers
+    /// that find it after the stamp.
+    #[test]
+    fn the_model_catches_a_stamp_taken_before_the_caches_forget() {
+        caught(Broken::StampFirst, 5000, "of another file");
+    }
+
+    /// A guard must cover the whole walk from the name to the inode.
+    #[test]
+    fn the_model_catches_a_guard_that_ends_before_the_inode_is_read() {
+        caught(Broken::GuardTooShort, 5000, "of another file");
     }
 }
