@@ -15,7 +15,8 @@
 //! fallocate 0..32 KiB first in each iteration), `churn` (SEEDS lesson C, like the anchors' seedC script:
 //! create+unlink of one name in a tight loop for `--secs`, alone, then while
 //! `--threads` threads stat a 16-deep path and a symlink to it; and the lookups alone).
-//! `dax` (SEEDS lesson E) is in `bench_dax`, `firstwrite` (lesson D) in `bench_firstwrite`.
+//! `dax` (SEEDS lesson E) is in `bench_dax`, `firstwrite` (lesson D) in `bench_firstwrite`,
+//! `dio-overwrite` (lesson A) in `bench_dio`.
 //! mdtest phases, like the anchors' mdtest.c on a mount, do not sync (the kernel's
 //! figures are page-cache figures too); seqwrite includes its fsync.
 
@@ -46,6 +47,9 @@ pub enum Workload {
     /// Open through a device with --latency-ms per read, write and fsync one new file
     /// of -s bytes (default 4k), and count the reads (see bench_firstwrite).
     Firstwrite,
+    /// --threads O_DIRECT writers overwrite one prewritten file of -s bytes (default
+    /// 256m) in --bs requests (default 2k) for --secs (see bench_dio).
+    DioOverwrite,
 }
 
 #[derive(clap::Args)]
@@ -93,6 +97,15 @@ pub struct BenchArgs {
     /// firstwrite: no background bitmap prefetcher (no_prefetch_block_bitmaps).
     #[arg(long)]
     pub no_prefetch: bool,
+    /// dio-overwrite: bytes per write (suffixes k, m; default 2k).
+    #[arg(long)]
+    pub bs: Option<String>,
+    /// dio-overwrite: the image's own I/O, through the host's page cache or O_DIRECT.
+    #[arg(long, value_enum)]
+    pub backing: Option<crate::bench_dio::Backing>,
+    /// dio-overwrite: sequential (each writer from the start, as fio's jobs) or random.
+    #[arg(long, value_enum)]
+    pub rw: Option<crate::bench_dio::Rw>,
     /// Label for RESULT lines.
     #[arg(long, default_value = "rext4-api")]
     pub label: String,
@@ -138,6 +151,9 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     }
     if matches!(a.workload, Workload::Firstwrite) {
         return crate::bench_firstwrite::run(&a);
+    }
+    if matches!(a.workload, Workload::DioOverwrite) {
+        return crate::bench_dio::run(&a);
     }
     let fs = Fs::open_with(
         &a.image,
@@ -211,8 +227,8 @@ fn workload(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
         }
         Workload::Smallfsync => smallfsync(fs, a)?,
         Workload::Churn => churn(fs, a)?,
-        Workload::Dax | Workload::Firstwrite => {
-            return Err("dax and firstwrite run on their own open".into())
+        Workload::Dax | Workload::Firstwrite | Workload::DioOverwrite => {
+            return Err("dax, firstwrite and dio-overwrite run on their own open".into())
         }
         Workload::Pwtrunc => {
             let n = a.count.unwrap_or(50_000);

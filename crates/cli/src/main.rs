@@ -17,6 +17,7 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod bench;
 mod bench_dax;
+mod bench_dio;
 mod bench_firstwrite;
 mod extract;
 mod info;
@@ -212,7 +213,8 @@ enum Cmd {
     /// not reach a FUSE server): `rext4 sync MOUNTPOINT...`.
     Sync(mount_cmd::SyncArgs),
     /// Run a benchmark workload through the API: `rext4 bench WORKLOAD IMAGE`
-    /// (mdtest, seqwrite, seqread, smallfsync, pwtrunc, churn, dax, firstwrite).
+    /// (mdtest, seqwrite, seqread, smallfsync, pwtrunc, churn, dax, firstwrite,
+    /// dio-overwrite).
     Bench(bench::BenchArgs),
 }
 

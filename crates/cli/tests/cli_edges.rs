@@ -1281,6 +1281,80 @@ fn bench_dax_reports_and_leaves_the_image_clean() {
     assert!(r.stderr.contains("--size"), "{}", r.stderr);
 }
 
+/// `rext4 bench dio-overwrite`: direct overwrites of a prewritten file all take the
+/// shared lock (none retries exclusively), with both backings and both orders; the
+/// file is removed again and the image closed clean; a bad `--bs` is refused.
+#[test]
+fn bench_dio_overwrite_takes_the_shared_lock_and_leaves_the_image_as_it_was() {
+    let d = TempDir::new("edges-dio").expect("tempdir");
+    let img = d.join("dio.img");
+    run(&[s("mkfs"), s("-q"), img.as_os_str(), s("128M")], 0);
+    for (backing, rw, threads) in [("buffered", "write", "4"), ("direct", "randwrite", "2")] {
+        let r = run(
+            &[
+                s("bench"),
+                s("dio-overwrite"),
+                img.as_os_str(),
+                s("-s"),
+                s("4m"),
+                s("--secs"),
+                s("1"),
+                s("--threads"),
+                s(threads),
+                s("--backing"),
+                s(backing),
+                s("--rw"),
+                s(rw),
+                s("--label"),
+                s("diotest"),
+            ],
+            0,
+        );
+        let out = r.stdout_str();
+        let value = |metric: &str| -> f64 {
+            let key = format!("RESULT|diotest|dio-overwrite|{metric}|");
+            let line = out
+                .lines()
+                .find(|l| l.starts_with(&key))
+                .unwrap_or_else(|| panic!("{metric} missing:\n{out}"));
+            line[key.len()..]
+                .split('|')
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{metric}: {line}"))
+        };
+        let iops = value("iops");
+        let shared = value("shared_lock");
+        assert!(iops > 0.0 && shared > 0.0, "{backing}:\n{out}");
+        assert_eq!(
+            value("exclusive"),
+            0.0,
+            "{backing}: a prewritten file:\n{out}"
+        );
+        // The writes counted are the writes done (within the second's rounding).
+        assert!(
+            shared >= iops * 0.5,
+            "{backing}: {shared} shared-lock writes at {iops} IOPS:\n{out}"
+        );
+        assert_closed_clean(&img, &format!("after bench dio-overwrite ({backing})"));
+    }
+    let ls = run(&[s("ls"), s(&format!("{}:/", img.display()))], 0);
+    assert!(
+        !ls.stdout_str().contains("dio-overwrite-"),
+        "the bench's file stays:\n{}",
+        ls.stdout_str()
+    );
+    let r = rext4(&[
+        s("bench"),
+        s("dio-overwrite"),
+        img.as_os_str(),
+        s("--bs"),
+        s("1000"),
+    ]);
+    assert_ne!(r.code, 0, "a --bs that is not whole sectors");
+    assert!(r.stderr.contains("--bs"), "{}", r.stderr);
+}
+
 /// `rext4 bench firstwrite` through a slow device: the RESULT lines of the run with
 /// the read counts, the files it wrote removed again, the image closed clean; `rext4
 /// info --stats` prints what its own open read.

@@ -1603,12 +1603,16 @@ impl Fs {
         self.pc_flush_invalidate(ino, offset, len)?;
         let r = match self.try_overwrite(ino, buf, offset)? {
             Some(n) => {
+                self.inner.dio_shared.add(1);
                 if update_times {
                     self.touch_times(ino)?;
                 }
                 Ok(n)
             }
-            None => self.write_through(ino, buf, Some(offset), update_times),
+            None => {
+                self.inner.dio_exclusive.add(1);
+                self.write_through(ino, buf, Some(offset), update_times)
+            }
         };
         self.drop_cache_ino(ino, offset, len.max(1));
         r

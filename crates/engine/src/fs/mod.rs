@@ -392,6 +392,10 @@ pub(crate) struct Inner {
     pub(crate) io_at_open: std::sync::OnceLock<crate::device::latency::IoCounts>,
     /// Bitmap prefetch settings, counters and the background prefetcher.
     pub(crate) prefetch: prefetch::Prefetch,
+    /// Direct writes that overwrote in place under the shared I/O lock, and those
+    /// that took it exclusively (`Fs::write_direct_ino`; SEEDS lesson A).
+    pub(crate) dio_shared: crate::striped::Counter,
+    pub(crate) dio_exclusive: crate::striped::Counter,
 }
 
 /// An open ext4 filesystem. Cheap to clone; shareable across threads.
@@ -663,6 +667,8 @@ impl Fs {
                 io: counted,
                 io_at_open: std::sync::OnceLock::new(),
                 prefetch,
+                dio_shared: Default::default(),
+                dio_exclusive: Default::default(),
             }),
         };
         {

@@ -72,6 +72,10 @@ pub struct IoStats {
     /// Groups the background prefetcher summarized, and its requests.
     pub background_groups: u64,
     pub background_requests: u64,
+    /// Direct writes that overwrote written blocks under the shared I/O lock, and
+    /// those that took it exclusively (allocating, converting, zeroing, extending).
+    pub direct_shared: u64,
+    pub direct_exclusive: u64,
 }
 
 impl IoStats {
@@ -225,6 +229,8 @@ impl Fs {
             prefetch_requests: p.prefetch_requests.load(Relaxed),
             background_groups: p.background_groups.load(Relaxed),
             background_requests: p.background_requests.load(Relaxed),
+            direct_shared: self.inner.dio_shared.sum(),
+            direct_exclusive: self.inner.dio_exclusive.sum(),
         }
     }
 
