@@ -842,21 +842,23 @@ impl Fs {
             let mut st = fc.lock();
             if let Some(p) = st.pages.get(&idx).cloned() {
                 let mut d = p.lock();
-                let base = idx * ps;
-                d.buf[(from - base) as usize..(to - base) as usize].fill(0);
-                d.seq += 1;
-                if !d.dirty {
-                    let written = matches!(
+                // Whether the device copy is written data, asked before the page
+                // changes: a failed lookup leaves the page as it was, not zeroed over
+                // data the device still holds.
+                let written = !d.dirty
+                    && matches!(
                         self.map_block(ino, inode, idx)?,
                         Mapping::Mapped {
                             unwritten: false,
                             ..
                         }
                     );
-                    if written {
-                        d.dirty = true;
-                        self.pc().note_dirty(&mut st, ino, idx);
-                    }
+                let base = idx * ps;
+                d.buf[(from - base) as usize..(to - base) as usize].fill(0);
+                d.seq += 1;
+                if written {
+                    d.dirty = true;
+                    self.pc().note_dirty(&mut st, ino, idx);
                 }
                 return Ok(());
             }
