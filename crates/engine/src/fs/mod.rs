@@ -16,6 +16,8 @@
 
 mod data_io;
 pub(crate) mod dax_file;
+#[cfg(test)]
+mod dio_model;
 mod group_commit;
 #[cfg(test)]
 mod handle_model;
@@ -27,6 +29,8 @@ pub mod map;
 pub mod pagecache;
 pub mod prefetch;
 pub(crate) mod space;
+#[cfg(test)]
+mod zeroing_model;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
