@@ -7,6 +7,8 @@
 # unaligned O_DIRECT overwrites, seedB: pwrite/truncate loop + stale-data check, seedC:
 # create/unlink with a lookup storm) on the same three mounts. KINDS may add "raw": the
 # fio workloads on a plain file in the host filesystem, the anchors' physical ceiling,
+# "kernel-dio": the kernel on a loop device with --direct-io=on, "xfs": the kernel's
+# xfs on a loop device (checked with xfs_repair -n),
 # and "rext4-devfuse": rext4 over /dev/fuse alone (`-o nouring`), "rext4-nowb" and
 # "rext4-nowb-devfuse": the same two without the kernel's writeback cache, and "rext4-base":
 # the `rext4` binary REXT4_BASE names (a build of an earlier commit, for before/after
@@ -26,8 +28,10 @@ export G_SIZE_PER_JOB=${G_SIZE_PER_JOB:-256M} G_RUNTIME=${G_RUNTIME:-8} G_SEQ_CA
 W=$(mktemp -d /tmp/rext4-bench-mount.XXXXXX)
 cleanup() {
   for m in "$W"/mnt-*; do mountpoint -q "$m" && { umount "$m" 2>/dev/null || fusermount3 -u "$m" || umount -l "$m"; }; done
+  [[ -n ${LOOP:-} ]] && losetup -d "$LOOP" 2>/dev/null
   sleep 1; rm -rf "$W"
 }
+LOOP=""
 trap cleanup EXIT INT TERM
 U=/sys/module/fuse/parameters/enable_uring
 if [[ -n ${URING:-} && -w $U ]]; then echo "$URING" > "$U"; fi
@@ -46,9 +50,14 @@ for kind in ${KINDS:-kernel rext4 fuse2fs}; do
     continue
   fi
   img=$W/$kind.img; mnt=$W/mnt-$kind; mkdir -p "$mnt"
-  mkfs.ext4 -q -F "$img" 4G >/dev/null
+  if [[ $kind == xfs ]]; then
+    truncate -s 4G "$img" && mkfs.xfs -q -f "$img" >/dev/null
+  else
+    mkfs.ext4 -q -F "$img" 4G >/dev/null
+  fi
   case $kind in
-    kernel) mount -o loop "$img" "$mnt" ;;
+    kernel|xfs) mount -o loop "$img" "$mnt" ;;
+    kernel-dio) LOOP=$(losetup -f --show --direct-io=on "$img") && mount "$LOOP" "$mnt" ;;
     rext4) "$R" mount "$img" "$mnt" ;;
     rext4-devfuse) "$R" mount -o nouring "$img" "$mnt" ;;
     rext4-nowb) "$R" mount -o nowriteback_cache "$img" "$mnt" ;;
@@ -73,7 +82,10 @@ for kind in ${KINDS:-kernel rext4 fuse2fs}; do
     rext4*) "$R" umount "$mnt" 2>/dev/null || umount "$mnt" 2>/dev/null || fusermount3 -u "$mnt" ;;
     *) umount "$mnt" 2>/dev/null || fusermount3 -u "$mnt" ;;
   esac
+  [[ -n $LOOP ]] && { losetup -d "$LOOP"; LOOP=""; }
   sleep 1
-  if e2fsck -fn "$img" >/dev/null 2>&1; then echo "NOTE|$kind|e2fsck -fn clean"; else echo "NOTE|$kind|e2fsck -fn NOT clean"; fi
+  if [[ $kind == xfs ]]; then
+    if xfs_repair -n "$img" >/dev/null 2>&1; then echo "NOTE|$kind|xfs_repair -n clean"; else echo "NOTE|$kind|xfs_repair -n NOT clean"; fi
+  elif e2fsck -fn "$img" >/dev/null 2>&1; then echo "NOTE|$kind|e2fsck -fn clean"; else echo "NOTE|$kind|e2fsck -fn NOT clean"; fi
   rm -f "$img"
 done
