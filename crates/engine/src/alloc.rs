@@ -328,6 +328,7 @@ impl Fs {
                 |x: u64| !bitmap::test(&b, x) && busy.first_in(first + x, first + x + 1).is_none();
             let mut x = from;
             let mut found = None;
+            let mut met_busy = false;
             while x < to {
                 if x % 8 == 0 && x + 8 <= to && b.get((x / 8) as usize) == Some(&0xFF) {
                     x += 8;
@@ -338,7 +339,10 @@ impl Fs {
                     // transaction) is skipped in one step: many frees since the last
                     // commit must not make every allocation walk them bit by bit.
                     x = match busy.run_end(first + x) {
-                        Some(end) if !bitmap::test(&b, x) => (end - first).max(x + 1),
+                        Some(end) if !bitmap::test(&b, x) => {
+                            met_busy = true;
+                            (end - first).max(x + 1)
+                        }
                         _ => x + 1,
                     };
                     continue;
@@ -354,8 +358,11 @@ impl Fs {
                 x += len;
             }
             drop(busy);
-            if found.is_none() && need > 1 && from == 0 && to == n {
-                // The whole bitmap was searched: remember how long its runs are.
+            if found.is_none() && need > 1 && from == 0 && to == n && !met_busy {
+                // The whole bitmap was searched: remember how long its runs are. Not
+                // when busy blocks failed it: they count as free in the summary, which
+                // would not keep the next search away (a loop of frees and
+                // allocations between two commits summarized at every allocation).
                 grp.summarize(&b, n);
             }
             drop(b);
@@ -423,10 +430,13 @@ impl Fs {
                 }
             })?;
             grp.desc.free_blocks_count += freed;
-            // Runs may be longer now: measure them again where that costs no read.
-            if grp.longest_free.is_some() {
+            // Only the run around what was freed can have grown: measure it (in the
+            // bitmap just changed, cached) and keep the larger bound.
+            if let Some(l) = grp.longest_free {
                 let b = self.block_bitmap(g, &grp)?;
-                grp.summarize(&b, sb.blocks_in_group(g as u64));
+                let n = sb.blocks_in_group(g as u64);
+                let around = crate::fs::prefetch::free_run_around(&b, blk - first, gend - first, n);
+                grp.longest_free = Some(l.max(u32::try_from(around).unwrap_or(u32::MAX)));
             }
             drop(grp);
             self.inner.space.freed(u64::from(freed));

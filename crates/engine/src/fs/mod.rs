@@ -266,7 +266,7 @@ impl Busy {
 pub(crate) struct Group {
     pub(crate) desc: GroupDesc,
     /// At least the longest free run of the block bitmap, once known (`prefetch`):
-    /// allocating keeps it true, a free measures it again.
+    /// allocating keeps it true, a free adds the run around what it freed.
     pub(crate) longest_free: Option<u32>,
     /// Bumped by every change of the block bitmap (a summary made from a read
     /// without the mutex is kept only if this did not move meanwhile).
