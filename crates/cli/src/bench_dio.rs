@@ -152,7 +152,9 @@ fn overwrite(
                                 return Err(format!("short direct write: {n} of {bs}"));
                             }
                             mine += 1;
-                            if mine.is_multiple_of(256) && (Instant::now() >= end || stop().is_err()) {
+                            if mine.is_multiple_of(256)
+                                && (Instant::now() >= end || stop().is_err())
+                            {
                                 done.store(true, Ordering::Relaxed);
                             }
                         }
