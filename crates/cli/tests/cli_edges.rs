@@ -1281,6 +1281,20 @@ fn bench_dax_reports_and_leaves_the_image_clean() {
     assert!(r.stderr.contains("--size"), "{}", r.stderr);
 }
 
+/// The value of a `RESULT|label|workload|metric|value|unit` line of `out`.
+fn result_value(out: &str, label: &str, workload: &str, metric: &str) -> f64 {
+    let key = format!("RESULT|{label}|{workload}|{metric}|");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&key))
+        .unwrap_or_else(|| panic!("{metric} missing:\n{out}"));
+    line[key.len()..]
+        .split('|')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{metric}: {line}"))
+}
+
 /// `rext4 bench dio-overwrite`: direct overwrites of a prewritten file all take the
 /// shared lock (none retries exclusively), with both backings and both orders; the
 /// file is removed again and the image closed clean; a bad `--bs` is refused.
@@ -1311,18 +1325,7 @@ fn bench_dio_overwrite_takes_the_shared_lock_and_leaves_the_image_as_it_was() {
             0,
         );
         let out = r.stdout_str();
-        let value = |metric: &str| -> f64 {
-            let key = format!("RESULT|diotest|dio-overwrite|{metric}|");
-            let line = out
-                .lines()
-                .find(|l| l.starts_with(&key))
-                .unwrap_or_else(|| panic!("{metric} missing:\n{out}"));
-            line[key.len()..]
-                .split('|')
-                .next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("{metric}: {line}"))
-        };
+        let value = |metric: &str| result_value(&out, "diotest", "dio-overwrite", metric);
         let iops = value("iops");
         let shared = value("shared_lock");
         assert!(iops > 0.0 && shared > 0.0, "{backing}:\n{out}");
@@ -1388,18 +1391,7 @@ fn bench_firstwrite_counts_reads_and_leaves_the_image_as_it_was() {
         0,
     );
     let out = r.stdout_str();
-    let value = |metric: &str| -> f64 {
-        let key = format!("RESULT|fwtest|firstwrite|{metric}|");
-        let line = out
-            .lines()
-            .find(|l| l.starts_with(&key))
-            .unwrap_or_else(|| panic!("{metric} missing:\n{out}"));
-        line[key.len()..]
-            .split('|')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{metric}: {line}"))
-    };
+    let value = |metric: &str| result_value(&out, "fwtest", "firstwrite", metric);
     let reads = value("reads_at_open");
     assert!(
         (1.0..=8.0).contains(&reads),

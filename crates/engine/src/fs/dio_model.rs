@@ -724,14 +724,7 @@ fn dio_protocol_pct() {
 /// fail, with a message containing `expect`.
 fn caught(b: Broken, sc: &'static str, n: usize, expect: &str) {
     let sc = scenario(sc);
-    let r = std::panic::catch_unwind(|| shuttle::check_random(move || run(sc, b), n));
-    let err = r.expect_err("the broken variant passed every schedule");
-    let msg = err
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default();
-    assert!(msg.contains(expect), "{b:?}: {msg}");
+    super::model_check::expect_caught(&b, expect, || shuttle::check_random(move || run(sc, b), n));
 }
 
 /// Two writes into an unwritten block both convert it under the shared lock: each

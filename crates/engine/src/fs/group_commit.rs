@@ -228,13 +228,10 @@ mod tests {
     /// own returns while its change is still in the running transaction.
     #[test]
     fn the_model_catches_an_off_by_one_fsync() {
-        let r = std::panic::catch_unwind(|| shuttle::check_random(|| scenario(true), 3000));
-        let err = r.expect_err("the broken variant passed every schedule");
-        let msg = err
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default();
-        assert!(msg.contains("returned before it was durable"), "{msg}");
+        crate::fs::model_check::expect_caught(
+            &"an fsync trusting the sync before its own",
+            "returned before it was durable",
+            || shuttle::check_random(|| scenario(true), 3000),
+        );
     }
 }

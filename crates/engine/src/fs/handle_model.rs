@@ -709,14 +709,7 @@ fn caught(b: Broken, n: usize, expect: &str) {
         Broken::UnlinkWithoutRecheck => scenario_shared,
         _ => scenario,
     };
-    let r = std::panic::catch_unwind(|| shuttle::check_random(move || run(b), n));
-    let err = r.expect_err("the broken variant passed every schedule");
-    let msg = err
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default();
-    assert!(msg.contains(expect), "{b:?}: {msg}");
+    super::model_check::expect_caught(&b, expect, || shuttle::check_random(move || run(b), n));
 }
 
 /// A commit that does not wait for the open handles closes half-done operations.

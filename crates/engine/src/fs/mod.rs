@@ -22,6 +22,8 @@ mod group_commit;
 #[cfg(test)]
 mod handle_model;
 mod inode_locks;
+#[cfg(test)]
+pub(crate) mod model_check;
 pub(crate) use inode_locks::InodeGuard;
 pub mod inode_write;
 pub(crate) mod jwrite;

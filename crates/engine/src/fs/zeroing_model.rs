@@ -1009,14 +1009,7 @@ fn zeroing_pct() {
 /// Run the broken variant `b` over `n` random schedules: it must fail, with a message
 /// containing `expect`.
 fn caught(b: Broken, n: usize, expect: &str) {
-    let r = std::panic::catch_unwind(|| shuttle::check_random(move || scenario(b), n));
-    let err = r.expect_err("the broken variant passed every schedule");
-    let msg = err
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default();
-    assert!(msg.contains(expect), "{b:?}: {msg}");
+    super::model_check::expect_caught(&b, expect, || shuttle::check_random(move || scenario(b), n));
 }
 
 /// The seed's bug: the tail of a dirty page over an unwritten block is left alone.
