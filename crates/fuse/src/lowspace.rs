@@ -7,7 +7,9 @@
 //! drop data the application was told was written, and the writer would go on without
 //! end. What a server does see, and what this module builds on:
 //! - the *dirty window*: the kernel holds at most so many bytes dirty for one mount,
-//!   the bdi's strict limit. As root the server sets it (min_bytes = max_bytes) to
+//!   the bdi's strict limit. As root the server sets it (min_bytes = max_bytes; the
+//!   kernel refuses the minimum while other bdis hold too much of the system's share:
+//!   the watcher asks again at every look, the maximum alone bounds the window) to
 //!   seven eighths of the space left, at most `bdi_max_ratio` of the system's
 //!   threshold, so everything the kernel holds always fits (the eighth left covers what
 //!   others take before the watcher shrinks the window: it looks again whenever the
@@ -239,6 +241,7 @@ impl LowSpace {
 
 fn watch(weak: &Weak<Shared>, rx: &Receiver<Job>) {
     let mut set_window = 0u64;
+    let mut min_refused = false;
     loop {
         let job = match rx.recv_timeout(POLL) {
             Ok(j) => j,
@@ -247,7 +250,7 @@ fn watch(weak: &Weak<Shared>, rx: &Receiver<Job>) {
         };
         let Some(s) = weak.upgrade() else { return };
         match job {
-            Job::Check => check(&s, &mut set_window),
+            Job::Check => check(&s, &mut set_window, &mut min_refused),
             Job::Launder(ino) => {
                 lock(&s.lowspace.launders).remove(&ino);
                 s.kernel_writeback(ino);
@@ -256,8 +259,10 @@ fn watch(weak: &Weak<Shared>, rx: &Receiver<Job>) {
     }
 }
 
-/// Re-read the space, tune the window, flip the mode.
-fn check(s: &Shared, set_window: &mut u64) {
+/// Re-read the space, tune the window, flip the mode. `min_refused`: the kernel
+/// refused the window as the mount's guaranteed minimum (other bdis held too much of
+/// the system's share); it is asked again at every look until it takes it.
+fn check(s: &Shared, set_window: &mut u64, min_refused: &mut bool) {
     let ls = &s.lowspace;
     let avail = s.available_bytes();
     let was = ls.low();
@@ -300,11 +305,17 @@ fn check(s: &Shared, set_window: &mut u64) {
             for name in order {
                 // The minimum is a guaranteed share, refused when other bdis hold
                 // too much of it: the maximum is what bounds us.
-                ok &= std::fs::write(b.dir.join(name), &v).is_ok() || name == "min_bytes";
+                let wrote = std::fs::write(b.dir.join(name), &v).is_ok();
+                if name == "min_bytes" {
+                    *min_refused = !wrote;
+                }
+                ok &= wrote || name == "min_bytes";
             }
             if ok {
                 *set_window = want;
             }
+        } else if *min_refused && *set_window != 0 {
+            *min_refused = std::fs::write(b.dir.join("min_bytes"), set_window.to_string()).is_err();
         }
         if *set_window != 0 {
             window = *set_window;
