@@ -379,9 +379,12 @@ mod model {
         w.cached[ino].store(0, Ordering::SeqCst);
         w.record[ino].store(0, Ordering::SeqCst);
         let stamp = early.unwrap_or_else(|| w.grace.stamp());
-        let mut bits = w.bitmap.lock().expect("bitmap");
+        let mut bits = w.bitmap.lock().unwrap_or_else(|p| p.into_inner());
         if b != Broken::ReuseAtOnce {
-            w.cooling.lock().expect("cooling").insert(ino, stamp);
+            w.cooling
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(ino, stamp);
         }
         bits[ino] = false;
         w.freed.store(1, Ordering::SeqCst);
@@ -392,10 +395,10 @@ mod model {
         let oldest = w.grace.oldest_reader();
         w.cooling
             .lock()
-            .expect("cooling")
+            .unwrap_or_else(|p| p.into_inner())
             .retain(|_, s| *s >= oldest);
-        let mut bits = w.bitmap.lock().expect("bitmap");
-        let cooling = w.cooling.lock().expect("cooling");
+        let mut bits = w.bitmap.lock().unwrap_or_else(|p| p.into_inner());
+        let cooling = w.cooling.lock().unwrap_or_else(|p| p.into_inner());
         let ino = (1..INODES).find(|&i| !bits[i] && !cooling.contains_key(&i))?;
         bits[ino] = true;
         Some(ino)
@@ -406,7 +409,13 @@ mod model {
             if let Some(ino) = alloc_pass(w) {
                 return ino;
             }
-            let newest = w.cooling.lock().expect("cooling").values().copied().max();
+            let newest = w
+                .cooling
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .copied()
+                .max();
             match newest {
                 Some(stamp) if attempt == 0 => {
                     while !w.grace.passed(stamp) {
@@ -458,7 +467,9 @@ mod model {
         }
         assert_eq!(w.link.load(Ordering::SeqCst), 0);
         assert!(
-            w.bitmap.lock().expect("bitmap")[1..].iter().all(|&u| u),
+            w.bitmap.lock().unwrap_or_else(|p| p.into_inner())[1..]
+                .iter()
+                .all(|&u| u),
             "the creator did not end up with both numbers"
         );
     }

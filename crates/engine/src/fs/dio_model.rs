@@ -391,15 +391,15 @@ impl Model {
         };
         match self.broken {
             Broken::ConvertShared => Exclusive {
-                _read: Some(self.io.read().expect("io lock")),
+                _read: Some(self.io.read().unwrap_or_else(|p| p.into_inner())),
                 ..none
             },
             Broken::NoDrain => Exclusive {
-                _own: Some(self.own.lock().expect("own lock")),
+                _own: Some(self.own.lock().unwrap_or_else(|p| p.into_inner())),
                 ..none
             },
             Broken::None | Broken::NoOverwriteCheck => Exclusive {
-                _write: Some(self.io.write().expect("io lock")),
+                _write: Some(self.io.write().unwrap_or_else(|p| p.into_inner())),
                 ..none
             },
         }
@@ -437,7 +437,7 @@ impl Model {
     /// `Fs::try_overwrite`: under the lock shared, written in place if the block is
     /// mapped written and the range ends within the size; false: retry exclusively.
     fn try_overwrite(&self, w: Write) -> bool {
-        let _io = self.io.read().expect("io lock");
+        let _io = self.io.read().unwrap_or_else(|p| p.into_inner());
         let (map, size) = {
             let st = self.st();
             (st.map, st.size_bytes)

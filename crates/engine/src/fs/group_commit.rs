@@ -134,7 +134,7 @@ mod tests {
         type Error = ();
 
         fn lock_write(&self) -> Self::Write {
-            self.write.lock().expect("write lock")
+            self.write.lock().unwrap_or_else(|p| p.into_inner())
         }
         fn release_write(&self, w: Self::Write) {
             drop(w);
@@ -143,7 +143,7 @@ mod tests {
             self.journal.try_lock().ok()
         }
         fn wait_journal(&self) {
-            drop(self.journal.lock().expect("journal"));
+            drop(self.journal.lock().unwrap_or_else(|p| p.into_inner()));
         }
         fn syncs_done(&self) -> u64 {
             self.done.load(SeqCst) + u64::from(self.off_by_one)
@@ -194,10 +194,14 @@ mod tests {
             threads.push(shuttle::thread::spawn(move || {
                 for round in 0..2 {
                     let id = t * 10 + round;
-                    m.write.lock().expect("write lock").changes.push(id);
+                    m.write
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .changes
+                        .push(id);
                     let mine = m.started.load(SeqCst);
                     commit(&&*m, Some(mine)).expect("fsync");
-                    let log = m.journal.lock().expect("journal");
+                    let log = m.journal.lock().unwrap_or_else(|p| p.into_inner());
                     assert!(
                         log.durable.contains(&id),
                         "fsync of change {id} returned before it was durable"

@@ -183,7 +183,7 @@ impl Model {
     }
 
     fn st(&self) -> MutexGuard<'_, State> {
-        self.state.lock().expect("model state")
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// `Fs::lock_dir` / `Fs::lock_nondir`: the real table.
@@ -225,7 +225,7 @@ impl Model {
 
     /// The block lock of `dir`'s leaf.
     fn leaf(&self, dir: u32) -> MutexGuard<'_, ()> {
-        self.leaves[&dir].lock().expect("leaf")
+        self.leaves[&dir].lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// `Fs::alloc_inode`: the lowest free number (a removed directory's stays taken:
@@ -287,7 +287,8 @@ impl Model {
     }
 
     fn rename_lock(&self) -> Option<MutexGuard<'_, ()>> {
-        (self.broken != Broken::NoRenameLock).then(|| self.rename.lock().expect("rename"))
+        (self.broken != Broken::NoRenameLock)
+            .then(|| self.rename.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     fn lookup(&self, dir: u32, name: &str) -> Result<u32, Errno> {
@@ -301,7 +302,7 @@ impl Model {
 
     /// create(2) of a file: the parent's lock, then the new inode's.
     fn create(&self, parent: u32, name: &'static str) -> Result<u32, Errno> {
-        let _h = self.gate.read().expect("gate");
+        let _h = self.gate.read().unwrap_or_else(|p| p.into_inner());
         let _p = self.lock(parent);
         if self.broken != Broken::CreateInRemoved && self.st().dirs[&parent].removed {
             return Err(Errno::NoEnt);
@@ -325,7 +326,7 @@ impl Model {
 
     /// unlink(2): the parent's lock, look up, the child's lock.
     fn unlink(&self, parent: u32, name: &'static str) -> Result<(), Errno> {
-        let _h = self.gate.read().expect("gate");
+        let _h = self.gate.read().unwrap_or_else(|p| p.into_inner());
         let _p = self.lock(parent);
         let ino = self.lookup(parent, name)?;
         if self.is_dir(ino) {
@@ -350,7 +351,7 @@ impl Model {
 
     /// rmdir(2): the rename lock, the parent's lock, look up, the child's lock.
     fn rmdir(&self, parent: u32, name: &'static str) -> Result<(), Errno> {
-        let _h = self.gate.read().expect("gate");
+        let _h = self.gate.read().unwrap_or_else(|p| p.into_inner());
         let _r = self.rename_lock();
         let _p = self.lock(parent);
         let ino = self.lookup(parent, name)?;
@@ -377,7 +378,7 @@ impl Model {
     /// then `from`'s lock and `to`'s (in that order, whichever is the parent), then
     /// the file's.
     fn mv(&self, from: u32, name: &'static str, to: u32) -> Result<(), Errno> {
-        let _h = self.gate.read().expect("gate");
+        let _h = self.gate.read().unwrap_or_else(|p| p.into_inner());
         let _r = self.rename_lock();
         let _f = self.lock(from);
         let _t = self.lock(to);
@@ -410,7 +411,7 @@ impl Model {
     /// lock — or, no room there, the whole directory exclusively — then pin it (its
     /// lock, or the directory's, still held).
     fn create_shared(&self, parent: u32, name: &'static str) -> Result<u32, Errno> {
-        let _h = self.gate.read().expect("gate");
+        let _h = self.gate.read().unwrap_or_else(|p| p.into_inner());
         let shared = self.lock_shared(parent);
         if self.st().dirs[&parent].removed {
             return Err(Errno::NoEnt);
@@ -483,7 +484,7 @@ impl Model {
     /// unlink(2), the parent shared (`Fs::unlink_ino`): the name removed in its leaf,
     /// else (false) the exclusive path.
     fn unlink_shared(&self, parent: u32, name: &'static str) -> Result<(), Errno> {
-        let _h = self.gate.read().expect("gate");
+        let _h = self.gate.read().unwrap_or_else(|p| p.into_inner());
         {
             let _p = self.lock_shared(parent);
             if self.unlink_in_leaf(parent, name)? {
@@ -548,8 +549,8 @@ impl Model {
     /// Close the transaction (`Fs::write_lock`, then close): no handle is open, so
     /// the state holds only whole operations.
     fn commit(&self) {
-        let _w =
-            (self.broken != Broken::CommitWithoutGate).then(|| self.gate.write().expect("gate"));
+        let _w = (self.broken != Broken::CommitWithoutGate)
+            .then(|| self.gate.write().unwrap_or_else(|p| p.into_inner()));
         check(&self.st(), "in a closed transaction");
     }
 }

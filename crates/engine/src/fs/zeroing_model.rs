@@ -197,7 +197,7 @@ impl Page {
     }
 
     fn lock(&self) -> MutexGuard<'_, PageData> {
-        self.data.lock().expect("page")
+        self.data.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -277,11 +277,11 @@ impl Model {
     }
 
     fn st(&self) -> MutexGuard<'_, FileState> {
-        self.state.lock().expect("file cache state")
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn disk(&self) -> std::sync::MutexGuard<'_, Disk> {
-        self.disk.lock().expect("model disk")
+        self.disk.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn read_inode(&self) -> Inode {
@@ -349,7 +349,7 @@ impl Model {
             if !busy {
                 return st;
             }
-            st = self.wb_done.wait(st).expect("wb_done");
+            st = self.wb_done.wait(st).unwrap_or_else(|p| p.into_inner());
         }
     }
 
@@ -360,7 +360,7 @@ impl Model {
         pages: &[Arc<Page>],
     ) -> MutexGuard<'a, FileState> {
         while pages.iter().any(|p| p.lock().writeback) {
-            st = self.wb_done.wait(st).expect("wb_done");
+            st = self.wb_done.wait(st).unwrap_or_else(|p| p.into_inner());
         }
         st
     }
@@ -369,9 +369,9 @@ impl Model {
 
     /// `Fs::truncate_ino`.
     fn truncate(&self, size: u64) {
-        let _io = self.io.write().expect("io");
+        let _io = self.io.write().unwrap_or_else(|p| p.into_inner());
         self.prepare_size_change(size);
-        let _w = self.txn.write().expect("txn");
+        let _w = self.txn.write().unwrap_or_else(|p| p.into_inner());
         self.truncate_locked(size);
     }
 
@@ -477,13 +477,13 @@ impl Model {
 
     /// `Fs::fallocate_ino` with `FallocMode::Allocate` from 0 to `end`.
     fn fallocate(&self, end: u64) {
-        let _io = self.io.write().expect("io");
+        let _io = self.io.write().unwrap_or_else(|p| p.into_inner());
         let i = self.read_inode();
         let vfs = self.vfs_size(&i);
         if end > i.size && vfs > i.size {
             self.prepare_size_change(end.max(vfs));
         }
-        let _w = self.txn.write().expect("txn");
+        let _w = self.txn.write().unwrap_or_else(|p| p.into_inner());
         let mut inode = self.read_inode();
         let vfs = self.vfs_size(&inode);
         // `alloc_unwritten`: blocks taken in the bitmap, the extents in the record.
@@ -509,17 +509,20 @@ impl Model {
         let (offset, end) = (idx * BS, (idx + 1) * BS);
         let _io = loop {
             if end <= self.vfs_size(&self.read_inode()) {
-                let g = self.io.read().expect("io");
+                let g = self.io.read().unwrap_or_else(|p| p.into_inner());
                 if self.vfs_size(&self.read_inode()) >= end {
                     break (Some(g), None);
                 }
             } else {
-                break (None, Some(self.io.write().expect("io")));
+                break (
+                    None,
+                    Some(self.io.write().unwrap_or_else(|p| p.into_inner())),
+                );
             }
         };
         let (inode, size) = self.inode_and_vfs_size();
         if offset > size && size == inode.size {
-            let _w = self.txn.write().expect("txn");
+            let _w = self.txn.write().unwrap_or_else(|p| p.into_inner());
             self.zero_past_eof(&inode, offset);
         }
         self.pc_write_page(idx, size);
@@ -553,7 +556,7 @@ impl Model {
     /// `Mapping::read`: `len` bytes at `pos` through the cache, under the shared I/O
     /// lock (past the size up to the end of its page: zeros).
     fn mmap_read(&self, pos: u64, len: u64) -> Vec<u8> {
-        let _io = self.io.read().expect("io");
+        let _io = self.io.read().unwrap_or_else(|p| p.into_inner());
         let inode = self.read_inode();
         let size = self.vfs_size(&inode);
         assert!(
@@ -613,7 +616,7 @@ impl Model {
         let mut out: Vec<Box<[u8]>> = (0..n)
             .map(|_| vec![0u8; BS as usize].into_boxed_slice())
             .collect();
-        let _t = self.tree.read().expect("tree");
+        let _t = self.tree.read().unwrap_or_else(|p| p.into_inner());
         let inode = self.read_inode();
         let end_page = size.div_ceil(BS);
         // The device read is I/O: others run meanwhile.
@@ -735,9 +738,9 @@ impl Model {
     /// `Fs::map_for_writeback`: under the tree lock, a handle and the inode's lock,
     /// where the page goes; a hole gets a block at once, as an unwritten extent.
     fn map_for_writeback(&self, idx: u64) -> Target {
-        let _t = self.tree.write().expect("tree");
-        let _h = self.txn.read().expect("txn");
-        let _i = self.inode_lock.lock().expect("inode lock");
+        let _t = self.tree.write().unwrap_or_else(|p| p.into_inner());
+        let _h = self.txn.read().unwrap_or_else(|p| p.into_inner());
+        let _i = self.inode_lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut disk = self.disk();
         let l = idx as usize;
         let (physical, convert) = match disk.inode.ext[l] {
@@ -776,9 +779,9 @@ impl Model {
     /// `Fs::finish_chunk`: mark the converted pieces written, raise the on-disk size
     /// up to the in-memory size but not past a dirty page still unwritten.
     fn finish_chunk(&self, snaps: &[Snap], converts: &[(u64, Target)]) {
-        let _t = self.tree.write().expect("tree");
-        let _h = self.txn.read().expect("txn");
-        let _i = self.inode_lock.lock().expect("inode lock");
+        let _t = self.tree.write().unwrap_or_else(|p| p.into_inner());
+        let _h = self.txn.read().unwrap_or_else(|p| p.into_inner());
+        let _i = self.inode_lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut inode = self.read_inode();
         let before = inode;
         let mut wrong = None;
@@ -823,9 +826,9 @@ impl Model {
     /// `Fs::settle_size`: an in-memory size ahead of the record with nothing left to
     /// write below it becomes the record's (the old tail zeroed on the device first).
     fn settle_size(&self) {
-        let _t = self.tree.write().expect("tree");
-        let _h = self.txn.read().expect("txn");
-        let _i = self.inode_lock.lock().expect("inode lock");
+        let _t = self.tree.write().unwrap_or_else(|p| p.into_inner());
+        let _h = self.txn.read().unwrap_or_else(|p| p.into_inner());
+        let _i = self.inode_lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut inode = self.read_inode();
         let target = {
             let mut st = self.st();
