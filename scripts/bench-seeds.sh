@@ -5,7 +5,8 @@
 # dio-overwrite` with 1 and 8 threads on both backings, `pwtrunc`, `churn`), and the
 # ratios the issue asks for, each against a figure of the same run.
 # Usage (root): scripts/bench-seeds.sh    env: KINDS (default "kernel kernel-dio xfs
-#   rext4 fuse2fs"), A_SIZE A_RUNTIME A_VARIANTS B_N C_SECONDS (the anchors' knobs),
+#   rext4 fuse2fs"), WORKLOADS (default "seedA seedB seedC": which anchor scripts run
+#   over the mounts), A_SIZE A_RUNTIME A_VARIANTS B_N C_SECONDS (the anchors' knobs),
 #   SECS (in-process seconds per phase, default 8), OUT (keep the raw lines there)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,7 @@ export B_N=${B_N:-50000} B_STALE_ITERS=${B_STALE_ITERS:-200} C_SECONDS=${C_SECON
 W=$(mktemp -d /tmp/rext4-seeds.XXXXXX)
 trap 'rm -rf "$W"' EXIT INT TERM
 {
-  KINDS=${KINDS:-kernel kernel-dio xfs rext4 fuse2fs} WORKLOADS="seedA seedB seedC" \
+  KINDS=${KINDS:-kernel kernel-dio xfs rext4 fuse2fs} WORKLOADS=${WORKLOADS:-seedA seedB seedC} \
     scripts/bench-mount.sh
   img=$W/api.img
   for backing in buffered direct; do
