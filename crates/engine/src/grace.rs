@@ -74,8 +74,9 @@ impl Default for Grace {
     }
 }
 
-fn thread_slot() -> usize {
-    crate::striped::thread_ordinal() % SLOTS
+/// This thread's slot among `n` (a power of two: a mask, no division on the read path).
+fn thread_slot(n: usize) -> usize {
+    crate::striped::thread_ordinal() & (n - 1)
 }
 
 thread_local! {
@@ -91,18 +92,20 @@ impl Grace {
 }
 
 impl<W: Word> Grace<W> {
-    /// A tracker with `n` reader slots (at least one).
+    /// A tracker with `n` reader slots (at least one; rounded up to a power of two).
     pub fn with_slots(n: usize) -> Grace<W> {
         Grace {
             // Epoch 0 would read as "idle" in a slot word; start at 1.
             epoch: W::with(1),
-            slots: (0..n.max(1)).map(|_| Slot(W::with(0))).collect(),
+            slots: (0..n.max(1).next_power_of_two())
+                .map(|_| Slot(W::with(0)))
+                .collect(),
         }
     }
 
     /// Start a lockless read; the returned guard ends it.
     pub fn read(&self) -> ReadGuard<'_, W> {
-        let g = self.read_in(thread_slot() % self.slots.len());
+        let g = self.read_in(thread_slot(self.slots.len()));
         let me = self as *const Grace<W> as usize;
         OWN.with(|o| {
             let (at, n) = o.get();
@@ -143,7 +146,7 @@ impl<W: Word> Grace<W> {
     /// False when unsure (reads of another `Grace` overlapped).
     pub fn held_by_this_thread(&self, stamp: u64) -> bool {
         let mine = OWN.with(|o| o.get()).0 == self as *const Grace<W> as usize;
-        let w = self.slots[thread_slot() % self.slots.len()].0.get();
+        let w = self.slots[thread_slot(self.slots.len())].0.get();
         mine && w & COUNT_MASK != 0 && (w >> COUNT_BITS) <= stamp
     }
 
