@@ -2,7 +2,8 @@
 # SEEDS lessons A, B and C in one run (issue #16): the anchors' seedA/B/C scripts over
 # the mounts of scripts/bench-mount.sh — the kernel's ext4 on a loop device (default and
 # --direct-io=on), xfs, `rext4 mount` and fuse2fs — then rext4 in-process (`rext4 bench
-# dio-overwrite` with 1 and 8 threads on both backings, `pwtrunc`, `churn`), and the
+# dio-overwrite` with 1 and 8 threads on both backings, `pwtrunc`, `churn`, and `churn
+# --sync-grace`, the design that waits for a grace period at every free), and the
 # ratios the issue asks for, each against a figure of the same run.
 # Usage (root): scripts/bench-seeds.sh    env: KINDS (default "kernel kernel-dio xfs
 #   rext4 fuse2fs"), WORKLOADS (default "seedA seedB seedC": which anchor scripts run
@@ -33,6 +34,8 @@ trap 'rm -rf "$W"' EXIT INT TERM
   mkfs.ext4 -q -F "$img" 4G >/dev/null
   "$R" bench pwtrunc "$img" -n "$B_N" --label rext4-api | grep '^RESULT'
   "$R" bench churn "$img" --secs "$C_SECONDS" --label rext4-api | grep '^RESULT'
+  "$R" bench churn "$img" --secs "$C_SECONDS" --sync-grace --label rext4-api-sync-grace \
+    | grep '^RESULT'
   e2fsck -fn "$img" >/dev/null 2>&1 && echo "NOTE|rext4-api|e2fsck -fn clean" || echo "NOTE|rext4-api|e2fsck -fn NOT clean"
 } 2>&1 | tee "$OUT"
 echo "raw lines: $OUT"
@@ -86,6 +89,12 @@ for label in ("rext4", "kernel", "xfs", "fuse2fs"):
 print("--- §C: create+unlink with a lookup storm")
 ratio("in-process with lookups / alone", get("rext4-api", "churn", "create_unlink_with_lookups_ops_per_s"),
       get("rext4-api", "churn", "create_unlink_alone_ops_per_s"), ">= 0.9")
+ratio("in-process sync-grace variant: with lookups / alone",
+      get("rext4-api-sync-grace", "churn", "create_unlink_with_lookups_ops_per_s"),
+      get("rext4-api-sync-grace", "churn", "create_unlink_alone_ops_per_s"), "(comparison)")
+ratio("in-process with lookups: cooling / sync-grace variant",
+      get("rext4-api", "churn", "create_unlink_with_lookups_ops_per_s"),
+      get("rext4-api-sync-grace", "churn", "create_unlink_with_lookups_ops_per_s"), "(comparison)")
 ratio("mount with lookups / alone", get("rext4", "seedC", "create_unlink_with_lookups"),
       get("rext4", "seedC", "create_unlink_alone"), ">= 0.9")
 ratio("in-process alone / kernel alone", get("rext4-api", "churn", "create_unlink_alone_ops_per_s"),

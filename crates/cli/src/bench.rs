@@ -106,6 +106,10 @@ pub struct BenchArgs {
     /// dio-overwrite: sequential (each writer from the start, as fio's jobs) or random.
     #[arg(long, value_enum)]
     pub rw: Option<crate::bench_dio::Rw>,
+    /// churn: every inode free waits for the lookups that began before it, instead of
+    /// letting the number cool (the synchronous grace-period design, to compare).
+    #[arg(long)]
+    pub sync_grace: bool,
     /// Label for RESULT lines.
     #[arg(long, default_value = "rext4-api")]
     pub label: String,
@@ -159,6 +163,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         &a.image,
         FsOptions {
             read_only: false,
+            sync_grace: a.sync_grace,
             ..FsOptions::default()
         },
     )

@@ -36,6 +36,13 @@ use crate::cache::Kind;
 use crate::error::{Error, Result};
 use crate::fs::{Fs, Group, Ino};
 
+thread_local! {
+    /// Inodes this thread freed under `FsOptions::sync_grace` whose grace periods its
+    /// operation waits for when its handle closes: (filesystem, inode, stamp).
+    static SYNC_PENDING: std::cell::RefCell<Vec<(usize, u32, u64)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl Fs {
     /// Whether metadata changes go through the journal (busy tracking needed).
     pub(crate) fn journaling(&self) -> bool {
@@ -485,7 +492,9 @@ impl Fs {
                 busy.cooling.values().copied().max()
             };
             match cooling {
-                Some(stamp) if attempt == 0 => self.wait_grace(stamp),
+                Some(stamp) if attempt == 0 => {
+                    self.wait_grace(stamp);
+                }
                 _ => break,
             }
         }
@@ -497,14 +506,59 @@ impl Fs {
     /// Not when this thread's own read holds it back (a path operation walks and
     /// changes under one guard): the free came after that read began, so the
     /// allocation may be ordered before it — ENOSPC, as if it had come first.
-    fn wait_grace(&self, stamp: u64) {
+    /// Returns whether it has passed.
+    fn wait_grace(&self, stamp: u64) -> bool {
         let grace = &self.inner.caches.grace;
         if grace.held_by_this_thread(stamp) {
-            return;
+            return false;
         }
         let t0 = std::time::Instant::now();
-        while !grace.passed(stamp) && t0.elapsed() < std::time::Duration::from_secs(5) {
-            std::thread::yield_now();
+        let mut polls = 0u32;
+        while !grace.passed(stamp) {
+            if t0.elapsed() >= std::time::Duration::from_secs(5) {
+                return false;
+            }
+            // A few yields, then sleeps: a waiter that spins takes the CPU from the
+            // readers it waits for (two cores, more threads).
+            polls += 1;
+            if polls < 32 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(20));
+            }
+        }
+        true
+    }
+
+    /// `FsOptions::sync_grace` (the synchronous design, to compare): called when an
+    /// operation's handle has closed, no lock held: wait for the grace periods of the
+    /// inodes this thread freed in it, then take them off the cooling list, free for
+    /// reuse at once. Waiting where the free happens, under the operation's locks,
+    /// would deadlock against a reader that holds its guard and waits for one of them
+    /// (RCU's rule: no `synchronize_rcu` under a lock a reader takes).
+    pub(crate) fn finish_sync_grace(&self) {
+        if !self.inner.sync_grace {
+            return;
+        }
+        let me = self.lock_id();
+        let mine: Vec<(u32, u64)> = SYNC_PENDING.with(|p| {
+            let mut p = p.borrow_mut();
+            let (mine, rest): (Vec<_>, Vec<_>) = p.drain(..).partition(|e| e.0 == me);
+            *p = rest;
+            mine.into_iter()
+                .map(|(_, ino, stamp)| (ino, stamp))
+                .collect()
+        });
+        let Some(newest) = mine.iter().map(|e| e.1).max() else {
+            return;
+        };
+        if self.wait_grace(newest) {
+            let mut busy = self.inner.busy();
+            for (ino, stamp) in mine {
+                if busy.cooling.get(&ino) == Some(&stamp) {
+                    busy.cooling.remove(&ino);
+                }
+            }
         }
     }
 
@@ -646,6 +700,9 @@ impl Fs {
             .unwrap_or_else(|p| p.into_inner())
             .cooling
             .insert(ino.0, stamp);
+        if self.inner.sync_grace {
+            SYNC_PENDING.with(|p| p.borrow_mut().push((self.lock_id(), ino.0, stamp)));
+        }
         grp.desc.free_inodes_count += 1;
         if is_dir {
             grp.desc.used_dirs_count = grp.desc.used_dirs_count.saturating_sub(1);

@@ -11,27 +11,38 @@
 //! reuse the number many times over.
 //! The test also checks that reuse did happen (the two names shared inode numbers),
 //! so it cannot pass by never reusing anything.
-
-mod common;
+//!
+//! The same runs with `FsOptions::sync_grace` (a free waits for its grace period
+//! instead of letting the number cool): its churners then work by inode number
+//! (`symlink_ino`, `unlink_ino`), outside any read guard, so their frees do wait.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rext4::Error;
+use rext4::{Error, Fs, FsOptions};
 use rext4_testkit::{e2fsck_fn, mkfs, MkfsOptions};
 
-use common::open_rw as rw;
+fn open(path: &std::path::Path, sync_grace: bool) -> Fs {
+    let opts = FsOptions {
+        read_only: false,
+        commit_secs: 0,
+        sync_grace,
+        ..FsOptions::default()
+    };
+    Fs::open_with(path, opts).expect("open rw")
+}
 
-fn run(journal: bool, secs: u64) {
+fn run(journal: bool, secs: u64, sync_grace: bool) {
     let mut opts = MkfsOptions::new(4096, 64 << 20);
     if !journal {
         opts = opts.arg("-O").arg("^has_journal");
     }
     let img = mkfs(&opts).expect("mkfs");
-    let fs = rw(img.path());
+    let fs = open(img.path(), sync_grace);
     fs.create_dir("/d").expect("mkdir");
+    let d = fs.resolve(b"/d", true).expect("resolve /d");
     let stop = Arc::new(AtomicBool::new(false));
     let used: Arc<Mutex<[HashSet<u32>; 2]>> = Arc::new(Mutex::new(Default::default()));
     let churners: Vec<_> = [(b'a', "A"), (b'b', "B")]
@@ -44,10 +55,19 @@ fn run(journal: bool, secs: u64) {
                 let mut n = 0u64;
                 let mut mine = HashSet::new();
                 while !stop.load(Ordering::Relaxed) {
-                    fs.symlink(format!("{family}-{n}"), &path).expect("symlink");
-                    let ino = fs.resolve(path.as_bytes(), false).expect("resolve own");
-                    mine.insert(ino.0);
-                    fs.remove_file(&path).expect("unlink");
+                    let target = format!("{family}-{n}");
+                    if sync_grace {
+                        let ino = fs
+                            .symlink_ino(d, &[name], target.as_bytes(), 0, 0)
+                            .expect("symlink");
+                        mine.insert(ino.0);
+                        fs.unlink_ino(d, &[name]).expect("unlink");
+                    } else {
+                        fs.symlink(target, &path).expect("symlink");
+                        let ino = fs.resolve(path.as_bytes(), false).expect("resolve own");
+                        mine.insert(ino.0);
+                        fs.remove_file(&path).expect("unlink");
+                    }
                     n += 1;
                 }
                 used.lock().expect("lock")[k].extend(mine);
@@ -55,7 +75,6 @@ fn run(journal: bool, secs: u64) {
             })
         })
         .collect();
-    let d = fs.resolve(b"/d", true).expect("resolve /d");
     let readers: Vec<_> = (0..2)
         .map(|r| {
             let (fs, stop) = (fs.clone(), stop.clone());
@@ -120,7 +139,7 @@ fn run(journal: bool, secs: u64) {
     let used = used.lock().expect("lock");
     let shared = used[0].intersection(&used[1]).count();
     println!(
-        "journal={journal}: creates {made:?}, targets read {seen:?}, inode numbers used \
+        "journal={journal} sync_grace={sync_grace}: creates {made:?}, targets read {seen:?}, inode numbers used \
          by both names: {shared}"
     );
     assert!(made.iter().all(|&n| n > 100), "churners ran: {made:?}");
@@ -139,10 +158,58 @@ fn run(journal: bool, secs: u64) {
 
 #[test]
 fn lookups_never_see_a_reused_inode_without_journal() {
-    run(false, 3);
+    run(false, 3, false);
 }
 
 #[test]
 fn lookups_never_see_a_reused_inode_with_journal() {
-    run(true, 2);
+    run(true, 2, false);
+}
+
+#[test]
+fn lookups_never_see_a_reused_inode_with_synchronous_grace_periods() {
+    run(true, 2, true);
+}
+
+/// What tells the two designs apart: a free by inode number waits for a reader that
+/// began before it under `sync_grace`, and never does by default (the number cools
+/// and the allocator skips it). The reader drops its guard when the unlink has
+/// returned, or after 2 s: a waiting free returns only after that (its own wait gives
+/// up only after 5 s), a free that does not wait returns long before it.
+#[test]
+fn a_free_waits_for_readers_only_with_synchronous_grace_periods() {
+    for sync_grace in [false, true] {
+        let img = mkfs(&MkfsOptions::new(4096, 16 << 20)).expect("mkfs");
+        let fs = open(img.path(), sync_grace);
+        let root = rext4::Ino::ROOT;
+        fs.mknod_ino(root, b"f", 0o100644, 0, 0, (0, 0))
+            .expect("mknod");
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let released = Arc::new(AtomicBool::new(false));
+        let reader = {
+            let (fs, released) = (fs.clone(), released.clone());
+            std::thread::spawn(move || {
+                let g = fs.read_guard();
+                held_tx.send(()).expect("send");
+                let _ = done_rx.recv_timeout(Duration::from_secs(2));
+                released.store(true, Ordering::SeqCst);
+                drop(g);
+            })
+        };
+        held_rx.recv().expect("reader holds its guard");
+        fs.unlink_ino(root, b"f").expect("unlink");
+        let waited = released.load(Ordering::SeqCst);
+        let _ = done_tx.send(());
+        reader.join().expect("reader");
+        assert_eq!(
+            waited,
+            sync_grace,
+            "sync_grace={sync_grace}: the unlink returned {} the reader's guard ended",
+            if waited { "after" } else { "before" }
+        );
+        fs.close().expect("close");
+        let r = e2fsck_fn(img.path());
+        assert!(r.clean, "{}", r.output);
+    }
 }

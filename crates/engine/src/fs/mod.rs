@@ -136,6 +136,13 @@ pub struct FsOptions {
     /// Summarize every group's block bitmap in the background after a read-write
     /// open, at idle priority (the kernel's `prefetch_block_bitmaps`, on by default).
     pub prefetch_block_bitmaps: bool,
+    /// An operation that frees inodes returns only once the lockless readers that
+    /// began before the frees are done, and the numbers are then free for reuse at
+    /// once, instead of cooling (`grace.rs`): the synchronous design (an RCU
+    /// `synchronize_rcu` per free, waited for after the operation's locks are
+    /// released) that SEEDS lesson C compares against, for benchmarks (`rext4 bench
+    /// churn --sync-grace`). Off by default: a free then never waits for readers.
+    pub sync_grace: bool,
 }
 
 /// ext4's `errors=` behaviours after a metadata error.
@@ -181,6 +188,7 @@ impl Default for FsOptions {
             mb_prefetch: None,
             mb_prefetch_limit: None,
             prefetch_block_bitmaps: true,
+            sync_grace: false,
         }
     }
 }
@@ -402,6 +410,8 @@ pub(crate) struct Inner {
     /// that took it exclusively (`Fs::write_direct_ino`; SEEDS lesson A).
     pub(crate) dio_shared: crate::striped::Counter,
     pub(crate) dio_exclusive: crate::striped::Counter,
+    /// `FsOptions::sync_grace`: frees wait for their grace period.
+    pub(crate) sync_grace: bool,
 }
 
 /// An open ext4 filesystem. Cheap to clone; shareable across threads.
@@ -675,6 +685,7 @@ impl Fs {
                 prefetch,
                 dio_shared: Default::default(),
                 dio_exclusive: Default::default(),
+                sync_grace: opts.sync_grace,
             }),
         };
         {
@@ -1726,6 +1737,7 @@ impl Drop for Handle<'_> {
         drop(self.g.take());
         drop(self.held.take());
         HOLDS_WRITE_LOCK.with(|h| h.set(false));
+        self.fs.finish_sync_grace();
         // Looked at once, after the handle is closed (another thread may have
         // committed meanwhile).
         if settled && inner.wants_commit() {
