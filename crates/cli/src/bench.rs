@@ -103,6 +103,10 @@ pub struct BenchArgs {
     /// dio-overwrite: the image's own I/O, through the host's page cache or O_DIRECT.
     #[arg(long, value_enum)]
     pub backing: Option<crate::bench_dio::Backing>,
+    /// dio-overwrite: writes each thread keeps in flight, submitted as one batch
+    /// (`File::write_all_at_batch`; fio's --iodepth; default 1: one at a time).
+    #[arg(long)]
+    pub iodepth: Option<usize>,
     /// dio-overwrite: sequential (each writer from the start, as fio's jobs) or random.
     #[arg(long, value_enum)]
     pub rw: Option<crate::bench_dio::Rw>,

@@ -1,4 +1,5 @@
-//! `rext4 bench dio-overwrite IMAGE [--threads N] [--bs 2k] [--backing buffered|direct]`:
+//! `rext4 bench dio-overwrite IMAGE [--threads N] [--bs 2k] [--backing buffered|direct]
+//! [--iodepth N]`:
 //! SEEDS lesson A in-process — concurrent O_DIRECT overwrites of one prewritten file,
 //! as the seed's fio job (`--direct=1 --overwrite=1 --readwrite=write --numjobs=N
 //! --blocksize=2k`, every job over the same offsets of one file).
@@ -10,8 +11,10 @@
 //! `--threads` threads (default 8) each open it O_DIRECT and write `--bs` bytes
 //! (default 2 KiB) at a time for `--secs` seconds (default 5): `--rw write` walks the
 //! file from the start and wraps (all threads over the same offsets, as fio's jobs),
-//! `--rw randwrite` picks `--bs`-aligned offsets at random. The file is removed at the
-//! end.
+//! `--rw randwrite` picks `--bs`-aligned offsets at random. With `--iodepth N` each
+//! thread submits N writes at a time as one batch (`File::write_all_at_batch`: all in
+//! flight together, as fio's `--iodepth`; the next N positions, or N distinct random
+//! ones). The file is removed at the end.
 //!
 //! Lines: `phase=dio-overwrite ops= secs= ops_per_s=`, `RESULT|label|dio-overwrite|iops|N|IOPS`,
 //! and how the writes went (`Fs::io_stats`): `shared_lock` (overwrites in place under
@@ -75,6 +78,13 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
     if size < bs {
         return Err(format!("-s {size} is smaller than --bs {bs}"));
     }
+    let depth = a.iodepth.unwrap_or(1);
+    if depth == 0 || depth > 4096 || depth as u64 > size / bs {
+        return Err(format!(
+            "--iodepth must be between 1 and 4096 and at most the file's {} writes, not {depth}",
+            size / bs
+        ));
+    }
     let fs = Fs::open_with(
         &a.image,
         FsOptions {
@@ -84,24 +94,43 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
         },
     )
     .map_err(|e| format!("{}: {}", a.image.display(), crate::term::reason(&e)))?;
-    let r = overwrite(&fs, a, threads, bs, size, secs, rw, backing);
+    let shape = Shape {
+        threads,
+        bs,
+        size,
+        secs,
+        rw,
+        backing,
+        depth,
+    };
+    let r = overwrite(&fs, a, &shape);
     let c = fs
         .close()
         .map_err(|e| format!("closing the image: {}", crate::term::reason(&e)));
     r.and(c)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn overwrite(
-    fs: &Fs,
-    a: &BenchArgs,
+/// What the run does (from the options, checked).
+struct Shape {
     threads: usize,
     bs: u64,
     size: u64,
     secs: u64,
     rw: Rw,
     backing: Backing,
-) -> Result<(), String> {
+    depth: usize,
+}
+
+fn overwrite(fs: &Fs, a: &BenchArgs, shape: &Shape) -> Result<(), String> {
+    let &Shape {
+        threads,
+        bs,
+        size,
+        secs,
+        rw,
+        backing,
+        depth,
+    } = shape;
     let e = |x: rext4::Error| crate::term::reason(&x);
     let path = format!("/dio-overwrite-{}", std::process::id());
     let f = fs.create(&path).map_err(e)?;
@@ -138,24 +167,42 @@ fn overwrite(
                         let mut mine = 0u64;
                         // Per-thread position for `write` (fio: each job walks the file).
                         let mut pos = 0u64;
+                        let mut blks: Vec<u64> = Vec::with_capacity(depth);
+                        let mut batch: Vec<(&[u8], u64)> = Vec::with_capacity(depth);
+                        let mut since_look = 0u64;
                         while !done.load(Ordering::Relaxed) {
-                            let blk = match rw {
-                                Rw::Write => {
-                                    let b = pos;
-                                    pos = (pos + 1) % blocks;
-                                    b
+                            blks.clear();
+                            while blks.len() < depth {
+                                let blk = match rw {
+                                    Rw::Write => {
+                                        let b = pos;
+                                        pos = (pos + 1) % blocks;
+                                        b
+                                    }
+                                    Rw::Randwrite => next(&mut x) % blocks,
+                                };
+                                // A batch's writes may not overlap.
+                                if depth == 1 || !blks.contains(&blk) {
+                                    blks.push(blk);
                                 }
-                                Rw::Randwrite => next(&mut x) % blocks,
-                            };
-                            let n = f.write_at(&buf, blk * bs).map_err(e)?;
-                            if n as u64 != bs {
-                                return Err(format!("short direct write: {n} of {bs}"));
                             }
-                            mine += 1;
-                            if mine.is_multiple_of(256)
-                                && (Instant::now() >= end || stop().is_err())
-                            {
-                                done.store(true, Ordering::Relaxed);
+                            if depth == 1 {
+                                let n = f.write_at(&buf, blks[0] * bs).map_err(e)?;
+                                if n as u64 != bs {
+                                    return Err(format!("short direct write: {n} of {bs}"));
+                                }
+                            } else {
+                                batch.clear();
+                                batch.extend(blks.iter().map(|&b| (&buf[..], b * bs)));
+                                f.write_all_at_batch(&batch).map_err(e)?;
+                            }
+                            mine += depth as u64;
+                            since_look += depth as u64;
+                            if since_look >= 256 {
+                                since_look = 0;
+                                if Instant::now() >= end || stop().is_err() {
+                                    done.store(true, Ordering::Relaxed);
+                                }
                             }
                         }
                         ops.fetch_add(mine, Ordering::Relaxed);
@@ -173,7 +220,7 @@ fn overwrite(
         let after = fs.io_stats();
         let n = ops.load(Ordering::Relaxed);
         crate::term::out(&format!(
-            "dio-overwrite: {threads} threads, {bs}-byte {rw:?} over a {size}-byte file, backing {backing:?}\n"
+            "dio-overwrite: {threads} threads, {bs}-byte {rw:?} over a {size}-byte file, backing {backing:?}, iodepth {depth}\n"
         ));
         crate::term::out(&format!(
             "phase=dio-overwrite ops={n} secs={took:.3} ops_per_s={:.1}\n",

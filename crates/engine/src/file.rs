@@ -462,6 +462,24 @@ impl File {
         }
         Ok(())
     }
+    /// Write each `(bytes, offset)` whole, as [`File::write_all_at`] each. On a file
+    /// opened with [`OpenOptions::direct`] they are in flight together: overwrites of
+    /// written blocks go to the device in one batch under the shared I/O lock (a queue
+    /// depth, as io_submit(2) gives; `Fs::write_direct_batch_ino`). Other files write
+    /// them one after the other. The writes must not overlap (their order is not
+    /// defined); on an error some may have been written.
+    pub fn write_all_at_batch(&self, writes: &[(&[u8], u64)]) -> Result<()> {
+        if !self.direct || self.append || self.fs.is_dax() || writes.len() <= 1 {
+            return writes
+                .iter()
+                .try_for_each(|&(buf, off)| self.write_all_at(buf, off));
+        }
+        if !self.write {
+            return Err(Error::InvalidInput("file not open for writing".into()));
+        }
+        crate::ops::may_change(&self.fs.read_live_inode(self.ino)?, "write", false)?;
+        self.fs.write_direct_batch_ino(self.ino, writes, true)
+    }
     /// Truncate or extend (`File::set_len`).
     pub fn set_len(&self, size: u64) -> Result<()> {
         if !self.write {

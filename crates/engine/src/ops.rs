@@ -1711,10 +1711,30 @@ impl Fs {
         let _io = self.io_shared(ino);
         let _t = self.tree_shared(ino);
         let inode = self.read_live_inode(ino)?;
-        let Some(end) = offset.checked_add(buf.len() as u64) else {
+        let Some(runs) = self.overwrite_runs(ino, &inode, buf.len(), offset)? else {
             return Ok(None);
         };
-        if buf.is_empty() || !inode.is_reg() || end > inode.size {
+        for (from, to, at) in runs {
+            self.write_data(&buf[(from - offset) as usize..(to - offset) as usize], at)?;
+        }
+        Ok(Some(buf.len()))
+    }
+
+    /// Where `len` bytes at `offset` of `ino` go on the device, as `(from, to, device
+    /// offset)` runs, when every block of the range is mapped and written and the range
+    /// ends within the size; `None` otherwise. The caller holds the shared I/O and tree
+    /// locks (see [`Fs::try_overwrite`]).
+    fn overwrite_runs(
+        &self,
+        ino: Ino,
+        inode: &Inode,
+        len: usize,
+        offset: u64,
+    ) -> Result<Option<Vec<(u64, u64, u64)>>> {
+        let Some(end) = offset.checked_add(len as u64) else {
+            return Ok(None);
+        };
+        if len == 0 || !inode.is_reg() || end > inode.size {
             return Ok(None);
         }
         let bs = u64::from(self.inner.block_size);
@@ -1722,7 +1742,7 @@ impl Fs {
         let mut pos = offset;
         while pos < end {
             let lblk = pos / bs;
-            match self.map_block(ino, &inode, lblk)? {
+            match self.map_block(ino, inode, lblk)? {
                 Mapping::Mapped {
                     physical,
                     len,
@@ -1735,10 +1755,87 @@ impl Fs {
                 _ => return Ok(None),
             }
         }
-        for (from, to, at) in runs {
-            self.write_data(&buf[(from - offset) as usize..(to - offset) as usize], at)?;
+        Ok(Some(runs))
+    }
+
+    /// O_DIRECT writes of `ino` in flight together (an application's queue depth, as
+    /// io_submit(2) or an io_uring gives one): each `(bytes, offset)` written whole, as
+    /// by [`Fs::write_direct_ino`] until done. When every one is an overwrite of
+    /// written blocks inside the size, they all go to the device in one batch under
+    /// the shared I/O lock ([`BlockDevice::write_many`](crate::device::BlockDevice::write_many));
+    /// otherwise each takes [`Fs::write_direct_ino`]'s path in turn. Writes of one
+    /// batch must not overlap (their order is not defined). On an error some may have
+    /// been written.
+    pub fn write_direct_batch_ino(
+        &self,
+        ino: Ino,
+        writes: &[(&[u8], u64)],
+        update_times: bool,
+    ) -> Result<()> {
+        let all_or_one = |buf: &[u8], offset: u64| -> Result<()> {
+            let (mut buf, mut offset) = (buf, offset);
+            while !buf.is_empty() {
+                let n = self.write_direct_ino(ino, buf, offset, update_times)?;
+                if n == 0 {
+                    return Err(Error::NoSpace);
+                }
+                buf = &buf[n..];
+                offset += n as u64;
+            }
+            Ok(())
+        };
+        if writes.len() <= 1 {
+            return writes.iter().try_for_each(|&(b, o)| all_or_one(b, o));
         }
-        Ok(Some(buf.len()))
+        for &(b, o) in writes {
+            self.pc_flush_invalidate(ino, o, b.len() as u64)?;
+        }
+        let batched = self.try_overwrite_batch(ino, writes)?;
+        let r = if batched {
+            self.inner.dio_shared.add(writes.len() as u64);
+            if update_times {
+                self.touch_times(ino)
+            } else {
+                Ok(())
+            }
+        } else {
+            writes.iter().try_for_each(|&(b, o)| all_or_one(b, o))
+        };
+        if batched {
+            for &(b, o) in writes {
+                self.drop_cache_ino(ino, o, (b.len() as u64).max(1));
+            }
+        }
+        r
+    }
+
+    /// [`Fs::try_overwrite`] for a batch: all of them in place under one shared lock,
+    /// or none (false) when any is not a pure overwrite.
+    fn try_overwrite_batch(&self, ino: Ino, writes: &[(&[u8], u64)]) -> Result<bool> {
+        self.check_writable()?;
+        let _io = self.io_shared(ino);
+        let _t = self.tree_shared(ino);
+        let inode = self.read_live_inode(ino)?;
+        let mut to_device = Vec::with_capacity(writes.len());
+        for &(buf, offset) in writes {
+            let Some(runs) = self.overwrite_runs(ino, &inode, buf.len(), offset)? else {
+                return Ok(false);
+            };
+            for (from, to, at) in runs {
+                to_device.push((at, &buf[(from - offset) as usize..(to - offset) as usize]));
+            }
+        }
+        let cache = self.cache();
+        if cache.data_count() == 0 {
+            cache.device().write_many(&to_device)?;
+        } else {
+            // Some data blocks live in the journal's cache (data journaling): through
+            // it, one by one.
+            for (at, b) in to_device {
+                self.write_data(b, at)?;
+            }
+        }
+        Ok(true)
     }
 
     pub(crate) fn write_locked(

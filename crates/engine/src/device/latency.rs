@@ -190,6 +190,12 @@ impl BlockDevice for Counted {
         self.counters().write(buf.len());
         self.track(|| self.inner.write_at(buf, offset))
     }
+    fn write_many(&self, reqs: &[(u64, &[u8])]) -> io::Result<()> {
+        for (_, b) in reqs {
+            self.counters().write(b.len());
+        }
+        self.track(|| self.inner.write_many(reqs))
+    }
     fn flush(&self) -> io::Result<()> {
         self.counters().flushes.fetch_add(1, Relaxed);
         self.track(|| self.inner.flush())
