@@ -12,9 +12,11 @@
 //! threads in directories of their own, and the journal commits counted against the
 //! fsyncs: group commit), `pwtrunc` (SEEDS lesson B, like the anchors' pwrite_trunc:
 //! `-n` iterations of pwrite 4 KiB at 0 + ftruncate 2 KiB, then the same with a
-//! fallocate 0..32 KiB first in each iteration), `churn` (SEEDS lesson C, like the anchors' seedC script:
-//! create+unlink of one name in a tight loop for `--secs`, alone, then while
-//! `--threads` threads stat a 16-deep path and a symlink to it; and the lookups alone).
+//! fallocate 0..32 KiB first in each iteration; with `--verify`, the stale-data
+//! reproducer with reclaim at every step instead, in `bench_pwtrunc`), `churn` (SEEDS
+//! lesson C, like the anchors' seedC script: create+unlink of one name in a tight loop
+//! for `--secs`, alone, then while `--threads` threads stat a 16-deep path and a symlink
+//! to it; and the lookups alone; `--sync-grace` opens with `FsOptions::sync_grace`).
 //! `dax` (SEEDS lesson E) is in `bench_dax`, `firstwrite` (lesson D) in `bench_firstwrite`,
 //! `dio-overwrite` (lesson A) in `bench_dio`.
 //! mdtest phases, like the anchors' mdtest.c on a mount, do not sync (the kernel's
@@ -62,6 +64,11 @@ pub struct BenchArgs {
     /// Files for mdtest / smallfsync (default 100000 / 10000).
     #[arg(short = 'n', long)]
     pub count: Option<u64>,
+    /// pwtrunc: instead of timing, run SEEDS lesson B's stale-data reproducer -n times
+    /// (default 100000) with forced reclaim at every step; fails on any stale byte
+    /// (see bench_pwtrunc).
+    #[arg(long)]
+    pub verify: bool,
     /// Bytes for seqwrite (suffixes k, m, g; default 1g).
     #[arg(short = 's', long)]
     pub size: Option<String>,
@@ -239,6 +246,7 @@ fn workload(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
         Workload::Dax | Workload::Firstwrite | Workload::DioOverwrite => {
             return Err("dax, firstwrite and dio-overwrite run on their own open".into())
         }
+        Workload::Pwtrunc if a.verify => crate::bench_pwtrunc::verify(fs, a)?,
         Workload::Pwtrunc => {
             let n = a.count.unwrap_or(50_000);
             let f = fs.create("/pwtrunc").map_err(e)?;

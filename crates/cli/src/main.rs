@@ -19,6 +19,7 @@ mod bench;
 mod bench_dax;
 mod bench_dio;
 mod bench_firstwrite;
+mod bench_pwtrunc;
 mod extract;
 mod info;
 mod interrupt;

@@ -78,59 +78,106 @@ fn crash_view(dev: &Counting) -> Fs {
         .expect("open the device's contents")
 }
 
-/// SEEDS lesson B's reproducer, in-process: one thread loops truncate 0, fallocate
-/// 0..32K, pwrite 4K of 0xcd, truncate 2K, then reads the 16 bytes at 2K through a
-/// mapping (the EOF page's tail); another writes the file back (sync_file_range) and
-/// drops its clean pages (fadvise DONTNEED) as fast as it can. The tail must read as
-/// zeros every time: a stale 0xcd there means the truncate's zeroing was lost to a
-/// page written back and evicted between a mapping lookup and a cache lookup.
+/// SEEDS lesson B's reproducer, in-process, on a fresh image of `bs`-byte blocks: one
+/// thread loops `iters` times over truncate 0, fallocate 0..32K, pwrite 4K of 0xcd,
+/// truncate 2K, then reads the EOF page's tail [2K, 4K) through a mapping and the file
+/// through `read_at`; another writes the file back (sync_file_range) and drops its
+/// clean pages (fadvise DONTNEED) as fast as it can. With `reclaim_every_step` the
+/// main thread also writes back and drops the pages after each of the four steps, so
+/// every step finds its pages reclaimed (SEEDS lesson B's acceptance). The tail must
+/// read as zeros and `read_at` must return 2048 bytes of 0xcd, then EOF, every time: a
+/// stale 0xcd past EOF means the truncate's zeroing was lost to a page written back and
+/// evicted between a mapping lookup and a cache lookup. The image is e2fsck-clean.
+fn lesson_b_reproducer(bs: u32, iters: u64, reclaim_every_step: bool) {
+    let img = mkfs(&MkfsOptions::new(bs, 64 << 20)).expect("mkfs");
+    let fs = rw(img.path());
+    let f = Arc::new(create_rw(&fs, "/stale"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let racer = {
+        let (f, stop) = (f.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                f.sync_range(0, 0).expect("sync_range");
+                f.drop_cache(0, 0);
+                n += 1;
+            }
+            n
+        })
+    };
+    let step_done = || {
+        if reclaim_every_step {
+            f.sync_range(0, 0).expect("sync_range");
+            f.drop_cache(0, 0);
+        }
+    };
+    let (mut stale_bytes, mut bad_iters) = (0u64, 0u64);
+    for i in 0..iters {
+        f.set_len(0).expect("truncate 0");
+        step_done();
+        fs.fallocate_ino(f.ino(), FallocMode::Allocate, 0, 32 << 10)
+            .expect("falloc");
+        step_done();
+        f.write_all_at(&[0xcd; 4096], 0).expect("pwrite");
+        step_done();
+        f.set_len(2048).expect("truncate 2k");
+        step_done();
+        let mut tail = [0xffu8; 2048];
+        f.map(0, 4096)
+            .expect("mmap")
+            .read(2048, &mut tail)
+            .expect("mread");
+        let mapped_stale = tail.iter().filter(|&&b| b != 0).count() as u64;
+        // read(): 2048 bytes of 0xcd, then EOF.
+        let mut buf = [0u8; 4096];
+        let n = f.read_at(&mut buf, 0).expect("read");
+        let past_eof = f.read_at(&mut buf[n..], n as u64).expect("read at EOF");
+        let wrong_read =
+            buf[..n.min(2048)].iter().filter(|&&b| b != 0xcd).count() + n.abs_diff(2048) + past_eof;
+        let wrong = mapped_stale + wrong_read as u64;
+        if wrong > 0 {
+            bad_iters += 1;
+            stale_bytes += wrong;
+            eprintln!(
+                "bs {bs} iteration {i}: {mapped_stale} nonzero bytes past EOF in the \
+                 mapping ({:02x?}...), read() returned {n} then {past_eof} bytes, \
+                 {wrong_read} of them wrong",
+                &tail[..16]
+            );
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let raced = racer.join().expect("racer");
+    assert_eq!(
+        stale_bytes, 0,
+        "bs {bs}: {stale_bytes} stale bytes in {bad_iters} of {iters} iterations"
+    );
+    assert!(raced > 100, "the racer ran ({raced} passes)");
+    drop(f);
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "bs {bs}: {}", r.output);
+}
+
+/// SEEDS lesson B: no stale byte past EOF while truncates race a thread that writes the
+/// file back and evicts its pages.
 #[test]
 fn no_stale_bytes_past_eof_while_writeback_and_eviction_race() {
     for bs in [4096u32, 1024] {
-        let img = mkfs(&MkfsOptions::new(bs, 64 << 20)).expect("mkfs");
-        let fs = rw(img.path());
-        let f = Arc::new(create_rw(&fs, "/stale"));
-        let stop = Arc::new(AtomicBool::new(false));
-        let racer = {
-            let (f, stop) = (f.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    f.sync_range(0, 0).expect("sync_range");
-                    f.drop_cache(0, 0);
-                    n += 1;
-                }
-                n
-            })
-        };
-        let iters = 3000;
-        let mut bad = 0;
-        for i in 0..iters {
-            f.set_len(0).expect("truncate 0");
-            fs.fallocate_ino(f.ino(), FallocMode::Allocate, 0, 32 << 10)
-                .expect("falloc");
-            f.write_all_at(&[0xcd; 4096], 0).expect("pwrite");
-            f.set_len(2048).expect("truncate 2k");
-            let m = f.map(0, 4096).expect("mmap");
-            let mut tail = [0xffu8; 16];
-            m.read(2048, &mut tail).expect("mread");
-            if tail != [0u8; 16] {
-                bad += 1;
-                eprintln!("bs {bs} iteration {i}: past EOF: {tail:02x?}");
-            }
-        }
-        stop.store(true, Ordering::Relaxed);
-        let raced = racer.join().expect("racer");
-        assert_eq!(bad, 0, "bs {bs}: {bad} of {iters} reads saw stale bytes");
-        assert!(raced > 100, "the racer ran ({raced} passes)");
-        // The same file through read(): 2048 bytes of 0xcd, then EOF.
-        let mut buf = vec![0u8; 4096];
-        assert_eq!(f.read_at(&mut buf, 0).expect("read"), 2048);
-        assert!(buf[..2048].iter().all(|&b| b == 0xcd));
-        drop(f);
-        fs.close().expect("close");
-        let r = e2fsck_fn(img.path());
-        assert!(r.clean, "bs {bs}: {}", r.output);
+        lesson_b_reproducer(bs, 3000, false);
+    }
+}
+
+/// SEEDS lesson B's acceptance (issue #16): the same with the pages written back and
+/// dropped after every step too; `REXT4_STALE_ITERS` iterations per block size.
+#[test]
+fn no_stale_bytes_with_reclaim_at_every_step() {
+    let iters = std::env::var("REXT4_STALE_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5000);
+    for bs in [4096u32, 1024] {
+        lesson_b_reproducer(bs, iters, true);
     }
 }
 
