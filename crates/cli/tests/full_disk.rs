@@ -163,7 +163,12 @@ fn run(opts: &[&str], writers: usize) {
         );
         assert!(
             data.len() as u64 <= o.acked,
-            "a file longer than acknowledged"
+            "{opts:?} x{writers}: writer {i}'s file is {} bytes, longer than the {} \
+             acknowledged (stopped by {:?}, fsync ok: {})\nserver log:\n{log}",
+            data.len(),
+            o.acked,
+            o.stopped_by,
+            o.fsync_ok
         );
         let on_image = data.iter().filter(|&&b| b == i as u8 + 1).count() as u64;
         let over = o.acked - on_image;
