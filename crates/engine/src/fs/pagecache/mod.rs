@@ -184,6 +184,10 @@ pub(crate) struct FileState {
     pub(crate) size: Option<u64>,
     /// Pages of this file under writeback.
     pub(crate) writeback: usize,
+    /// Writes going to the device at once (`write_now`) whose end `size` already
+    /// shows: until they finish, the gap between the record's size and `size` is
+    /// their data on its way, not a hole a whole-file pass may settle (`settle_size`).
+    pub(crate) writing_now: usize,
     /// Read-ahead: the page a sequential reader asks for next, and the window.
     pub(crate) ra_next: u64,
     pub(crate) ra_pages: u64,
@@ -375,6 +379,7 @@ impl PageCache {
                         dirty_idx: BTreeSet::new(),
                         size: None,
                         writeback: 0,
+                        writing_now: 0,
                         ra_next: u64::MAX,
                         ra_pages: 0,
                         error: None,
@@ -516,7 +521,8 @@ impl PageCache {
             && st.pages.is_empty()
             && st.size.is_none()
             && st.error.is_none()
-            && st.writeback == 0;
+            && st.writeback == 0
+            && st.writing_now == 0;
         if empty {
             st.dead = true;
             drop(st);

@@ -539,6 +539,11 @@ impl Fs {
             if new_size > disk {
                 st.size = Some(before.map_or(new_size, |s| s.max(new_size)));
             }
+            // Until this write is done, a whole-file pass (another thread's sync, an
+            // early commit) must not take the size just set for a hole and write it
+            // to the record: a failed write would leave the file longer than any
+            // write that succeeded (the full_disk flake).
+            st.writing_now += 1;
             before
         };
         self.pin(ino);
@@ -549,16 +554,16 @@ impl Fs {
             journal: false,
         };
         let r = self.write_chunk(fc.arc(), ino, &runs, buf, how);
+        let disk_now = self.read_inode(ino).map(|i| i.size);
+        let mut st = fc.lock();
+        st.writing_now -= 1;
         if r.is_err() {
             // The write did not happen: the file keeps the size it had.
-            let mut st = fc.lock();
-            if self
-                .read_inode(ino)
-                .map_or(true, |i| before.is_none_or(|b| b > i.size))
-            {
+            if disk_now.map_or(true, |d| before.is_none_or(|b| b > d)) {
                 st.size = before;
             }
         }
+        drop(st);
         let u = self.unpin(ino);
         r.and(u)
     }

@@ -147,7 +147,8 @@ impl Fs {
                 return Ok(());
             }
             let pending = st.dirty_idx.range(inode.size / ps..).next().is_some();
-            if pending || st.writeback > 0 {
+            // A write going out at once set the size ahead of its data: not a hole.
+            if pending || st.writeback > 0 || st.writing_now > 0 {
                 return Ok(());
             }
             s
