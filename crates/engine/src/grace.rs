@@ -474,16 +474,21 @@ mod model {
         }
     }
 
-    fn scenario(b: Broken) {
-        let w = Arc::new(World {
+    /// `link` naming inode 1 (`OLD`, cached and on disk), the bitmap as given.
+    fn world(bitmap: [bool; INODES]) -> Arc<World> {
+        Arc::new(World {
             grace: Grace::with_slots(2),
             link: Atom::new(1),
             cached: [Atom::new(0), Atom::new(OLD), Atom::new(0)],
             record: [Atom::new(0), Atom::new(OLD), Atom::new(0)],
-            bitmap: Mutex::new([true, true, false]),
+            bitmap: Mutex::new(bitmap),
             cooling: Mutex::new(HashMap::new()),
             freed: Atom::new(0),
-        });
+        })
+    }
+
+    fn scenario(b: Broken) {
+        let w = world([true, true, false]);
         let mut ts = Vec::new();
         // Two readers in slot 0 (shared), one in slot 1.
         for slot in [0, 0, 1] {
@@ -513,15 +518,7 @@ mod model {
     /// the reader then finds the name, the unlinker frees the number, and the creator
     /// prunes the new stamp.
     fn race_scenario(b: Broken) {
-        let w = Arc::new(World {
-            grace: Grace::with_slots(2),
-            link: Atom::new(1),
-            cached: [Atom::new(0), Atom::new(OLD), Atom::new(0)],
-            record: [Atom::new(0), Atom::new(OLD), Atom::new(0)],
-            bitmap: Mutex::new([true, true, true]),
-            cooling: Mutex::new(HashMap::new()),
-            freed: Atom::new(0),
-        });
+        let w = world([true, true, true]);
         let wr = w.clone();
         let r = thread::spawn(move || lookup(&wr, 0, b));
         let wu = w.clone();
