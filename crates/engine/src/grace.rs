@@ -436,25 +436,31 @@ mod model {
         Some(ino)
     }
 
+    /// `wait_grace` for the newest cooling stamp; false when nothing is cooling.
+    fn wait_newest_cooling(w: &World) -> bool {
+        let newest = w
+            .cooling
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .copied()
+            .max();
+        let Some(stamp) = newest else {
+            return false;
+        };
+        while !w.grace.passed(stamp) {
+            thread::yield_now();
+        }
+        true
+    }
+
     fn alloc(w: &World, b: Broken) -> usize {
         for attempt in 0..2 {
             if let Some(ino) = alloc_pass(w, b) {
                 return ino;
             }
-            let newest = w
-                .cooling
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .values()
-                .copied()
-                .max();
-            match newest {
-                Some(stamp) if attempt == 0 => {
-                    while !w.grace.passed(stamp) {
-                        thread::yield_now();
-                    }
-                }
-                _ => break,
+            if attempt == 1 || !wait_newest_cooling(w) {
+                break;
             }
         }
         panic!("no inode for the creator");
@@ -531,18 +537,7 @@ mod model {
                 wc.cached[ino].store(NEW, Ordering::SeqCst);
                 return;
             }
-            let newest = wc
-                .cooling
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .values()
-                .copied()
-                .max();
-            if let Some(stamp) = newest {
-                while !wc.grace.passed(stamp) {
-                    thread::yield_now();
-                }
-            }
+            wait_newest_cooling(&wc);
             thread::yield_now();
         });
         for t in [r, u, c] {
