@@ -551,6 +551,9 @@ fn fill_the_disk_at_random() {
             m.unmount().expect("unmount");
             models
         } else if mode == "api" {
+            // The engine's warnings (a writeback that ran out of space says why) to
+            // standard error, as the mount's server log has them.
+            rext4_fuse::init_stderr_log();
             let fs = rext4::Fs::open_with(
                 img.path(),
                 rext4::FsOptions {

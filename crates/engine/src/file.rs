@@ -451,16 +451,8 @@ impl File {
         self.fs.write_ino_at(self.ino, buf, offset)
     }
     /// Write all of `buf` at `offset` (retrying after short writes).
-    pub fn write_all_at(&self, mut buf: &[u8], mut offset: u64) -> Result<()> {
-        while !buf.is_empty() {
-            let n = self.write_at(buf, offset)?;
-            if n == 0 {
-                return Err(Error::NoSpace);
-            }
-            buf = &buf[n..];
-            offset += n as u64;
-        }
-        Ok(())
+    pub fn write_all_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        crate::ops::write_whole(buf, offset, |b, o| self.write_at(b, o))
     }
     /// Write each `(bytes, offset)` whole, as [`File::write_all_at`] each. On a file
     /// opened with [`OpenOptions::direct`] they are in flight together: overwrites of

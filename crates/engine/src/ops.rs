@@ -104,6 +104,24 @@ fn truncate_allowed(inode: &Inode, size: u64, max: u64) -> Result<()> {
     may_change(inode, "truncate", false)
 }
 
+/// Write all of `buf` at `offset` through `write`, which may take part of it (as
+/// `write(2)`): on until it is all written, `NoSpace` when a call takes nothing.
+pub(crate) fn write_whole(
+    mut buf: &[u8],
+    mut offset: u64,
+    mut write: impl FnMut(&[u8], u64) -> Result<usize>,
+) -> Result<()> {
+    while !buf.is_empty() {
+        let n = write(buf, offset)?;
+        if n == 0 {
+            return Err(Error::NoSpace);
+        }
+        buf = &buf[n..];
+        offset += n as u64;
+    }
+    Ok(())
+}
+
 /// EPERM when `inode` may not change because of its flags (as `what`): an immutable
 /// inode takes no change at all; an append-only one only what `append_ok` allows
 /// (appends, new times, names added to a directory). The kernel's VFS checks these on
@@ -1772,17 +1790,10 @@ impl Fs {
         writes: &[(&[u8], u64)],
         update_times: bool,
     ) -> Result<()> {
-        let all_or_one = |buf: &[u8], offset: u64| -> Result<()> {
-            let (mut buf, mut offset) = (buf, offset);
-            while !buf.is_empty() {
-                let n = self.write_direct_ino(ino, buf, offset, update_times)?;
-                if n == 0 {
-                    return Err(Error::NoSpace);
-                }
-                buf = &buf[n..];
-                offset += n as u64;
-            }
-            Ok(())
+        let all_or_one = |buf: &[u8], offset: u64| {
+            write_whole(buf, offset, |b, o| {
+                self.write_direct_ino(ino, b, o, update_times)
+            })
         };
         if writes.len() <= 1 {
             return writes.iter().try_for_each(|&(b, o)| all_or_one(b, o));

@@ -882,6 +882,21 @@ impl std::ops::AddAssign for Checked {
     }
 }
 
+/// No workload here writes a file larger than this; a recovered file that claims more
+/// is wrong, and reading it whole would take the machine's memory.
+const MOST_BYTES: u64 = 16 << 20;
+
+/// Read `file` whole after recovery, failing on a size no workload wrote.
+fn read_checked(fs: &Fs, file: &str, label: &str) -> rext4::Result<Vec<u8>> {
+    let len = fs.metadata(file)?.len();
+    assert!(
+        len <= MOST_BYTES,
+        "{label}: {file} claims {len} bytes after recovery; no workload wrote more than \
+         {MOST_BYTES}"
+    );
+    fs.read(file)
+}
+
 /// Check one crash image (written to `path`) against the histories: the image has
 /// every write before event `lo` and some of those before `hi`.
 fn check(path: &std::path::Path, run: &Run, lo: usize, hi: usize, label: &str) -> Checked {
@@ -898,7 +913,7 @@ fn check(path: &std::path::Path, run: &Run, lo: usize, hi: usize, label: &str) -
             continue;
         };
         n.paths += 1;
-        match fs.read(file) {
+        match read_checked(&fs, file, label) {
             Ok(c) => {
                 assert!(
                     ok.contains(&&c),
@@ -917,7 +932,7 @@ fn check(path: &std::path::Path, run: &Run, lo: usize, hi: usize, label: &str) -
             continue;
         };
         n.paths += 1;
-        match fs.read(file) {
+        match read_checked(&fs, file, label) {
             Ok(c) => {
                 assert!(
                     ok.contains(&Some(&c[..])),

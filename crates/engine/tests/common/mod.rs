@@ -150,16 +150,32 @@ pub fn full_read(fs: &Fs, limit: u64) -> rext4::Result<Tree> {
 pub use rext4_testkit::crash::Rng;
 
 /// A device that records every write and flush (for crash images) over a memory image.
+///
+/// A run that keeps writing without end (an engine loop that never finishes) would
+/// fill the machine's memory with its log; past [`RECORD_CAP`] bytes of writes (or
+/// `REXT4_RECORD_CAP_MB`) the recorder prints what the run was writing and aborts
+/// the test process instead of waiting for the OOM killer to take it silently.
 pub struct Recorder {
     pub mem: rext4::device::MemDevice,
     pub events: std::sync::Mutex<Vec<rext4_testkit::crash::Event>>,
+    bytes: std::sync::atomic::AtomicU64,
+    cap: u64,
 }
+
+/// The most bytes of writes a recorded run may log (no workload here comes near it).
+pub const RECORD_CAP: u64 = 2 << 30;
 
 impl Recorder {
     pub fn new(base: Vec<u8>) -> Self {
+        let cap = std::env::var("REXT4_RECORD_CAP_MB")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(RECORD_CAP, |mb| mb << 20);
         Recorder {
             mem: rext4::device::MemDevice::new(base),
             events: std::sync::Mutex::new(Vec::new()),
+            bytes: std::sync::atomic::AtomicU64::new(0),
+            cap,
         }
     }
     /// Number of events so far (a position in the log).
@@ -169,6 +185,43 @@ impl Recorder {
     pub fn take(&self) -> Vec<rext4_testkit::crash::Event> {
         std::mem::take(&mut *self.events.lock().expect("events"))
     }
+
+    /// The log has outgrown the cap: say what the run was doing and stop the process.
+    /// (Written to the process's standard error directly, past the test harness's
+    /// capture, which an abort would discard; a panic here could leave the other
+    /// threads of the workload waiting on this one for ever.)
+    fn runaway(&self, events: &[rext4_testkit::crash::Event]) -> ! {
+        use rext4_testkit::crash::Event;
+        use std::io::Write;
+        let flushes = events.iter().filter(|e| matches!(e, Event::Flush)).count();
+        let mut by_block: std::collections::BTreeMap<u64, usize> = Default::default();
+        let tail = events.len().saturating_sub(100_000);
+        for e in &events[tail..] {
+            if let Event::Write { offset, .. } = e {
+                *by_block.entry(offset >> 10).or_default() += 1;
+            }
+        }
+        let mut hot: Vec<(u64, usize)> = by_block.into_iter().collect();
+        hot.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
+        hot.truncate(16);
+        let mut msg = format!(
+            "\nrecording device: the run wrote more than {} MiB ({} events, {flushes} \
+             flushes) — an engine loop that does not end?\nmost written KiB offsets in \
+             the last {} events (KiB, writes): {hot:?}\nlast events:\n",
+            self.cap >> 20,
+            events.len(),
+            events.len() - tail,
+        );
+        for e in &events[events.len().saturating_sub(40)..] {
+            msg.push_str(&match e {
+                Event::Write { offset, data } => format!("  write {offset} +{}\n", data.len()),
+                Event::Flush => "  flush\n".to_string(),
+            });
+        }
+        msg.push_str(&format!("{}\n", std::backtrace::Backtrace::force_capture()));
+        let _ = std::io::stderr().write_all(msg.as_bytes());
+        std::process::abort()
+    }
 }
 
 impl rext4::device::BlockDevice for Recorder {
@@ -177,13 +230,17 @@ impl rext4::device::BlockDevice for Recorder {
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
         self.mem.write_at(buf, offset)?;
-        self.events
-            .lock()
-            .expect("events")
-            .push(rext4_testkit::crash::Event::Write {
-                offset,
-                data: buf.to_vec(),
-            });
+        let mut events = self.events.lock().expect("events");
+        events.push(rext4_testkit::crash::Event::Write {
+            offset,
+            data: buf.to_vec(),
+        });
+        let total = self
+            .bytes
+            .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        if total + buf.len() as u64 > self.cap {
+            self.runaway(&events);
+        }
         Ok(())
     }
     fn flush(&self) -> std::io::Result<()> {
