@@ -16,7 +16,9 @@
 //! reproducer with reclaim at every step instead, in `bench_pwtrunc`), `churn` (SEEDS
 //! lesson C, like the anchors' seedC script: create+unlink of one name in a tight loop
 //! for `--secs`, alone, then while `--threads` threads stat a 16-deep path and a symlink
-//! to it; and the lookups alone; `--sync-grace` opens with `FsOptions::sync_grace`).
+//! to it; and the lookups alone — the three phases taking turns in quarter-second
+//! windows, so a drift of the machine's speed falls on all three alike; `--sync-grace`
+//! opens with `FsOptions::sync_grace`).
 //! `dax` (SEEDS lesson E) is in `bench_dax`, `firstwrite` (lesson D) in `bench_firstwrite`,
 //! `dio-overwrite` (lesson A) in `bench_dio`.
 //! mdtest phases, like the anchors' mdtest.c on a mount, do not sync (the kernel's
@@ -463,8 +465,8 @@ fn churn(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
         }
         Ok(n)
     };
-    // Run `creators` (0 or 1) and `looks` lookup threads together for `secs`.
-    let run = |creators: usize, looks: usize| -> Result<(u64, u64), String> {
+    // Run `creators` (0 or 1) and `looks` lookup threads together for `window`.
+    let run = |creators: usize, looks: usize, window: Duration| -> Result<(u64, u64), String> {
         let stop = Arc::new(AtomicBool::new(false));
         let c: Vec<_> = (0..creators)
             .map(|_| {
@@ -478,7 +480,7 @@ fn churn(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
                 std::thread::spawn(move || lookups(fs, stop, leaf))
             })
             .collect();
-        let end = Instant::now() + secs;
+        let end = Instant::now() + window;
         while Instant::now() < end && crate::interrupt::requested().is_none() {
             std::thread::sleep(Duration::from_millis(50).min(end - Instant::now()));
         }
@@ -492,12 +494,25 @@ fn churn(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
         }
         Ok(sums)
     };
+    // The three phases take turns in windows of a quarter second, `secs` each in all:
+    // a virtual machine's speed drifts by more than the difference measured over
+    // seconds, and phases run one after the other would each see another machine.
+    let windows = (secs.as_millis() / 250).max(1) as u32;
+    let window = secs / windows;
+    let (mut alone, mut look_alone, mut with, mut look_with) = (0, 0, 0, 0);
+    for _ in 0..windows {
+        alone += run(1, 0, window)?.0;
+        look_alone += run(0, threads, window)?.1;
+        let (c, l) = run(1, threads, window)?;
+        with += c;
+        look_with += l;
+        if crate::interrupt::requested().is_some() {
+            break;
+        }
+    }
     let s = secs.as_secs_f64();
-    let (alone, _) = run(1, 0)?;
     phase(&a.label, "churn", "create_unlink_alone", alone, s);
-    let (_, look_alone) = run(0, threads)?;
     phase(&a.label, "churn", "lookups_alone", look_alone, s);
-    let (with, look_with) = run(1, threads)?;
     phase(&a.label, "churn", "create_unlink_with_lookups", with, s);
     phase(
         &a.label,

@@ -145,7 +145,39 @@ struct Run {
     syncs: usize,
 }
 
+/// The most address space this test process may take. The sweeps need well under
+/// 1 GiB; CI once saw the binary reach 24 GB and the OOM killer end it without a word.
+/// Under the cap the allocation that would pass it fails instead, and Rust's handler
+/// prints its size before it aborts.
+const ADDRESS_SPACE_CAP: u64 = 12 << 30;
+
+fn cap_memory() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit fills the struct it is given; setrlimit reads it.
+        let r = unsafe {
+            if libc::getrlimit(libc::RLIMIT_AS, &mut lim) != 0 {
+                -1
+            } else {
+                lim.rlim_cur = lim.rlim_cur.min(ADDRESS_SPACE_CAP);
+                libc::setrlimit(libc::RLIMIT_AS, &lim)
+            }
+        };
+        if r != 0 {
+            eprintln!(
+                "crash: could not cap the address space: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    });
+}
+
 fn rw(dev: Arc<Recorder>) -> Fs {
+    cap_memory();
     let opts = FsOptions {
         read_only: false,
         commit_secs: 0,
