@@ -468,18 +468,28 @@ fn churn(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
     // Run `creators` (0 or 1) and `looks` lookup threads together for `window`.
     let run = |creators: usize, looks: usize, window: Duration| -> Result<(u64, u64), String> {
         let stop = Arc::new(AtomicBool::new(false));
+        // Named by phase, so that a profile (`perf report --sort comm`) tells the
+        // creator alone from the creator beside the lookups.
+        let both = if creators > 0 && looks > 0 {
+            "with"
+        } else {
+            "alone"
+        };
+        let spawn = |name: String| std::thread::Builder::new().name(name);
         let c: Vec<_> = (0..creators)
             .map(|_| {
                 let (fs, stop) = (fs.clone(), stop.clone());
-                std::thread::spawn(move || creator(fs, stop))
+                spawn(format!("create-{both}")).spawn(move || creator(fs, stop))
             })
-            .collect();
+            .collect::<Result<_, _>>()
+            .map_err(|x| x.to_string())?;
         let l: Vec<_> = (0..looks)
             .map(|_| {
                 let (fs, stop, leaf) = (fs.clone(), stop.clone(), leaf.clone());
-                std::thread::spawn(move || lookups(fs, stop, leaf))
+                spawn(format!("lookup-{both}")).spawn(move || lookups(fs, stop, leaf))
             })
-            .collect();
+            .collect::<Result<_, _>>()
+            .map_err(|x| x.to_string())?;
         let end = Instant::now() + window;
         while Instant::now() < end && crate::interrupt::requested().is_none() {
             std::thread::sleep(Duration::from_millis(50).min(end - Instant::now()));
