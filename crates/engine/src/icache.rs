@@ -25,11 +25,12 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hash};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::Arc;
 
 use papaya::{Equivalent, HashMap};
 use rext4_format::inode::Inode;
+use seize::Guard;
 
 use crate::grace::Grace;
 use crate::inthash::IntHash;
@@ -55,10 +56,40 @@ pub fn collector() -> seize::Collector {
 pub const INODES_DEFAULT: usize = 1 << 17;
 pub const DENTRIES_DEFAULT: usize = 1 << 18;
 
+/// An entry. Its value sits in a cell of its own, so that a writer's [`Cache::set`] of
+/// a cached key swaps the cell instead of rewriting the map's slot for the key: the
+/// map's slots share cache lines with other keys' slots, which every lookup reads, and
+/// a key changed at every create or unlink (its directory's inode, the churned name's
+/// dentry) cost the lookups and the writer those lines back and forth.
 struct Slot<V> {
-    v: V,
+    /// A `Box<V>`, never null; replaced values are retired under the map's guard.
+    v: AtomicPtr<V>,
     /// Hit since the last eviction pass.
     hot: AtomicBool,
+}
+
+impl<V> Slot<V> {
+    fn new(v: V) -> Slot<V> {
+        Slot {
+            v: AtomicPtr::new(Box::into_raw(Box::new(v))),
+            hot: AtomicBool::new(false),
+        }
+    }
+
+    /// The value, read under `guard` (which keeps a replaced one alive).
+    fn value(&self, guard: &impl Guard) -> &V {
+        // SAFETY: the cell always holds a live Box<V>; one replaced while `guard` is
+        // held is retired through the same collector, so freed only after it.
+        unsafe { &*guard.protect(&self.v, Ordering::Acquire) }
+    }
+}
+
+impl<V> Drop for Slot<V> {
+    fn drop(&mut self) {
+        // SAFETY: the slot is being reclaimed (or was never shared): no reader holds
+        // it, and the cell's Box is owned by it alone.
+        unsafe { drop(Box::from_raw(*self.v.get_mut())) };
+    }
 }
 
 /// A bounded, validated, lock-free cache (see the module note), its keys hashed by
@@ -113,14 +144,14 @@ where
     where
         Q: Equivalent<K> + Hash + ?Sized,
     {
-        let m = self.map.pin();
-        match m.get(k) {
+        let guard = self.map.guard();
+        match self.map.get(k, &guard) {
             Some(s) => {
                 if !s.hot.load(Ordering::Relaxed) {
                     s.hot.store(true, Ordering::Relaxed);
                 }
                 self.hits.add(1);
-                Some(s.v.clone())
+                Some(s.value(&guard).clone())
             }
             None => {
                 self.misses.add(1);
@@ -148,13 +179,7 @@ where
             return;
         }
         let m = self.map.pin();
-        m.insert(
-            k.clone(),
-            Slot {
-                v,
-                hot: AtomicBool::new(false),
-            },
-        );
+        m.insert(k.clone(), Slot::new(v));
         if self.moved(t) {
             m.remove(&k);
         }
@@ -166,13 +191,24 @@ where
     pub fn set(&self, k: K, v: V) {
         let stripe = self.stripe(&k);
         self.seqs[stripe].0.fetch_add(1, Ordering::SeqCst);
-        self.map.pin().insert(
-            k,
-            Slot {
-                v,
-                hot: AtomicBool::new(false),
-            },
-        );
+        let guard = self.map.guard();
+        match self.map.get(&k, &guard) {
+            // Cached: swap the value in the entry's cell (see `Slot`). An entry removed
+            // meanwhile (an invalidation, an eviction) takes the value with it: the key
+            // is then simply not cached, and a fill after this bump reads the source
+            // as this writer left it.
+            Some(s) => {
+                let new = Box::into_raw(Box::new(v));
+                let old = guard.swap(&s.v, new, Ordering::AcqRel);
+                // SAFETY: `old` came out of the cell, where no reader that enters from
+                // now on finds it; readers inside a guard keep it until they leave.
+                unsafe { guard.defer_retire(old, seize::reclaim::boxed::<V>) };
+            }
+            None => {
+                self.map.insert(k, Slot::new(v), &guard);
+            }
+        }
+        drop(guard);
         self.maybe_evict();
     }
 
@@ -336,6 +372,76 @@ mod tests {
         let t = c.ticket(&7);
         c.fill(7, 3, t);
         assert_eq!(c.get(&7), Some(3));
+    }
+
+    /// A set of a cached key swaps the value in place: the map's slot for it stays
+    /// the same entry, and readers see the new value.
+    #[test]
+    fn a_set_of_a_cached_key_changes_it_in_place() {
+        let c: Cache<u32, u32> = Cache::new(100);
+        c.set(5, 1);
+        let slot = |c: &Cache<u32, u32>| {
+            let g = c.map.guard();
+            c.map.get(&5, &g).map(|s| s as *const Slot<u32> as usize)
+        };
+        let before = slot(&c).expect("cached");
+        c.set(5, 2);
+        assert_eq!(slot(&c), Some(before), "the entry was replaced");
+        assert_eq!(c.get(&5), Some(2));
+        c.invalidate(&5);
+        assert_eq!(c.get(&5), None);
+        c.set(5, 3);
+        assert_eq!(c.get(&5), Some(3));
+    }
+
+    /// Readers of a key that writers keep setting, invalidating and evicting (a small
+    /// bound) see only whole values that were set, each reader never an older one
+    /// than it saw before; replaced values are freed only after their readers leave
+    /// (each value checks its own contents, so a freed and reused one shows).
+    #[test]
+    fn readers_see_whole_values_while_writers_swap_them() {
+        use std::sync::atomic::AtomicU64;
+        let c: Arc<Cache<u32, Arc<Vec<u64>>>> = Arc::new(Cache::new(64));
+        let last = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let readers: Vec<_> = (0..3)
+            .map(|_| {
+                let (c, stop) = (c.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut seen = 0u64;
+                    let mut reads = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Some(v) = c.get(&1) {
+                            let x = v[0];
+                            assert!(v.iter().all(|&y| y == x), "torn or freed value");
+                            assert!(x >= seen, "went back from {seen} to {x}");
+                            seen = x;
+                            reads += 1;
+                        }
+                    }
+                    reads
+                })
+            })
+            .collect();
+        for i in 1..=20_000u64 {
+            c.set(1, Arc::new(vec![i; 16]));
+            last.store(i, Ordering::Relaxed);
+            if i % 97 == 0 {
+                c.invalidate(&1);
+            }
+            if i % 13 == 0 {
+                // Other keys past the bound: eviction passes run.
+                for k in 0..80u32 {
+                    c.set(1000 + k, Arc::new(vec![0; 16]));
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let reads: u64 = readers.into_iter().map(|r| r.join().expect("reader")).sum();
+        assert!(reads > 0);
+        if let Some(v) = c.get(&1) {
+            assert_eq!(v[0], last.load(Ordering::Relaxed));
+        }
     }
 
     #[test]
