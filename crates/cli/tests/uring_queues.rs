@@ -37,6 +37,19 @@ fn fsck_clean(img: &Path) {
     assert!(r.clean, "e2fsck -fn not clean:\n{}", r.output);
 }
 
+/// This binary's turn, a fresh image and its default mount; `None` (printed) where
+/// the machine cannot mount or the kernel serves no FUSE-over-io_uring.
+fn mount_for_queues() -> Option<(std::sync::MutexGuard<'static, ()>, Image, Mounted)> {
+    let one = one_at_a_time();
+    if let Some(why) = cannot_mount().or_else(uring_unavailable) {
+        skip(&why);
+        return None;
+    }
+    let img = image();
+    let m = Mounted::new(img.path(), &[]);
+    Some((one, img, m))
+}
+
 /// Why the kernel will not serve this mount over io_uring, if it will not.
 fn uring_unavailable() -> Option<String> {
     let p = "/sys/module/fuse/parameters/enable_uring";
@@ -115,13 +128,9 @@ fn small_file_round_trips(dir: &Path, n: usize) {
 /// image comes out clean with what was written.
 #[test]
 fn requests_are_served_by_per_cpu_io_uring_queues() {
-    let _one = one_at_a_time();
-    if let Some(why) = cannot_mount().or_else(uring_unavailable) {
-        skip(&why);
+    let Some((_one, img, mut m)) = mount_for_queues() else {
         return;
-    }
-    let img = image();
-    let mut m = Mounted::new(img.path(), &[]);
+    };
     small_file_round_trips(&m.join("a"), 3000);
     let threads = server_threads(m.pid());
     let ring: Vec<_> = threads
@@ -225,6 +234,38 @@ fn wait_for_queue0(pid: i32, want: i32, secs: u64) -> Vec<i32> {
     }
 }
 
+/// The CPUs each of the server `pid`'s queue 0 threads may run on.
+fn queue0_cpus(pid: i32) -> Vec<String> {
+    server_threads(pid)
+        .into_iter()
+        .filter(|t| t.0.starts_with("fuser-q0."))
+        .map(|t| t.1)
+        .collect()
+}
+
+/// Queue 0's threads were free of CPU 0 while relaxed (`relaxed_cpus`, where the
+/// machine has another CPU) and come back to SCHED_IDLE pinned to it once calm.
+fn moved_then_back(pid: i32, relaxed_cpus: &[String]) {
+    let several =
+        fs::read_to_string("/sys/devices/system/cpu/online").is_ok_and(|s| s.trim() != "0");
+    if several {
+        assert!(
+            relaxed_cpus.iter().all(|c| c != "0"),
+            "relaxed queue 0 threads still pinned: {relaxed_cpus:?}"
+        );
+    }
+    let calm = wait_for_queue0(pid, libc::SCHED_IDLE, 15);
+    assert!(
+        all_are(&calm, libc::SCHED_IDLE),
+        "not back to SCHED_IDLE when calm: {calm:?}"
+    );
+    let pinned = queue0_cpus(pid);
+    assert!(
+        !pinned.is_empty() && pinned.iter().all(|c| c == "0"),
+        "queue 0 threads not pinned to CPU 0 again: {pinned:?}"
+    );
+}
+
 /// The io_uring queue threads run SCHED_IDLE pinned to their CPU (so a woken caller
 /// stays on its CPU), and must not starve there: a busy normal task on the CPU of a
 /// queue whose caller blocks on it moves them to SCHED_OTHER, free to run on any CPU;
@@ -234,13 +275,9 @@ fn wait_for_queue0(pid: i32, want: i32, secs: u64) -> Vec<i32> {
 /// them starving here.)
 #[test]
 fn queue_threads_leave_sched_idle_when_starved() {
-    let _one = one_at_a_time();
-    if let Some(why) = cannot_mount().or_else(uring_unavailable) {
-        skip(&why);
+    let Some((_one, img, mut m)) = mount_for_queues() else {
         return;
-    }
-    let img = image();
-    let mut m = Mounted::new(img.path(), &[]);
+    };
     let pid = m.pid();
     let is_idle = |p: &Vec<i32>| all_are(p, libc::SCHED_IDLE);
     let wait_for = |want: i32, secs: u64| wait_for_queue0(pid, want, secs);
@@ -284,14 +321,7 @@ fn queue_threads_leave_sched_idle_when_starved() {
         })
     };
     let busy = wait_for(libc::SCHED_OTHER, 10);
-    let q0_cpus = || -> Vec<String> {
-        server_threads(pid)
-            .into_iter()
-            .filter(|t| t.0.starts_with("fuser-q0."))
-            .map(|t| t.1)
-            .collect()
-    };
-    let relaxed_cpus = q0_cpus();
+    let relaxed_cpus = queue0_cpus(pid);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     hog.join().expect("hog");
     load.join().expect("load");
@@ -300,21 +330,7 @@ fn queue_threads_leave_sched_idle_when_starved() {
         "queue 0 threads starved behind a busy task on their CPU: {busy:?}\n{}",
         m.stderr()
     );
-    let several =
-        fs::read_to_string("/sys/devices/system/cpu/online").is_ok_and(|s| s.trim() != "0");
-    if several {
-        assert!(
-            relaxed_cpus.iter().all(|c| c != "0"),
-            "relaxed queue 0 threads still pinned: {relaxed_cpus:?}"
-        );
-    }
-    let calm = wait_for(libc::SCHED_IDLE, 15);
-    assert!(is_idle(&calm), "not back to SCHED_IDLE when calm: {calm:?}");
-    let pinned = q0_cpus();
-    assert!(
-        !pinned.is_empty() && pinned.iter().all(|c| c == "0"),
-        "queue 0 threads not pinned to CPU 0 again: {pinned:?}"
-    );
+    moved_then_back(pid, &relaxed_cpus);
     assert!(m.unmount().success(), "{}", m.stderr());
     fsck_clean(img.path());
 }
@@ -428,15 +444,11 @@ mod aio {
 /// reads back, and the image is clean.
 #[test]
 fn queue_threads_spread_under_a_backlog_of_async_direct_writes() {
-    let _one = one_at_a_time();
-    if let Some(why) = cannot_mount().or_else(uring_unavailable) {
-        skip(&why);
-        return;
-    }
     const BLOCKS: u64 = 4096;
     const DEPTH: usize = 64;
-    let img = image();
-    let mut m = Mounted::new(img.path(), &[]);
+    let Some((_one, img, mut m)) = mount_for_queues() else {
+        return;
+    };
     let pid = m.pid();
     let f = m.join("q");
     {
@@ -502,11 +514,7 @@ fn queue_threads_spread_under_a_backlog_of_async_direct_writes() {
         })
     };
     let busy = wait_for_queue0(pid, libc::SCHED_OTHER, 10);
-    let relaxed_cpus: Vec<String> = server_threads(pid)
-        .into_iter()
-        .filter(|t| t.0.starts_with("fuser-q0."))
-        .map(|t| t.1)
-        .collect();
+    let relaxed_cpus = queue0_cpus(pid);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (want, rounds) = writer.join().expect("writer");
     assert!(
@@ -515,19 +523,7 @@ fn queue_threads_spread_under_a_backlog_of_async_direct_writes() {
          {busy:?}\n{}",
         m.stderr()
     );
-    let several =
-        fs::read_to_string("/sys/devices/system/cpu/online").is_ok_and(|s| s.trim() != "0");
-    if several {
-        assert!(
-            relaxed_cpus.iter().all(|c| c != "0"),
-            "relaxed queue 0 threads still pinned: {relaxed_cpus:?}"
-        );
-    }
-    let calm = wait_for_queue0(pid, libc::SCHED_IDLE, 15);
-    assert!(
-        all_are(&calm, libc::SCHED_IDLE),
-        "not back to SCHED_IDLE when calm: {calm:?}"
-    );
+    moved_then_back(pid, &relaxed_cpus);
     let got = fs::read(&f).expect("read back");
     for (blk, &b) in want.iter().enumerate() {
         let at = &got[blk * 4096..(blk + 1) * 4096];
