@@ -243,6 +243,15 @@ fn queue0_cpus(pid: i32) -> Vec<String> {
         .collect()
 }
 
+/// Queue 0's threads are SCHED_IDLE (pinned) at rest, before a test loads them.
+fn pinned_at_rest(pid: i32) {
+    let p = wait_for_queue0(pid, libc::SCHED_IDLE, 15);
+    assert!(
+        all_are(&p, libc::SCHED_IDLE),
+        "queue 0 threads not SCHED_IDLE at rest: {p:?}"
+    );
+}
+
 /// Queue 0's threads were free of CPU 0 while relaxed (`relaxed_cpus`, where the
 /// machine has another CPU) and come back to SCHED_IDLE pinned to it once calm.
 fn moved_then_back(pid: i32, relaxed_cpus: &[String]) {
@@ -279,10 +288,7 @@ fn queue_threads_leave_sched_idle_when_starved() {
         return;
     };
     let pid = m.pid();
-    let is_idle = |p: &Vec<i32>| all_are(p, libc::SCHED_IDLE);
-    let wait_for = |want: i32, secs: u64| wait_for_queue0(pid, want, secs);
-    let p = wait_for(libc::SCHED_IDLE, 15);
-    assert!(is_idle(&p), "queue 0 threads not SCHED_IDLE at rest: {p:?}");
+    pinned_at_rest(pid);
 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let hog = {
@@ -320,7 +326,7 @@ fn queue_threads_leave_sched_idle_when_starved() {
             }
         })
     };
-    let busy = wait_for(libc::SCHED_OTHER, 10);
+    let busy = wait_for_queue0(pid, libc::SCHED_OTHER, 10);
     let relaxed_cpus = queue0_cpus(pid);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     hog.join().expect("hog");
@@ -461,11 +467,7 @@ fn queue_threads_spread_under_a_backlog_of_async_direct_writes() {
             .expect("prewrite");
         w.sync_all().expect("fsync");
     }
-    let p = wait_for_queue0(pid, libc::SCHED_IDLE, 15);
-    assert!(
-        all_are(&p, libc::SCHED_IDLE),
-        "queue 0 threads not SCHED_IDLE at rest: {p:?}"
-    );
+    pinned_at_rest(pid);
 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
@@ -486,10 +488,10 @@ fn queue_threads_spread_under_a_backlog_of_async_direct_writes() {
             let mut want = vec![0u8; BLOCKS as usize];
             let mut round = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let byte = (round % 251) as u8 + 1;
                 let mut reqs: Vec<aio::Iocb> = (0..DEPTH)
                     .map(|i| {
                         let blk = (round * DEPTH as u64 + i as u64) % BLOCKS;
-                        let byte = (round % 251) as u8 + 1;
                         // SAFETY: chunk i of the DEPTH-page buffer.
                         let chunk = unsafe { buf.add(i * 4096) };
                         unsafe { std::ptr::write_bytes(chunk, byte, 4096) };
@@ -507,7 +509,7 @@ fn queue_threads_spread_under_a_backlog_of_async_direct_writes() {
                 let res = ctx.run(&mut reqs);
                 for (i, r) in res.iter().enumerate() {
                     assert_eq!(*r, 4096, "write {i} of round {round}");
-                    want[(reqs[i].offset / 4096) as usize] = (round % 251) as u8 + 1;
+                    want[(reqs[i].offset / 4096) as usize] = byte;
                 }
                 round += 1;
             }
