@@ -9,7 +9,7 @@ mod common;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use rext4::{act_as_privileged, Error, Fs, FsOptions, OpenOptions};
+use rext4::{act_as_privileged, Error, FallocMode, Fs, FsOptions, OpenOptions};
 use rext4_testkit::{e2fsck_fn, mkfs, MkfsOptions};
 
 use common::{open_rw as rw, Rng};
@@ -576,5 +576,176 @@ fn batches_of_direct_writes_on_a_full_disk() {
     );
     fs.close().expect("close");
     let r = e2fsck_fn(img.path());
+    assert!(r.clean, "{}", r.output);
+}
+
+/// A device that stops the first write of a block filled with `GATE_BYTE` until the
+/// test lets it go (the data write of one writeback piece, caught in flight).
+struct Gate {
+    mem: rext4::device::MemDevice,
+    state: std::sync::Mutex<(bool, bool)>, // (arrived, released)
+    cv: std::sync::Condvar,
+}
+
+const GATE_BYTE: u8 = 0xaa;
+
+impl rext4::device::BlockDevice for Gate {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        self.mem.read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
+        if buf.len() == 4096 && buf.iter().all(|&b| b == GATE_BYTE) {
+            let mut s = self.state.lock().expect("gate");
+            s.0 = true;
+            self.cv.notify_all();
+            while !s.1 {
+                s = self.cv.wait(s).expect("gate");
+            }
+        }
+        self.mem.write_at(buf, off)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.mem.flush()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.mem.size_bytes()
+    }
+    fn is_read_only(&self) -> bool {
+        false
+    }
+}
+
+/// Direct writes of `chunk` bytes to a new file `path` until the filesystem refuses,
+/// then of single blocks: afterwards nothing is left past the pool, and no dirty page
+/// of another file was written back to get there (direct writes allocate at once).
+fn fill_direct(fs: &Fs, path: &str) {
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .direct(true)
+        .open(fs, path)
+        .expect("create the filler");
+    let mut at = f.metadata().expect("stat").len();
+    for chunk in [1usize << 20, 4096] {
+        let buf = vec![0x5a; chunk];
+        loop {
+            match f.write_at(&buf, at) {
+                Ok(n) if n == chunk => at += n as u64,
+                Ok(n) => {
+                    at += n as u64;
+                    break;
+                }
+                Err(Error::NoSpace) => break,
+                Err(e) => panic!("filling {path}: {e}"),
+            }
+        }
+        at = at.div_ceil(4096) * 4096;
+    }
+}
+
+/// The fill_stress failure, step by step: a writeback chunk holds a dirty page to keep
+/// (page 0) and two a punch drops while the chunk is on its way (pages 100 and 101).
+/// The punch gives their promised blocks back and waits for the chunk; other writes
+/// take those blocks. The chunk must not allocate for the dropped pages (a fresh
+/// claim, which finds nothing on a full disk): that failure dropped the whole chunk —
+/// page 0's acknowledged data read back as zeros and writeback reported ENOSPC.
+#[test]
+fn pages_punched_under_writeback_cost_the_chunk_nothing() {
+    pages_dropped_under_writeback(false);
+}
+
+/// The same with a truncate to page 100 dropping the two pages.
+#[test]
+fn pages_cut_under_writeback_cost_the_chunk_nothing() {
+    pages_dropped_under_writeback(true);
+}
+
+fn pages_dropped_under_writeback(cut: bool) {
+    let _root = act_as_privileged(true);
+    let tmp = rext4_testkit::TempDir::new("enospc-punch-under-wb").expect("tmp");
+    let img = tmp.join("img");
+    std::fs::write(&img, vec![0u8; 16 << 20]).expect("image");
+    rext4_testkit::tools::mkfs_at(&img, &MkfsOptions::new(4096, 16 << 20)).expect("mkfs");
+    let dev = Arc::new(Gate {
+        mem: rext4::device::MemDevice::new(std::fs::read(&img).expect("read image")),
+        state: std::sync::Mutex::new((false, true)),
+        cv: std::sync::Condvar::new(),
+    });
+    let opts = FsOptions {
+        read_only: false,
+        commit_secs: 0,
+        ..FsOptions::default()
+    };
+    let fs = Arc::new(Fs::open_device(dev.clone(), opts).expect("open"));
+    let f = fs.create("/f").expect("create");
+    f.write_all_at(&[GATE_BYTE; 4096], 0).expect("page 0");
+    f.write_all_at(&[0xbb; 8192], 100 * 4096)
+        .expect("pages 100 and 101");
+    let ino = f.ino();
+    fill_direct(&fs, "/fill");
+    assert_eq!(fs.blocks_available_to(true), 0, "the disk is full");
+
+    dev.state.lock().expect("gate").1 = false;
+    let wb = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.sync_range_ino(ino, 0, 0))
+    };
+    {
+        let mut s = dev.state.lock().expect("gate");
+        while !s.0 {
+            s = dev.cv.wait(s).expect("gate");
+        }
+    }
+    // Page 0's data is on its way; pages 100 and 101 are in the same chunk.
+    let punch = {
+        let fs = fs.clone();
+        std::thread::spawn(move || {
+            if cut {
+                fs.truncate_ino(ino, 100 * 4096)
+            } else {
+                fs.fallocate_ino(ino, FallocMode::PunchHole, 100 * 4096, 8192)
+            }
+        })
+    };
+    // The punch (or truncate) drops the pages (their promises come back), then waits
+    // for the chunk.
+    let t0 = std::time::Instant::now();
+    while fs.blocks_available_to(true) == 0 {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(30),
+            "the punch never dropped the pages"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    fill_direct(&fs, "/fill2");
+    assert_eq!(fs.blocks_available_to(true), 0, "full again");
+    {
+        let mut s = dev.state.lock().expect("gate");
+        s.1 = true;
+        dev.cv.notify_all();
+    }
+    let r = wb.join().expect("writeback thread");
+    punch
+        .join()
+        .expect("punch thread")
+        .expect("punch or truncate");
+    r.expect("writeback of the chunk");
+    f.sync_all().expect("fsync");
+    let back = fs.read("/f").expect("read /f");
+    assert_eq!(back.len(), if cut { 100 } else { 102 } * 4096, "the size");
+    assert!(
+        back[..4096].iter().all(|&b| b == GATE_BYTE),
+        "page 0 lost its data"
+    );
+    assert!(
+        back[4096..].iter().all(|&b| b == 0),
+        "the hole and the punched pages"
+    );
+    drop(f);
+    assert_counts(&fs, "after the punch under writeback");
+    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("fs still shared"));
+    fs.close().expect("close");
+    std::fs::write(&img, dev.mem.snapshot()).expect("save the image");
+    let r = e2fsck_fn(&img);
     assert!(r.clean, "{}", r.output);
 }

@@ -553,7 +553,7 @@ impl Fs {
             delayed: false,
             journal: false,
         };
-        let r = self.write_chunk(fc.arc(), ino, &runs, buf, how);
+        let r = self.write_chunk(fc.arc(), ino, &runs, buf, &[], how);
         let disk_now = self.read_inode(ino).map(|i| i.size);
         let mut st = fc.lock();
         st.writing_now -= 1;

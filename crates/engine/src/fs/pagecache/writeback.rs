@@ -10,7 +10,8 @@
 //!    operations go on beside it), map the run's next piece; a hole gets blocks at
 //!    once, inserted as one *unwritten* extent (so a commit at any moment sees zeros
 //!    there, never stale blocks); then, without locks, write the data where the piece
-//!    maps;
+//!    maps. Pages a truncate or punch took out of the cache meanwhile are skipped
+//!    (their blocks are about to go, and their promises went with them);
 //! 3. under the tree lock and a handle with the inode's lock again: mark the pieces
 //!    written, and raise the on-disk size up to the in-memory size, but not past the
 //!    first dirty page that is still unwritten (looked for at this step: pages
@@ -69,6 +70,9 @@ enum Piece {
     Overwrite,
     /// Unwritten blocks (found so, or just allocated): write, then mark written.
     Convert,
+    /// Pages a truncate or punch dropped from the cache while the chunk was on its
+    /// way: not written (see `Fs::map_for_writeback`).
+    Dropped,
 }
 
 impl Fs {
@@ -242,7 +246,7 @@ impl Fs {
                 delayed: true,
                 journal,
             };
-            let r = self.write_chunk(fc, ino, &runs, &scratch, how);
+            let r = self.write_chunk(fc, ino, &runs, &scratch, &snaps, how);
             // 4. Completion.
             let mut st = fc.lock();
             let drop_data = matches!(r, Err(Error::NoSpace));
@@ -311,18 +315,21 @@ impl Fs {
     }
 
     /// Write the snapshotted runs of one chunk: steps 2 and 3 of the module note.
+    /// `snaps` are the runs' pages, in order, for a writeback pass (`how.delayed`);
+    /// none for a write going out at once.
     pub(crate) fn write_chunk(
         &self,
         fc: &Arc<FileCache>,
         ino: Ino,
         runs: &[(u64, u64)],
         scratch: &[u8],
+        snaps: &[Snap],
         how: ChunkWrite,
     ) -> Result<()> {
         // Pages whose promises this chunk's allocations spent (`FileState::inflight`):
         // the tree promise counts them until the chunk is finished, whatever happens.
         let mut inflight = 0u64;
-        let r = self.write_chunk_pieces(fc, ino, runs, scratch, how, &mut inflight);
+        let r = self.write_chunk_pieces(fc, ino, runs, scratch, snaps, how, &mut inflight);
         if inflight > 0 {
             let mut st = fc.lock();
             st.inflight = st.inflight.saturating_sub(inflight);
@@ -332,12 +339,14 @@ impl Fs {
     }
 
     /// `write_chunk`'s work; `inflight` counts the promises its allocations spent.
+    #[allow(clippy::too_many_arguments)]
     fn write_chunk_pieces(
         &self,
         fc: &Arc<FileCache>,
         ino: Ino,
         runs: &[(u64, u64)],
         scratch: &[u8],
+        snaps: &[Snap],
         how: ChunkWrite,
         inflight: &mut u64,
     ) -> Result<()> {
@@ -347,15 +356,23 @@ impl Fs {
         let mut at = 0usize;
         for &(start, n) in runs {
             let data = &scratch[at..at + (n * ps) as usize];
+            let first = at / ps as usize;
             at += data.len();
             let mut i = 0u64;
             while i < n {
                 let lblk = start + i;
+                let pages = snaps
+                    .get(first + i as usize..first + n as usize)
+                    .unwrap_or(&[]);
                 let Some((phys, len, piece)) =
-                    self.map_for_writeback(fc, ino, lblk, n - i, delayed, inflight)?
+                    self.map_for_writeback(fc, ino, lblk, n - i, pages, delayed, inflight)?
                 else {
                     return Ok(()); // the inode was freed: nothing to write
                 };
+                if piece == Piece::Dropped {
+                    i += len;
+                    continue;
+                }
                 let bytes = &data[(i * ps) as usize..((i + len) * ps) as usize];
                 let r = if journal && piece == Piece::Convert {
                     self.journal_data(bytes, phys * ps)
@@ -385,12 +402,22 @@ impl Fs {
     /// physical start, length and kind of the piece. `None` when the inode is gone.
     /// Pages whose promises an allocation here spends are added to `inflight` (and to
     /// the file's `FileState::inflight`, which the caller takes them out of).
+    ///
+    /// `pages` are the chunk's snapshots from `lblk` on (none for a write going out
+    /// at once). Those no longer the file's page at their index were dropped by a
+    /// truncate or punch (the only ones that take pages under writeback out, and
+    /// they wait for the chunk before they cut its blocks): a `Dropped` piece, not
+    /// written. An allocation for them would be a fresh claim — their promises went
+    /// back with them — which a full disk refuses, failing the whole chunk: the
+    /// pages it should have written were dropped with an ENOSPC nobody caused.
+    #[allow(clippy::too_many_arguments)]
     fn map_for_writeback(
         &self,
         fc: &Arc<FileCache>,
         ino: Ino,
         lblk: u64,
         max: u64,
+        pages: &[Snap],
         delayed: bool,
         inflight: &mut u64,
     ) -> Result<Option<(u64, u64, Piece)>> {
@@ -402,8 +429,24 @@ impl Fs {
         let _h = self.handle();
         let _i = self.lock_nondir(ino);
         self.check_writable()?;
-        if fc.lock().dead {
-            return Ok(None);
+        // The leading pages dropped from the cache (checked again under the state lock
+        // that takes the promises, since a drop needs only that lock).
+        let dropped = |st: &super::FileState| {
+            pages
+                .iter()
+                .zip(lblk..)
+                .take_while(|((_, p, _), i)| !st.pages.get(i).is_some_and(|q| Arc::ptr_eq(q, p)))
+                .count() as u64
+        };
+        {
+            let st = fc.lock();
+            if st.dead {
+                return Ok(None);
+            }
+            match dropped(&st) {
+                0 => {}
+                n => return Ok(Some((0, n, Piece::Dropped))),
+            }
         }
         let mut inode = self.read_inode(ino)?;
         if inode.mode == 0 || !inode.is_reg() {
@@ -432,6 +475,10 @@ impl Fs {
                 // a page that never reserved) claims afresh.
                 let promised = if delayed {
                     let mut st = fc.lock();
+                    match dropped(&st) {
+                        0 => {}
+                        n => return Ok(Some((0, n, Piece::Dropped))),
+                    }
                     let mut k = 0;
                     while k < want {
                         let Some(pg) = st.pages.get(&(lblk + k)) else {
@@ -447,8 +494,10 @@ impl Fs {
                     st.delalloc -= k;
                     st.inflight += k;
                     if k == 0 {
+                        // Pages without a promise (none should be: a page over a hole
+                        // takes one when it is dirtied), up to a dropped one.
                         want = (lblk..lblk + want)
-                            .take_while(|i| st.pages.get(i).is_none_or(|p| !p.lock().delalloc))
+                            .take_while(|i| st.pages.get(i).is_some_and(|p| !p.lock().delalloc))
                             .count()
                             .max(1) as u64;
                     }
