@@ -1734,8 +1734,17 @@ impl Fs {
         };
         for (from, to, at) in runs {
             self.write_data(&buf[(from - offset) as usize..(to - offset) as usize], at)?;
+            self.write_ahead(ino, at, to - from);
         }
         Ok(Some(buf.len()))
+    }
+
+    /// A direct overwrite of `len` bytes went to device offset `at`: the device range
+    /// ahead of a stream of partial-page ones is hinted (`fs::write_ahead`).
+    fn write_ahead(&self, ino: Ino, at: u64, len: u64) {
+        if let Some((from, to)) = self.inner.write_ahead.note(ino.0, at, len) {
+            self.cache().device().will_need(from, to - from);
+        }
     }
 
     /// Where `len` bytes at `offset` of `ino` go on the device, as `(from, to, device
@@ -1842,9 +1851,12 @@ impl Fs {
         } else {
             // Some data blocks live in the journal's cache (data journaling): through
             // it, one by one.
-            for (at, b) in to_device {
+            for &(at, b) in &to_device {
                 self.write_data(b, at)?;
             }
+        }
+        for (at, b) in to_device {
+            self.write_ahead(ino, at, b.len() as u64);
         }
         Ok(true)
     }

@@ -396,6 +396,109 @@ fn direct_io_and_the_cache_agree() {
     assert!(all[24_576..].iter().all(|&x| x == 0xDD));
 }
 
+/// Records the device's read-ahead hints (`BlockDevice::will_need`).
+struct Hints {
+    mem: MemDevice,
+    hints: std::sync::Mutex<Vec<(u64, u64)>>,
+}
+
+impl BlockDevice for Hints {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        self.mem.read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
+        self.mem.write_at(buf, off)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.mem.flush()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.mem.size_bytes()
+    }
+    fn is_read_only(&self) -> bool {
+        false
+    }
+    fn will_need(&self, off: u64, len: u64) {
+        self.hints.lock().expect("hints").push((off, len));
+    }
+}
+
+/// A stream of 2 KiB direct overwrites hints the device range ahead of it, inside the
+/// file's blocks as they lie on the device, each range once; random 2 KiB overwrites
+/// and whole-block ones hint (almost) nothing; the data is what was written.
+#[test]
+fn a_stream_of_partial_direct_overwrites_hints_the_device_ahead() {
+    let img = mkfs(&MkfsOptions::new(4096, 64 << 20)).expect("mkfs");
+    let dev = Arc::new(Hints {
+        mem: MemDevice::new(std::fs::read(img.path()).expect("read image")),
+        hints: Default::default(),
+    });
+    let fs = Fs::open_device(dev.clone(), rw_opts()).expect("open");
+    const SIZE: u64 = 16 << 20;
+    let b = create_rw(&fs, "/f");
+    b.write_all_at(&vec![0x11; SIZE as usize], 0)
+        .expect("prewrite");
+    b.sync_all().expect("fsync");
+    let ext = b.extents().expect("extents");
+    let &(0, rext4::Mapping::Mapped { physical, len, .. }) = &ext[0] else {
+        panic!("{ext:?}");
+    };
+    assert!(len * 4096 >= 8 << 20, "a long first extent: {ext:?}");
+    let start = physical * 4096;
+    let d = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .direct(true)
+        .open(&fs, "/f")
+        .expect("open direct");
+    let take = || std::mem::take(&mut *dev.hints.lock().expect("hints"));
+    take();
+    // 4 MiB in 2 KiB writes, in order.
+    for k in 0..2048u64 {
+        d.write_all_at(&[0x22; 2048], k * 2048)
+            .expect("direct write");
+    }
+    let hints = take();
+    assert!(hints.len() >= 3, "{hints:?}");
+    assert_eq!(
+        hints[0].0,
+        start + 4096,
+        "the first hint follows the second write"
+    );
+    for w in hints.windows(2) {
+        assert_eq!(w[0].0 + w[0].1, w[1].0, "each range hinted once: {hints:?}");
+    }
+    let (last, n) = hints[hints.len() - 1];
+    assert!(
+        last + n >= start + (4 << 20),
+        "ahead of the stream: {hints:?}"
+    );
+    // Random 2 KiB overwrites, then whole blocks in order.
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    for _ in 0..2000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        d.write_all_at(&[0x33; 2048], (x % (SIZE / 2048)) * 2048)
+            .expect("direct write");
+    }
+    for k in 0..1024u64 {
+        d.write_all_at(&[0x44; 4096], (4 << 20) + k * 4096)
+            .expect("direct write");
+    }
+    let stray = take();
+    assert!(
+        stray.len() <= 3,
+        "random and whole-block writes hinted {stray:?}"
+    );
+    let back = fs.read("/f").expect("read");
+    assert!(back[4 << 20..8 << 20].iter().all(|&x| x == 0x44));
+    assert!(back[..4 << 20].iter().all(|&x| x == 0x22 || x == 0x33));
+    assert!(back[8 << 20..].iter().all(|&x| x == 0x11 || x == 0x33));
+    drop((b, d));
+    fs.close().expect("close");
+}
+
 /// Mappings: writes through one are seen by read() and the other way round at once;
 /// msync makes them durable; pages wholly past EOF are out of reach (SIGBUS).
 #[test]

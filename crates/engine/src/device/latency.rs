@@ -190,6 +190,9 @@ impl BlockDevice for Counted {
         self.counters().write(buf.len());
         self.track(|| self.inner.write_at(buf, offset))
     }
+    fn will_need(&self, offset: u64, len: u64) {
+        self.inner.will_need(offset, len);
+    }
     fn write_many(&self, reqs: &[(u64, &[u8])]) -> io::Result<()> {
         for (_, b) in reqs {
             self.counters().write(b.len());

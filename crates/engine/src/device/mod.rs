@@ -61,6 +61,10 @@ pub trait BlockDevice: Send + Sync {
     fn dax(&self) -> Option<&crate::device::dax::DaxDevice> {
         None
     }
+    /// A hint that `[offset, offset + len)` will soon be read or partly overwritten
+    /// (`fs::write_ahead`): a buffered image file has the host read it into its cache
+    /// now. Changes nothing else; the default ignores it.
+    fn will_need(&self, _offset: u64, _len: u64) {}
 }
 
 /// A write to a device opened read-only: refused, the same way by every backend.
@@ -297,6 +301,23 @@ impl BlockDevice for FileDevice {
             return Ok(());
         }
         self.file.sync_data()
+    }
+    /// `posix_fadvise(WILLNEED)` on a buffered descriptor (the host reads the range
+    /// ahead, asynchronously); nothing under O_DIRECT, which has no host cache to fill.
+    fn will_need(&self, offset: u64, len: u64) {
+        let len = len.min(self.size.saturating_sub(offset));
+        if self.direct || len == 0 {
+            return;
+        }
+        // SAFETY: posix_fadvise(2) on our descriptor, plain integers.
+        unsafe {
+            libc::posix_fadvise(
+                self.file.as_raw_fd(),
+                offset as libc::off_t,
+                len as libc::off_t,
+                libc::POSIX_FADV_WILLNEED,
+            );
+        }
     }
 
     fn size_bytes(&self) -> u64 {

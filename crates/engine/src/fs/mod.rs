@@ -31,6 +31,7 @@ pub mod map;
 pub mod pagecache;
 pub mod prefetch;
 pub(crate) mod space;
+pub(crate) mod write_ahead;
 #[cfg(test)]
 mod zeroing_model;
 
@@ -410,6 +411,8 @@ pub(crate) struct Inner {
     /// that took it exclusively (`Fs::write_direct_ino`; SEEDS lesson A).
     pub(crate) dio_shared: crate::striped::Counter,
     pub(crate) dio_exclusive: crate::striped::Counter,
+    /// Streams of partial-page direct overwrites, for the device's read-ahead hints.
+    pub(crate) write_ahead: crate::fs::write_ahead::WriteAhead,
     /// `FsOptions::sync_grace`: frees wait for their grace period.
     pub(crate) sync_grace: bool,
 }
@@ -685,6 +688,7 @@ impl Fs {
                 prefetch,
                 dio_shared: Default::default(),
                 dio_exclusive: Default::default(),
+                write_ahead: Default::default(),
                 sync_grace: opts.sync_grace,
             }),
         };
