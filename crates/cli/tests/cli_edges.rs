@@ -978,6 +978,26 @@ fn help_texts_agree_with_the_readme() {
 // ---------------------------------------------------------------------------------
 // Item 5: signals
 
+/// `rext4` to be sent SIGINT, SIGTERM or SIGHUP, starting with their default actions:
+/// a test run from a script's background job inherits SIGINT ignored (POSIX does that
+/// to asynchronous commands without job control), and rext4 leaves an inherited
+/// ignore alone (`interrupt::install`, as `nohup` expects), so the signal would never
+/// arrive.
+fn rext4_for_signals() -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut c = Command::new(BIN);
+    // SAFETY: signal(2) is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        c.pre_exec(|| {
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
+    c
+}
+
 /// `cp -r -v` of a big tree, sent `sig` after `after` lines: the process ends by that
 /// signal, every file it reported is on the image whole, nothing else is there (no
 /// 0-byte leftovers), and the image is closed clean.
@@ -987,7 +1007,7 @@ fn interrupt_cp(sig: i32, after: usize) {
     let tree = make_tree(&src, 12, 250, 6 << 20);
     let img = d.join("t.img");
     mkfs(&img, "256M");
-    let mut child = Command::new(BIN)
+    let mut child = rext4_for_signals()
         .args([
             s("cp"),
             s("-r"),
@@ -1075,7 +1095,7 @@ fn a_second_sigint_ends_cp_at_once_without_damage() {
     make_tree(&src, 8, 250, 6 << 20);
     let img = d.join("t.img");
     mkfs(&img, "256M");
-    let mut child = Command::new(BIN)
+    let mut child = rext4_for_signals()
         .args([
             s("cp"),
             s("-r"),
@@ -1112,7 +1132,7 @@ fn sigint_stops_mkfs_d_cleanly() {
     let src = d.join("src");
     let tree = make_tree(&src, 12, 250, 6 << 20);
     let img = d.join("t.img");
-    let mut child = Command::new(BIN)
+    let mut child = rext4_for_signals()
         .args([
             s("mkfs"),
             s("-d"),
@@ -1163,7 +1183,7 @@ fn sigterm_stops_the_io_shell_cleanly() {
         args.push(format!("pwrite -S {} {} 4k", i % 251, i * 4096).into());
     }
     args.push(spec(&img, "/f"));
-    let mut child = Command::new(BIN)
+    let mut child = rext4_for_signals()
         .args(&args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
