@@ -15,11 +15,13 @@ use rext4_testkit::{e2fsck_fn, mkfs, MkfsOptions, TempDir};
 
 use common::open_rw as rw;
 
-/// Counts device reads (calls and bytes).
+/// Counts device reads (calls and bytes) and records read-ahead hints
+/// (`BlockDevice::will_need`).
 struct Counting {
     mem: MemDevice,
     reads: AtomicU64,
     read_bytes: AtomicU64,
+    hints: std::sync::Mutex<Vec<(u64, u64)>>,
 }
 
 impl BlockDevice for Counting {
@@ -41,6 +43,9 @@ impl BlockDevice for Counting {
     fn is_read_only(&self) -> bool {
         false
     }
+    fn will_need(&self, off: u64, len: u64) {
+        self.hints.lock().expect("hints").push((off, len));
+    }
 }
 
 fn mem_fs(bs: u32, size: u64, opts: FsOptions) -> (Arc<Counting>, Fs) {
@@ -49,6 +54,7 @@ fn mem_fs(bs: u32, size: u64, opts: FsOptions) -> (Arc<Counting>, Fs) {
         mem: MemDevice::new(std::fs::read(img.path()).expect("read image")),
         reads: AtomicU64::new(0),
         read_bytes: AtomicU64::new(0),
+        hints: Default::default(),
     });
     let fs = Fs::open_device(dev.clone(), opts).expect("open");
     (dev, fs)
@@ -69,6 +75,16 @@ fn create_rw(fs: &Fs, path: &str) -> rext4::File {
         .create(true)
         .open(fs, path)
         .unwrap_or_else(|e| panic!("create {path}: {e}"))
+}
+
+/// `path` opened O_DIRECT for reading and writing.
+fn open_direct(fs: &Fs, path: &str) -> rext4::File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .direct(true)
+        .open(fs, path)
+        .unwrap_or_else(|e| panic!("open {path} direct: {e}"))
 }
 
 /// What the device holds now, opened as an image (journal replayed in memory).
@@ -352,12 +368,7 @@ fn direct_io_and_the_cache_agree() {
     let img = mkfs(&MkfsOptions::new(4096, 64 << 20)).expect("mkfs");
     let fs = rw(img.path());
     let b = create_rw(&fs, "/f");
-    let d = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .direct(true)
-        .open(&fs, "/f")
-        .expect("open direct");
+    let d = open_direct(&fs, "/f");
     b.write_all_at(&[0xAA; 10000], 0).expect("buffered write");
     let mut buf = vec![0u8; 10000];
     assert_eq!(d.read_at(&mut buf, 0).expect("direct read"), 10000);
@@ -396,44 +407,12 @@ fn direct_io_and_the_cache_agree() {
     assert!(all[24_576..].iter().all(|&x| x == 0xDD));
 }
 
-/// Records the device's read-ahead hints (`BlockDevice::will_need`).
-struct Hints {
-    mem: MemDevice,
-    hints: std::sync::Mutex<Vec<(u64, u64)>>,
-}
-
-impl BlockDevice for Hints {
-    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
-        self.mem.read_at(buf, off)
-    }
-    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
-        self.mem.write_at(buf, off)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.mem.flush()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.mem.size_bytes()
-    }
-    fn is_read_only(&self) -> bool {
-        false
-    }
-    fn will_need(&self, off: u64, len: u64) {
-        self.hints.lock().expect("hints").push((off, len));
-    }
-}
-
 /// A stream of 2 KiB direct overwrites hints the device range ahead of it, inside the
 /// file's blocks as they lie on the device, each range once; random 2 KiB overwrites
 /// and whole-block ones hint (almost) nothing; the data is what was written.
 #[test]
 fn a_stream_of_partial_direct_overwrites_hints_the_device_ahead() {
-    let img = mkfs(&MkfsOptions::new(4096, 64 << 20)).expect("mkfs");
-    let dev = Arc::new(Hints {
-        mem: MemDevice::new(std::fs::read(img.path()).expect("read image")),
-        hints: Default::default(),
-    });
-    let fs = Fs::open_device(dev.clone(), rw_opts()).expect("open");
+    let (dev, fs) = mem_fs(4096, 64 << 20, rw_opts());
     const SIZE: u64 = 16 << 20;
     let b = create_rw(&fs, "/f");
     b.write_all_at(&vec![0x11; SIZE as usize], 0)
@@ -445,12 +424,7 @@ fn a_stream_of_partial_direct_overwrites_hints_the_device_ahead() {
     };
     assert!(len * 4096 >= 8 << 20, "a long first extent: {ext:?}");
     let start = physical * 4096;
-    let d = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .direct(true)
-        .open(&fs, "/f")
-        .expect("open direct");
+    let d = open_direct(&fs, "/f");
     let take = || std::mem::take(&mut *dev.hints.lock().expect("hints"));
     take();
     // 4 MiB in 2 KiB writes, in order.
