@@ -429,25 +429,34 @@ impl Fs {
         let _h = self.handle();
         let _i = self.lock_nondir(ino);
         self.check_writable()?;
-        // The leading pages dropped from the cache (checked again under the state lock
-        // that takes the promises, since a drop needs only that lock).
-        let dropped = |st: &super::FileState| {
+        // How many leading pages are (`true`) or are not still the file's: the
+        // dropped ones are checked again under the state lock that takes the promises,
+        // since a drop needs only that lock.
+        let leading = |st: &super::FileState, kept: bool| {
             pages
                 .iter()
                 .zip(lblk..)
-                .take_while(|((_, p, _), i)| !st.pages.get(i).is_some_and(|q| Arc::ptr_eq(q, p)))
+                .take_while(|((_, p, _), i)| {
+                    st.pages.get(i).is_some_and(|q| Arc::ptr_eq(q, p)) == kept
+                })
                 .count() as u64
         };
-        {
+        let kept = {
             let st = fc.lock();
             if st.dead {
                 return Ok(None);
             }
-            match dropped(&st) {
+            match leading(&st, false) {
                 0 => {}
                 n => return Ok(Some((0, n, Piece::Dropped))),
             }
-        }
+            // A piece over mapped blocks stops at the next dropped page too.
+            if pages.is_empty() {
+                max
+            } else {
+                leading(&st, true)
+            }
+        };
         let mut inode = self.read_inode(ino)?;
         if inode.mode == 0 || !inode.is_reg() {
             return Ok(None);
@@ -459,7 +468,7 @@ impl Fs {
                 unwritten,
             } => (
                 physical,
-                len.min(max),
+                len.min(max).min(kept),
                 if unwritten {
                     Piece::Convert
                 } else {
@@ -475,7 +484,7 @@ impl Fs {
                 // a page that never reserved) claims afresh.
                 let promised = if delayed {
                     let mut st = fc.lock();
-                    match dropped(&st) {
+                    match leading(&st, false) {
                         0 => {}
                         n => return Ok(Some((0, n, Piece::Dropped))),
                     }
