@@ -29,9 +29,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::striped::AlignedU64;
 
 /// Bytes hinted at a time.
-pub(crate) const WINDOW: u64 = 2 << 20;
+const WINDOW: u64 = 2 << 20;
 /// How far behind the hinted end a write may start and still be the stream's.
-pub(crate) const LAG: u64 = 64 << 20;
+const LAG: u64 = 64 << 20;
 /// Host page size assumed for "partial" (the common 4 KiB).
 const HOST_PAGE: u64 = 4096;
 const STRIPES: usize = 16;
@@ -50,13 +50,13 @@ impl Default for WriteAhead {
 }
 
 /// Whether `len` bytes at device offset `at` leave part of a host page unwritten.
-pub(crate) fn partial(at: u64, len: u64) -> bool {
+fn partial(at: u64, len: u64) -> bool {
     !at.is_multiple_of(HOST_PAGE) || !len.is_multiple_of(HOST_PAGE)
 }
 
 /// The stream rule: given the stripe's hinted end `ahead` (`u64::MAX`: none) and a
 /// write of `len` bytes at device offset `at`, the new hinted end and the range to hint.
-pub(crate) fn step(ahead: u64, at: u64, len: u64) -> (u64, Option<(u64, u64)>) {
+fn step(ahead: u64, at: u64, len: u64) -> (u64, Option<(u64, u64)>) {
     let end = at.saturating_add(len);
     let in_stream = ahead != u64::MAX && at <= ahead && ahead - at <= LAG;
     if !in_stream {

@@ -550,10 +550,10 @@ impl Fs {
         // Dirty pages past this write keep the on-disk size below them (`finish_chunk`).
         let runs = [(offset / ps, buf.len() as u64 / ps)];
         let how = super::writeback::ChunkWrite {
-            delayed: false,
+            pages: &[],
             journal: false,
         };
-        let r = self.write_chunk(fc.arc(), ino, &runs, buf, &[], how);
+        let r = self.write_chunk(fc.arc(), ino, &runs, buf, how);
         let disk_now = self.read_inode(ino).map(|i| i.size);
         let mut st = fc.lock();
         st.writing_now -= 1;

@@ -50,14 +50,15 @@ use crate::fs::map::Mapping;
 use crate::fs::{Fs, Ino};
 
 /// One snapshotted page: index, the page, its `seq` at snapshot time.
-type Snap = (u64, Arc<super::Page>, u64);
+pub(crate) type Snap = (u64, Arc<super::Page>, u64);
 
 /// How a chunk's data goes out (`Fs::write_chunk`).
 #[derive(Clone, Copy)]
-pub(crate) struct ChunkWrite {
-    /// The pages are the page cache's (a writeback pass), so holes under them hold
-    /// promised blocks; otherwise (`write_now`) blocks are claimed afresh.
-    pub(crate) delayed: bool,
+pub(crate) struct ChunkWrite<'a> {
+    /// The runs' pages, in order, for a writeback pass of the page cache: holes under
+    /// them hold promised blocks. None for a write going out at once (`write_now`):
+    /// its blocks are claimed afresh.
+    pub(crate) pages: &'a [Snap],
     /// The data of blocks that are unwritten (just allocated, or preallocated) is
     /// journaled instead of written home (`data_io`).
     pub(crate) journal: bool,
@@ -243,10 +244,10 @@ impl Fs {
             // data goes to the log with the commit that follows.
             let journal = for_fsync && written == 0 && self.journals_data(snaps.len());
             let how = ChunkWrite {
-                delayed: true,
+                pages: &snaps,
                 journal,
             };
-            let r = self.write_chunk(fc, ino, &runs, &scratch, &snaps, how);
+            let r = self.write_chunk(fc, ino, &runs, &scratch, how);
             // 4. Completion.
             let mut st = fc.lock();
             let drop_data = matches!(r, Err(Error::NoSpace));
@@ -315,21 +316,18 @@ impl Fs {
     }
 
     /// Write the snapshotted runs of one chunk: steps 2 and 3 of the module note.
-    /// `snaps` are the runs' pages, in order, for a writeback pass (`how.delayed`);
-    /// none for a write going out at once.
     pub(crate) fn write_chunk(
         &self,
         fc: &Arc<FileCache>,
         ino: Ino,
         runs: &[(u64, u64)],
         scratch: &[u8],
-        snaps: &[Snap],
         how: ChunkWrite,
     ) -> Result<()> {
         // Pages whose promises this chunk's allocations spent (`FileState::inflight`):
         // the tree promise counts them until the chunk is finished, whatever happens.
         let mut inflight = 0u64;
-        let r = self.write_chunk_pieces(fc, ino, runs, scratch, snaps, how, &mut inflight);
+        let r = self.write_chunk_pieces(fc, ino, runs, scratch, how, &mut inflight);
         if inflight > 0 {
             let mut st = fc.lock();
             st.inflight = st.inflight.saturating_sub(inflight);
@@ -339,18 +337,19 @@ impl Fs {
     }
 
     /// `write_chunk`'s work; `inflight` counts the promises its allocations spent.
-    #[allow(clippy::too_many_arguments)]
     fn write_chunk_pieces(
         &self,
         fc: &Arc<FileCache>,
         ino: Ino,
         runs: &[(u64, u64)],
         scratch: &[u8],
-        snaps: &[Snap],
         how: ChunkWrite,
         inflight: &mut u64,
     ) -> Result<()> {
-        let ChunkWrite { delayed, journal } = how;
+        let ChunkWrite {
+            pages: snaps,
+            journal,
+        } = how;
         let ps = self.inner.pagecache.page_size as u64;
         let mut converts: Vec<(u64, u64)> = Vec::new();
         let mut at = 0usize;
@@ -365,7 +364,7 @@ impl Fs {
                     .get(first + i as usize..first + n as usize)
                     .unwrap_or(&[]);
                 let Some((phys, len, piece)) =
-                    self.map_for_writeback(fc, ino, lblk, n - i, pages, delayed, inflight)?
+                    self.map_for_writeback(fc, ino, lblk, n - i, pages, inflight)?
                 else {
                     return Ok(()); // the inode was freed: nothing to write
                 };
@@ -404,13 +403,12 @@ impl Fs {
     /// the file's `FileState::inflight`, which the caller takes them out of).
     ///
     /// `pages` are the chunk's snapshots from `lblk` on (none for a write going out
-    /// at once). Those no longer the file's page at their index were dropped by a
+    /// at once, which promised nothing). Those no longer the file's page at their index were dropped by a
     /// truncate or punch (the only ones that take pages under writeback out, and
     /// they wait for the chunk before they cut its blocks): a `Dropped` piece, not
     /// written. An allocation for them would be a fresh claim — their promises went
     /// back with them — which a full disk refuses, failing the whole chunk: the
     /// pages it should have written were dropped with an ENOSPC nobody caused.
-    #[allow(clippy::too_many_arguments)]
     fn map_for_writeback(
         &self,
         fc: &Arc<FileCache>,
@@ -418,9 +416,9 @@ impl Fs {
         lblk: u64,
         max: u64,
         pages: &[Snap],
-        delayed: bool,
         inflight: &mut u64,
     ) -> Result<Option<(u64, u64, Piece)>> {
+        let delayed = !pages.is_empty();
         use crate::fs::space::{claim_as, Claim};
         // Tree blocks of a writeback pass come from the file's promise (then the
         // pool); a write going out at once claims them afresh.
@@ -451,10 +449,10 @@ impl Fs {
                 n => return Ok(Some((0, n, Piece::Dropped))),
             }
             // A piece over mapped blocks stops at the next dropped page too.
-            if pages.is_empty() {
-                max
-            } else {
+            if delayed {
                 leading(&st, true)
+            } else {
+                max
             }
         };
         let mut inode = self.read_inode(ino)?;
