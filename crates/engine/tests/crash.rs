@@ -6,8 +6,11 @@
 //!
 //! Workloads: many small files written and fsynced; atomic replace (write temp, fsync,
 //! rename over, fsync); deep trees with unlinks; large appends and truncates; files
-//! with early commits (unflushed log writes, as the mount makes) between fsyncs; four
-//! threads writing, rewriting and fsyncing at once (group commit); four threads running
+//! with early commits (unflushed log writes, as the mount makes) between fsyncs;
+//! batches of O_DIRECT writes in flight together (`crash_direct_batches`: overwrites in
+//! place with no journal, which a crash may tear sector by sector, so each byte is
+//! checked against the versions it may come from, and batches that extend the file);
+//! four threads writing, rewriting and fsyncing at once (group commit); four threads running
 //! random operations at once (`crash_random_ops`): creates, atomic replaces, appends,
 //! truncates, overwrites in place, unlinks, renames within and between directories,
 //! mkdir/rmdir, syncs, mostly fsynced but some not, in directories of their own and in
@@ -37,7 +40,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::Recorder;
-use rext4::{Fs, FsOptions};
+use rext4::{Fs, FsOptions, OpenOptions};
 use rext4_testkit::crash::{self, Event, Rng};
 use rext4_testkit::{e2fsck_fn, e2fsck_fy, mkfs, skip, LoopMount, MkfsOptions, TempDir};
 
@@ -129,6 +132,52 @@ impl PathLog {
     }
 }
 
+/// One version of a file changed in place (`Run::torn`): its writes began at event
+/// `start`, and it was durable from `durable` on (an fsync that covered it returned;
+/// `None`: none had yet when the file changed again).
+#[derive(Clone, Debug)]
+struct Version {
+    start: usize,
+    durable: Option<usize>,
+    content: Vec<u8>,
+}
+
+/// The versions whose bytes a file changed in place may show after a crash whose
+/// image has every write before event `lo` and any of those before `hi`: the last one
+/// durable at `lo` and every later one begun before `hi` (their writes may have landed
+/// in part, torn sector by sector). `None` before the first was durable.
+fn torn_allowed(versions: &[Version], lo: usize, hi: usize) -> Option<&[Version]> {
+    let last = versions
+        .iter()
+        .rposition(|v| v.durable.is_some_and(|d| d <= lo))?;
+    let begun = versions[last + 1..]
+        .iter()
+        .take_while(|v| v.start < hi)
+        .count();
+    Some(&versions[last..=last + begun])
+}
+
+/// Why `content` is none of the mixtures `ok` allows (its size is one of theirs and
+/// each byte is what one of them holds there), if it is not.
+fn torn_mismatch(ok: &[Version], content: &[u8]) -> Option<String> {
+    let sizes: Vec<usize> = ok.iter().map(|v| v.content.len()).collect();
+    if !sizes.contains(&content.len()) {
+        return Some(format!(
+            "{} bytes, none of the sizes {sizes:?}",
+            content.len()
+        ));
+    }
+    let bad =
+        (0..content.len()).find(|&i| !ok.iter().any(|v| v.content.get(i) == Some(&content[i])))?;
+    let held: Vec<Option<&u8>> = ok.iter().map(|v| v.content.get(bad)).collect();
+    Some(format!(
+        "byte {bad} is {:#04x}; the versions it may come from ({} of them, the first \
+         durable) hold {held:?} there",
+        content[bad],
+        ok.len()
+    ))
+}
+
 /// The boot the workloads write in, and the one recovery runs in (after a power loss
 /// the machine restarted).
 const WRITER_BOOT: [u8; 16] = [0xB0; 16];
@@ -141,6 +190,10 @@ struct Run {
     /// The paths of a concurrent workload, whose changes other threads' commits may
     /// catch half made.
     logs: BTreeMap<String, PathLog>,
+    /// Files changed in place by writes a crash may tear (direct overwrites,
+    /// `direct_batches`): after a crash each byte holds what one of the versions
+    /// `torn_allowed` gives holds there.
+    torn: BTreeMap<String, Vec<Version>>,
     /// fsync and sync calls that returned: each flushed the device at least once.
     syncs: usize,
 }
@@ -223,6 +276,7 @@ fn small_files() -> Run {
     Run {
         base,
         logs: BTreeMap::new(),
+        torn: BTreeMap::new(),
         events: dev.take(),
         syncs,
         files,
@@ -270,6 +324,7 @@ fn early_commits() -> Run {
     Run {
         base,
         logs: BTreeMap::new(),
+        torn: BTreeMap::new(),
         events: dev.take(),
         syncs,
         files,
@@ -339,6 +394,7 @@ fn concurrent_fsyncs() -> Run {
     Run {
         base,
         logs: BTreeMap::new(),
+        torn: BTreeMap::new(),
         events: dev.take(),
         syncs,
         files: histories.into_iter().flatten().collect(),
@@ -748,6 +804,7 @@ fn random_ops() -> Run {
     Run {
         base,
         logs: logs.into_iter().flatten().collect(),
+        torn: BTreeMap::new(),
         events: dev.take(),
         syncs,
         files: BTreeMap::new(),
@@ -775,6 +832,7 @@ fn atomic_replace() -> Run {
     Run {
         base,
         logs: BTreeMap::new(),
+        torn: BTreeMap::new(),
         events: dev.take(),
         syncs,
         files: BTreeMap::from([("/config".to_string(), h)]),
@@ -825,6 +883,7 @@ fn deep_trees() -> Run {
     Run {
         base,
         logs: BTreeMap::new(),
+        torn: BTreeMap::new(),
         events: dev.take(),
         syncs,
         files,
@@ -858,9 +917,126 @@ fn appends_and_truncates() -> Run {
     Run {
         base,
         logs: BTreeMap::new(),
+        torn: BTreeMap::new(),
         events: dev.take(),
         syncs,
         files: BTreeMap::from([("/log".to_string(), h)]),
+    }
+}
+
+/// Batches of O_DIRECT writes in flight together into one file (a queue depth, as
+/// io_submit(2) or the mount's io_uring gives one: `File::write_all_at_batch`). Mostly
+/// overwrites of written blocks, which go to the device in one batch under the shared
+/// lock and no journal (a crash may tear any of them, sector by sector); every fifth
+/// batch also extends the file and every seventh writes past its end (a gap of zeros):
+/// those batches fall back to one write after the other, allocating. Every fourth
+/// batch is not fsynced (the next fsync covers it).
+fn direct_batches() -> Run {
+    const SLOT: u64 = 8 << 10;
+    let base = base_image();
+    let dev = Arc::new(Recorder::new(base.clone()));
+    let fs = rw(dev.clone());
+    let mut content = data(7000, 48 << 10);
+    let start = dev.len();
+    let f = fs.create("/d").expect("create");
+    f.write_all_at(&content, 0).expect("write");
+    f.sync_all().expect("fsync");
+    drop(f);
+    let mut versions = vec![Version {
+        start,
+        durable: Some(dev.len()),
+        content: content.clone(),
+    }];
+    let mut syncs = 1;
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .direct(true)
+        .open(&fs, "/d")
+        .expect("open direct");
+    let before = fs.io_stats();
+    let mut rng = Rng(0xD1EC_7BA7);
+    let mut batched = 0;
+    for i in 0..40u64 {
+        // Two to five overwrites, each inside an 8 KiB slot of its own (so they never
+        // overlap), 512-byte aligned as O_DIRECT asks, of 512 bytes to 4 KiB.
+        let slots = content.len() as u64 / SLOT;
+        let mut picked: Vec<u64> = Vec::new();
+        while picked.len() < 2 + rng.below(4) as usize {
+            let s = rng.below(slots);
+            if !picked.contains(&s) {
+                picked.push(s);
+            }
+        }
+        let mut writes: Vec<(u64, Vec<u8>)> = picked
+            .iter()
+            .map(|&s| {
+                let len = 512 * (1 + rng.below(8)) as usize;
+                (s * SLOT + 512 * rng.below(8), data(rng.next_u64(), len))
+            })
+            .collect();
+        let size = content.len() as u64;
+        if i % 5 == 4 {
+            writes.push((
+                size,
+                data(rng.next_u64(), 512 * (1 + rng.below(6)) as usize),
+            ));
+        } else if i % 7 == 6 {
+            writes.push((size + 512 * (1 + rng.below(4)), data(rng.next_u64(), 1024)));
+        } else {
+            batched += 1;
+        }
+        for (off, d) in &writes {
+            let (o, end) = (*off as usize, *off as usize + d.len());
+            if content.len() < end {
+                content.resize(end, 0);
+            }
+            content[o..end].copy_from_slice(d);
+        }
+        let start = dev.len();
+        let batch: Vec<(&[u8], u64)> = writes.iter().map(|(o, d)| (&d[..], *o)).collect();
+        f.write_all_at_batch(&batch)
+            .expect("batch of direct writes");
+        versions.push(Version {
+            start,
+            durable: None,
+            content: content.clone(),
+        });
+        if i % 4 != 3 || i == 39 {
+            f.sync_all().expect("fsync");
+            syncs += 1;
+            let now = dev.len();
+            for v in versions
+                .iter_mut()
+                .rev()
+                .take_while(|v| v.durable.is_none())
+            {
+                v.durable = Some(now);
+            }
+        }
+    }
+    // The batches of pure overwrites went to the device under the shared lock, each
+    // write counted; the others did not.
+    let shared = fs.io_stats().direct_shared - before.direct_shared;
+    assert!(
+        shared >= 2 * batched,
+        "direct-batches: {shared} writes took the shared lock; {batched} batches of at \
+         least two pure overwrites should have"
+    );
+    assert_eq!(
+        fs.read("/d").expect("read back"),
+        content,
+        "direct-batches: the file"
+    );
+    drop(f);
+    fs.close().expect("close");
+    Run {
+        base,
+        logs: BTreeMap::new(),
+        torn: BTreeMap::from([("/d".to_string(), versions)]),
+        events: dev.take(),
+        syncs,
+        files: BTreeMap::new(),
     }
 }
 
@@ -957,6 +1133,19 @@ fn check(path: &std::path::Path, run: &Run, lo: usize, hi: usize, label: &str) -
             Err(rext4::Error::NotFound) if may_be_gone => {}
             Err(err) => panic!("{label}: {file} unreadable after its fsync completed: {err}"),
         }
+    }
+    for (file, versions) in &run.torn {
+        let Some(ok) = torn_allowed(versions, lo, hi) else {
+            continue;
+        };
+        n.paths += 1;
+        let c = read_checked(&fs, file, label).unwrap_or_else(|e| {
+            panic!("{label}: {file} unreadable after its fsync completed: {e}")
+        });
+        if let Some(why) = torn_mismatch(ok, &c) {
+            panic!("{label}: {file} changed in place (at events {lo}..{hi}): {why}");
+        }
+        n.files += 1;
     }
     for (file, log) in &run.logs {
         let Some(ok) = log.allowed(lo, hi) else {
@@ -1161,6 +1350,11 @@ fn crash_appends_truncates() {
 #[test]
 fn crash_concurrent_fsyncs() {
     sweep("concurrent-fsyncs", concurrent_fsyncs(), &recoverers());
+}
+
+#[test]
+fn crash_direct_batches() {
+    sweep("direct-batches", direct_batches(), &recoverers());
 }
 
 #[test]
