@@ -569,7 +569,10 @@ impl Fs {
     /// Pages `[from, to)` of a writeback run spent their promises on an allocation
     /// that did not take them: they hold them again (a page dropped meanwhile gives
     /// its promise back), and are no longer in flight. Then the file's tree promise is
-    /// settled.
+    /// settled. A page at one of those indexes is the snapshotted one, not a newer one:
+    /// only a truncate or a punch takes a page under writeback out, holding the
+    /// inode's I/O lock exclusively until the chunk is done, and every path that puts
+    /// a page in (reads, writes, faults) takes that lock first.
     fn restore_promises(&self, fc: &FileCache, from: u64, to: u64) {
         let pc = &self.inner.pagecache;
         let mut st = fc.lock();
