@@ -13,7 +13,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use rext4::device::{BlockDevice, MemDevice};
+use common::{Hooked, Hooks};
 use rext4::format::superblock::STATE_ERROR;
 use rext4::{Error, FallocMode, Fs, FsOptions, OpenOptions};
 use rext4_testkit::tree::{diff_trees, Compare};
@@ -23,8 +23,10 @@ use rext4_testkit::{Kind, Tree};
 /// A memory device whose `fail_at`-th counted read — or, for [`Fault::Write`], write —
 /// fails (once). Requests are counted only while `counting` is on (the operations and
 /// their commits, not the test's own look at the tree).
-struct FailingRead {
-    mem: MemDevice,
+type FailingRead = Hooked<Failing>;
+
+/// [`FailingRead`]'s hooks.
+struct Failing {
     fault: Fault,
     reads: AtomicU64,
     writes: AtomicU64,
@@ -38,18 +40,20 @@ enum Fault {
     Write,
 }
 
-impl FailingRead {
-    fn failing(image: Vec<u8>, fault: Fault) -> FailingRead {
-        FailingRead {
-            mem: MemDevice::new(image),
+fn failing(image: Vec<u8>, fault: Fault) -> FailingRead {
+    Hooked::mem(
+        image,
+        Failing {
             fault,
             reads: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             fail_at: AtomicU64::new(u64::MAX),
             counting: AtomicBool::new(false),
-        }
-    }
+        },
+    )
+}
 
+impl Failing {
     /// The counted requests of the kind that fails.
     fn counted(&self) -> u64 {
         match self.fault {
@@ -79,27 +83,18 @@ impl FailingRead {
     }
 }
 
-impl BlockDevice for FailingRead {
-    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+impl Hooks for Failing {
+    fn read(&self, _len: usize, _off: u64) -> std::io::Result<()> {
         if self.fails(Fault::Read) {
             return Err(std::io::Error::other("injected read error"));
         }
-        self.mem.read_at(buf, off)
+        Ok(())
     }
-    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
+    fn write(&self, _buf: &[u8], _off: u64) -> std::io::Result<()> {
         if self.fails(Fault::Write) {
             return Err(std::io::Error::other("injected write error"));
         }
-        self.mem.write_at(buf, off)
-    }
-    fn flush(&self) -> std::io::Result<()> {
         Ok(())
-    }
-    fn size_bytes(&self) -> u64 {
-        self.mem.size_bytes()
-    }
-    fn is_read_only(&self) -> bool {
-        false
     }
 }
 
@@ -220,7 +215,7 @@ fn sweep(fault: Fault) {
     let base = base_image();
     // Reads the whole sequence makes once the filesystem is open.
     let total = {
-        let dev = Arc::new(FailingRead::failing(base.clone(), fault));
+        let dev = Arc::new(failing(base.clone(), fault));
         let fs = open(dev.clone());
         dev.counting.store(true, Ordering::SeqCst);
         for k in 0..OPS {
@@ -247,7 +242,7 @@ fn sweep(fault: Fault) {
     let path = tmp.join("img");
     let (mut aborted, mut unchanged, mut in_op, mut retried) = (0, 0, 0, 0);
     for fail in 0..total {
-        let dev = Arc::new(FailingRead::failing(base.clone(), fault));
+        let dev = Arc::new(failing(base.clone(), fault));
         let fs = open(dev.clone());
         let snap = |fs: &Fs| dev.uncounted(|| common::snapshot(fs).expect("snapshot"));
         let mut before = snap(&fs);
@@ -316,7 +311,7 @@ fn sweep(fault: Fault) {
         }
         // What a crash now leaves (an aborted filesystem cannot close cleanly).
         drop(fs);
-        std::fs::write(&path, dev.mem.snapshot()).expect("write image");
+        std::fs::write(&path, dev.snapshot()).expect("write image");
         let rec = common::open_rw(&path);
         let after = common::snapshot(&rec).expect("snapshot");
         let mut d = diff_trees(&before, &after, &Compare::exact());
@@ -382,10 +377,7 @@ fn stat_fails_then(errors: Option<rext4::Errors>, s_errors: Option<&str>) -> (bo
             .expect("tune2fs");
         assert!(out.status.success(), "tune2fs -e {e}: {out:?}");
     }
-    let dev = Arc::new(FailingRead::failing(
-        std::fs::read(&path).expect("read"),
-        Fault::Read,
-    ));
+    let dev = Arc::new(failing(std::fs::read(&path).expect("read"), Fault::Read));
     let fs = Fs::open_device(
         dev.clone(),
         FsOptions {
@@ -418,7 +410,7 @@ fn stat_fails_then(errors: Option<rext4::Errors>, s_errors: Option<&str>) -> (bo
         fs.close().expect("close");
     }
     drop(fs);
-    std::fs::write(&path, dev.mem.snapshot()).expect("write image");
+    std::fs::write(&path, dev.snapshot()).expect("write image");
     let rec = common::open_rw(&path);
     let sb = rec.superblock();
     let (state, count) = (sb.state, sb.error_count);

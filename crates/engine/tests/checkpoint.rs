@@ -7,8 +7,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::Recorder;
-use rext4::device::{BlockDevice, MemDevice};
+use common::{Hooked, Hooks, Recorder};
+use rext4::device::MemDevice;
 use rext4::Fs;
 use rext4_testkit::crash::Event;
 use rext4_testkit::{e2fsck_fn, fixture_bytes, skip, TempDir};
@@ -165,24 +165,12 @@ fn revoked_block_reused_for_data() {
 }
 
 /// A device whose flush takes as long as a disk's cache flush.
-struct SlowFlush(MemDevice);
+struct SlowFlush;
 
-impl BlockDevice for SlowFlush {
-    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
-        self.0.read_at(buf, off)
-    }
-    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
-        self.0.write_at(buf, off)
-    }
+impl Hooks for SlowFlush {
     fn flush(&self) -> std::io::Result<()> {
         std::thread::sleep(std::time::Duration::from_millis(2));
         Ok(())
-    }
-    fn size_bytes(&self) -> u64 {
-        self.0.size_bytes()
-    }
-    fn is_read_only(&self) -> bool {
-        false
     }
 }
 
@@ -191,7 +179,7 @@ impl BlockDevice for SlowFlush {
 /// after the last fsync returned.
 #[test]
 fn concurrent_fsyncs_share_commits() {
-    let dev = Arc::new(SlowFlush(MemDevice::new(base_image(4096, 64 << 20))));
+    let dev = Arc::new(Hooked::mem(base_image(4096, 64 << 20), SlowFlush));
     let fs = rw(dev.clone());
     for t in 0..8 {
         fs.create_dir(format!("/t{t}")).expect("mkdir");
@@ -221,7 +209,7 @@ fn concurrent_fsyncs_share_commits() {
     );
     // The crash: the image as the last fsync left it (every write so far was flushed
     // or, in this device, lands at once; the log is not checkpointed).
-    let img = dev.0.snapshot();
+    let img = dev.snapshot();
     drop(fs);
     let tmp = TempDir::new("group").expect("tmp");
     let path = tmp.join("img");

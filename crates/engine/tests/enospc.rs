@@ -582,18 +582,14 @@ fn batches_of_direct_writes_on_a_full_disk() {
 /// A device that stops the first write of a block filled with `GATE_BYTE` until the
 /// test lets it go (the data write of one writeback piece, caught in flight).
 struct Gate {
-    mem: rext4::device::MemDevice,
     state: std::sync::Mutex<(bool, bool)>, // (arrived, released)
     cv: std::sync::Condvar,
 }
 
 const GATE_BYTE: u8 = 0xaa;
 
-impl rext4::device::BlockDevice for Gate {
-    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
-        self.mem.read_at(buf, off)
-    }
-    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
+impl common::Hooks for Gate {
+    fn write(&self, buf: &[u8], _off: u64) -> std::io::Result<()> {
         if buf.len() == 4096 && buf.iter().all(|&b| b == GATE_BYTE) {
             let mut s = self.state.lock().expect("gate");
             s.0 = true;
@@ -602,16 +598,7 @@ impl rext4::device::BlockDevice for Gate {
                 s = self.cv.wait(s).expect("gate");
             }
         }
-        self.mem.write_at(buf, off)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.mem.flush()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.mem.size_bytes()
-    }
-    fn is_read_only(&self) -> bool {
-        false
+        Ok(())
     }
 }
 
@@ -666,11 +653,13 @@ fn pages_dropped_under_writeback(cut: bool) {
     let img = tmp.join("img");
     std::fs::write(&img, vec![0u8; 16 << 20]).expect("image");
     rext4_testkit::tools::mkfs_at(&img, &MkfsOptions::new(4096, 16 << 20)).expect("mkfs");
-    let dev = Arc::new(Gate {
-        mem: rext4::device::MemDevice::new(std::fs::read(&img).expect("read image")),
-        state: std::sync::Mutex::new((false, true)),
-        cv: std::sync::Condvar::new(),
-    });
+    let dev = Arc::new(common::Hooked::mem(
+        std::fs::read(&img).expect("read image"),
+        Gate {
+            state: std::sync::Mutex::new((false, true)),
+            cv: std::sync::Condvar::new(),
+        },
+    ));
     let opts = FsOptions {
         read_only: false,
         commit_secs: 0,
@@ -745,7 +734,7 @@ fn pages_dropped_under_writeback(cut: bool) {
     assert_counts(&fs, "after the punch under writeback");
     let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("fs still shared"));
     fs.close().expect("close");
-    std::fs::write(&img, dev.mem.snapshot()).expect("save the image");
+    std::fs::write(&img, dev.snapshot()).expect("save the image");
     let r = e2fsck_fn(&img);
     assert!(r.clean, "{}", r.output);
 }

@@ -8,54 +8,53 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use rext4::device::{BlockDevice, MemDevice};
+use common::{Hooked, Hooks};
 use rext4::{Error, Fs, FsOptions};
 use rext4_testkit::{e2fsck_fn, e2fsck_fy, mkfs, MkfsOptions, TempDir};
 
 /// Fails the `fail_at`-th device operation (writes and flushes counted together) and
 /// every one after it.
 struct Faulty {
-    mem: MemDevice,
     ops: AtomicUsize,
     fail_at: AtomicUsize,
     flush_only: bool,
 }
 
-impl BlockDevice for Faulty {
-    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
-        self.mem.read_at(buf, off)
-    }
-    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
-        let n = self.ops.fetch_add(1, Ordering::SeqCst);
-        if !self.flush_only && n >= self.fail_at.load(Ordering::SeqCst) {
-            return Err(std::io::Error::other("injected write error"));
-        }
-        self.mem.write_at(buf, off)
-    }
-    fn flush(&self) -> std::io::Result<()> {
+impl Faulty {
+    /// Counts an operation; an error from the `fail_at`-th on.
+    fn count(&self, what: &str) -> std::io::Result<()> {
         let n = self.ops.fetch_add(1, Ordering::SeqCst);
         if n >= self.fail_at.load(Ordering::SeqCst) {
-            return Err(std::io::Error::other("injected flush error"));
+            return Err(std::io::Error::other(format!("injected {what} error")));
         }
         Ok(())
     }
-    fn size_bytes(&self) -> u64 {
-        self.mem.size_bytes()
+}
+
+impl Hooks for Faulty {
+    fn write(&self, _buf: &[u8], _off: u64) -> std::io::Result<()> {
+        let r = self.count("write");
+        if self.flush_only {
+            return Ok(());
+        }
+        r
     }
-    fn is_read_only(&self) -> bool {
-        false
+    fn flush(&self) -> std::io::Result<()> {
+        self.count("flush")
     }
 }
 
 fn run(flush_only: bool, delay: usize) {
     let img = mkfs(&MkfsOptions::new(1024, 16 << 20)).expect("mkfs");
     let base = std::fs::read(img.path()).expect("read");
-    let dev = Arc::new(Faulty {
-        mem: MemDevice::new(base),
-        ops: AtomicUsize::new(0),
-        fail_at: AtomicUsize::new(usize::MAX),
-        flush_only,
-    });
+    let dev = Arc::new(Hooked::mem(
+        base,
+        Faulty {
+            ops: AtomicUsize::new(0),
+            fail_at: AtomicUsize::new(usize::MAX),
+            flush_only,
+        },
+    ));
     let fs = Fs::open_device(
         dev.clone(),
         FsOptions {
@@ -86,7 +85,7 @@ fn run(flush_only: bool, delay: usize) {
     // What the device holds, recovered by e2fsck's journal replay.
     let tmp = TempDir::new("fault").expect("tmp");
     let p = tmp.join("img");
-    std::fs::write(&p, dev.mem.snapshot()).expect("write");
+    std::fs::write(&p, dev.snapshot()).expect("write");
     let r = e2fsck_fy(&p);
     assert!(r.exit_code <= 1, "e2fsck -fy: {}", r.output);
     let r = e2fsck_fn(&p);

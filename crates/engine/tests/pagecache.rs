@@ -9,39 +9,27 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use rext4::device::{BlockDevice, MemDevice};
+use rext4::device::MemDevice;
 use rext4::{Error, FallocMode, Fs, FsOptions, OpenOptions, Whence};
 use rext4_testkit::{e2fsck_fn, mkfs, MkfsOptions, TempDir};
 
-use common::open_rw as rw;
+use common::{open_rw as rw, Hooked, Hooks};
 
 /// Counts device reads (calls and bytes) and records read-ahead hints
 /// (`BlockDevice::will_need`).
-struct Counting {
-    mem: MemDevice,
+struct Counts {
     reads: AtomicU64,
     read_bytes: AtomicU64,
     hints: std::sync::Mutex<Vec<(u64, u64)>>,
 }
 
-impl BlockDevice for Counting {
-    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+type Counting = Hooked<Counts>;
+
+impl Hooks for Counts {
+    fn read(&self, len: usize, _off: u64) -> std::io::Result<()> {
         self.reads.fetch_add(1, Ordering::Relaxed);
-        self.read_bytes
-            .fetch_add(buf.len() as u64, Ordering::Relaxed);
-        self.mem.read_at(buf, off)
-    }
-    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
-        self.mem.write_at(buf, off)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.mem.flush()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.mem.size_bytes()
-    }
-    fn is_read_only(&self) -> bool {
-        false
+        self.read_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        Ok(())
     }
     fn will_need(&self, off: u64, len: u64) {
         self.hints.lock().expect("hints").push((off, len));
@@ -50,12 +38,14 @@ impl BlockDevice for Counting {
 
 fn mem_fs(bs: u32, size: u64, opts: FsOptions) -> (Arc<Counting>, Fs) {
     let img = mkfs(&MkfsOptions::new(bs, size)).expect("mkfs");
-    let dev = Arc::new(Counting {
-        mem: MemDevice::new(std::fs::read(img.path()).expect("read image")),
-        reads: AtomicU64::new(0),
-        read_bytes: AtomicU64::new(0),
-        hints: Default::default(),
-    });
+    let dev = Arc::new(Hooked::mem(
+        std::fs::read(img.path()).expect("read image"),
+        Counts {
+            reads: AtomicU64::new(0),
+            read_bytes: AtomicU64::new(0),
+            hints: Default::default(),
+        },
+    ));
     let fs = Fs::open_device(dev.clone(), opts).expect("open");
     (dev, fs)
 }
@@ -89,7 +79,7 @@ fn open_direct(fs: &Fs, path: &str) -> rext4::File {
 
 /// What the device holds now, opened as an image (journal replayed in memory).
 fn crash_view(dev: &Counting) -> Fs {
-    let snap = dev.mem.snapshot();
+    let snap = dev.snapshot();
     Fs::open_device(Arc::new(MemDevice::read_only(snap)), FsOptions::default())
         .expect("open the device's contents")
 }

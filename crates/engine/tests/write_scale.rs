@@ -10,8 +10,8 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use common::Rng;
-use rext4::device::{BlockDevice, FileDevice};
+use common::{Hooked, Hooks, Rng};
+use rext4::device::FileDevice;
 use rext4::{Error, Fs, FsOptions};
 use rext4_testkit::{e2fsck_fn, extent_depth, htree_levels, mkfs, skip, LoopMount, MkfsOptions};
 
@@ -19,26 +19,13 @@ use common::open_rw as rw;
 
 /// Counts device reads, to show lookups touch few blocks.
 struct Counting {
-    inner: FileDevice,
     reads: AtomicU64,
 }
 
-impl BlockDevice for Counting {
-    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+impl Hooks for Counting {
+    fn read(&self, _len: usize, _off: u64) -> std::io::Result<()> {
         self.reads.fetch_add(1, Ordering::Relaxed);
-        self.inner.read_at(buf, off)
-    }
-    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
-        self.inner.write_at(buf, off)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn is_read_only(&self) -> bool {
-        self.inner.is_read_only()
+        Ok(())
     }
 }
 
@@ -77,9 +64,11 @@ fn big_directory(bs: u32) {
     );
 
     // Lookups walk the index: with a cold cache each costs a few block reads.
-    let dev = Arc::new(Counting {
+    let dev = Arc::new(Hooked {
         inner: FileDevice::open(img.path(), true, false).expect("dev"),
-        reads: AtomicU64::new(0),
+        hooks: Counting {
+            reads: AtomicU64::new(0),
+        },
     });
     let fs = Fs::open_device(dev.clone(), FsOptions::default()).expect("open");
     let dir = fs.resolve(b"/big", true).expect("resolve");

@@ -313,3 +313,73 @@ pub fn recover(path: &std::path::Path, how: &str) -> Result<(), String> {
         _ => unreachable!(),
     }
 }
+
+/// What a test's device does besides passing requests to the device it wraps
+/// ([`Hooked`]): each hook runs before the request, and an error it returns fails the
+/// request instead. By default a hook does nothing.
+pub trait Hooks: Send + Sync {
+    fn read(&self, _len: usize, _off: u64) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn write(&self, _buf: &[u8], _off: u64) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    /// A read-ahead hint (`BlockDevice::will_need`).
+    fn will_need(&self, _off: u64, _len: u64) {}
+}
+
+/// A device (`inner`, memory unless said otherwise) with a test's [`Hooks`] around
+/// its requests; the hooks' own fields are reached through it (`Deref`).
+pub struct Hooked<H, D = rext4::device::MemDevice> {
+    pub inner: D,
+    pub hooks: H,
+}
+
+impl<H> Hooked<H> {
+    /// `hooks` around a memory device holding `image`.
+    pub fn mem(image: Vec<u8>, hooks: H) -> Self {
+        Hooked {
+            inner: rext4::device::MemDevice::new(image),
+            hooks,
+        }
+    }
+    /// What the memory device holds now.
+    pub fn snapshot(&self) -> Vec<u8> {
+        self.inner.snapshot()
+    }
+}
+
+impl<H, D> std::ops::Deref for Hooked<H, D> {
+    type Target = H;
+    fn deref(&self) -> &H {
+        &self.hooks
+    }
+}
+
+impl<H: Hooks, D: rext4::device::BlockDevice> rext4::device::BlockDevice for Hooked<H, D> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        self.hooks.read(buf.len(), off)?;
+        self.inner.read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
+        self.hooks.write(buf, off)?;
+        self.inner.write_at(buf, off)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.hooks.flush()?;
+        self.inner.flush()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn is_read_only(&self) -> bool {
+        self.inner.is_read_only()
+    }
+    fn will_need(&self, off: u64, len: u64) {
+        self.hooks.will_need(off, len);
+        self.inner.will_need(off, len)
+    }
+}
