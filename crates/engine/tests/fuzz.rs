@@ -11,12 +11,12 @@ mod common;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{open_patched, snapshot_limited, Rng};
-use rext4::MetaKind;
-use rext4_testkit::{mkfs, populate_debugfs, Fixture, MkfsOptions};
+use common::{fuzz_base, mutations, open_patched, snapshot_limited, Rng};
+
+use rext4_testkit::MkfsOptions;
 
 /// Largest allocation made by an armed thread (a walk in progress).
 static LARGEST: AtomicUsize = AtomicUsize::new(0);
@@ -68,47 +68,12 @@ fn cases() -> u64 {
 }
 
 fn fuzz_image(opts: MkfsOptions, label: &str, seed: u64) {
-    let img = mkfs(&opts).expect("mkfs");
-    let spec = Fixture {
-        big_dir_entries: 300,
-        frag_extents: 120,
-        sparse_far_offset: 2 << 20,
-        deep_depth: 6,
-        ..Fixture::quick()
-    };
-    populate_debugfs(img.path(), &spec).expect("populate");
-    let base = Arc::new(std::fs::read(img.path()).expect("read"));
+    let (base, bs, blocks) = fuzz_base(&opts);
     let image_len = base.len();
-    let fs = open_patched(&base, vec![]).expect("opens");
-    let bs = u64::from(fs.block_size());
-    let audit = fs.audit().expect("audit");
-    assert!(audit.problems.is_empty(), "{:?}", audit.problems);
-    let mut blocks: Vec<(u64, MetaKind)> = audit.blocks;
-    blocks.sort();
-    blocks.dedup();
-    drop(fs);
     let mut rng = Rng(seed);
     let (mut ok, mut errs) = (0u64, 0u64);
     for case in 0..cases() {
-        let nmut = 1 + rng.below(16) as usize;
-        let mut patches = Vec::with_capacity(nmut);
-        for _ in 0..nmut {
-            let (blk, kind) = blocks[rng.below(blocks.len() as u64) as usize];
-            let (start, len) = if kind == MetaKind::Superblock {
-                (1024, 1024)
-            } else {
-                (blk * bs, bs)
-            };
-            let at = start + rng.below(len);
-            // Mix of bit flips, small values and extremes: they reach different checks.
-            let v = match rng.below(4) {
-                0 => base[at as usize] ^ (1 << rng.below(8)),
-                1 => rng.below(4) as u8,
-                2 => 0xFF,
-                _ => rng.next_u64() as u8,
-            };
-            patches.push((at, v));
-        }
+        let patches = mutations(&mut rng, &base, &blocks, bs, 16);
         let b = base.clone();
         let (tx, rx) = mpsc::channel();
         let worker = std::thread::spawn(move || {

@@ -267,8 +267,14 @@ impl<'a> DirEntries<'a> {
         let name = slice(block, off + DIRENT_NAME, usize::from(name_len)).ok_or_else(|| {
             FormatError::corrupted(format!("dirent at offset {off}: name out of block"))
         })?;
+        let inode = le32(block, off + DIRENT_INODE);
+        // A live entry names its inode by a name of at least one byte (e2fsck: "has a
+        // zero-length name"); an insert after it would cut its record to 8 bytes.
+        ensure(inode == 0 || name_len > 0, || {
+            format!("dirent at offset {off}: inode {inode} with an empty name")
+        })?;
         Ok(DirEntry {
-            inode: le32(block, off + DIRENT_INODE),
+            inode,
             rec_len,
             name_len,
             file_type: u8_at(block, off + DIRENT_FILE_TYPE),
@@ -384,10 +390,12 @@ fn fast_walk<'a, T>(
         let rec_len = rec_len_from_disk(le16(block, off + DIRENT_REC_LEN), block.len());
         let name_len = u8_at(block, off + DIRENT_NAME_LEN);
         let nl = usize::from(name_len);
+        let inode = le32(block, off + DIRENT_INODE);
         if rec_len < MIN_REC_LEN
             || rec_len & 3 != 0
             || rec_len < rec_len_for(nl)
             || off + rec_len > end
+            || (inode != 0 && nl == 0)
         {
             return None;
         }
@@ -395,7 +403,7 @@ fn fast_walk<'a, T>(
             off,
             rec_len,
             name_len,
-            inode: le32(block, off + DIRENT_INODE),
+            inode,
             // In range: rec_len covers the name and off + rec_len <= end <= len.
             name: &block[off + DIRENT_NAME..off + DIRENT_NAME + nl],
         };
@@ -1368,6 +1376,7 @@ mod tests {
         assert!(first_error(&one_entry(14, 1), false).contains("multiple of 4"));
         assert!(first_error(&one_entry(12, 5), false).contains("too small for name_len"));
         assert!(first_error(&one_entry(1028, 1), false).contains("crosses"));
+        assert!(first_error(&one_entry(1024, 0), false).contains("inode 11 with an empty name"));
         // A last entry reaching into the tail.
         let mut b = vec![0u8; 1024];
         init_block(&mut b, 2, 2, true);

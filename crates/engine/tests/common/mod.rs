@@ -383,3 +383,59 @@ impl<H: Hooks, D: rext4::device::BlockDevice> rext4::device::BlockDevice for Hoo
         self.inner.will_need(off, len)
     }
 }
+
+/// A valid image to mutate (`fuzz.rs`, `fuzz_write.rs`): made with `opts` and
+/// populated (the testkit's fixture, smaller), with its block size and every metadata
+/// block the audit names.
+pub fn fuzz_base(
+    opts: &rext4_testkit::MkfsOptions,
+) -> (std::sync::Arc<Vec<u8>>, u64, Vec<(u64, rext4::MetaKind)>) {
+    let img = rext4_testkit::mkfs(opts).expect("mkfs");
+    let spec = rext4_testkit::Fixture {
+        big_dir_entries: 300,
+        frag_extents: 120,
+        sparse_far_offset: 2 << 20,
+        deep_depth: 6,
+        ..rext4_testkit::Fixture::quick()
+    };
+    rext4_testkit::populate_debugfs(img.path(), &spec).expect("populate");
+    let base = std::sync::Arc::new(std::fs::read(img.path()).expect("read"));
+    let fs = open_patched(&base, vec![]).expect("opens");
+    let bs = u64::from(fs.block_size());
+    let audit = fs.audit().expect("audit");
+    assert!(audit.problems.is_empty(), "{:?}", audit.problems);
+    let mut blocks = audit.blocks;
+    blocks.sort();
+    blocks.dedup();
+    (base, bs, blocks)
+}
+
+/// One to `most` byte mutations of `base`'s metadata blocks (`blocks`, of `bs` bytes;
+/// the superblock's 1024 bytes): bit flips, small values and extremes, which reach
+/// different checks.
+pub fn mutations(
+    rng: &mut Rng,
+    base: &[u8],
+    blocks: &[(u64, rext4::MetaKind)],
+    bs: u64,
+    most: u64,
+) -> Vec<(u64, u8)> {
+    (0..1 + rng.below(most))
+        .map(|_| {
+            let (blk, kind) = blocks[rng.below(blocks.len() as u64) as usize];
+            let (start, len) = if kind == rext4::MetaKind::Superblock {
+                (1024, 1024)
+            } else {
+                (blk * bs, bs)
+            };
+            let at = start + rng.below(len);
+            let v = match rng.below(4) {
+                0 => base[at as usize] ^ (1 << rng.below(8)),
+                1 => rng.below(4) as u8,
+                2 => 0xFF,
+                _ => rng.next_u64() as u8,
+            };
+            (at, v)
+        })
+        .collect()
+}
