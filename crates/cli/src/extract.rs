@@ -376,19 +376,22 @@ impl Copier<'_> {
     }
 }
 
-/// Sum of regular file sizes under `ino`, for the progress bar (bounded walk).
+/// Sum of regular file sizes under `ino`, for the progress bar (each directory once,
+/// with no recursion: a tree of any depth, or a corrupted one with loops, ends).
 fn total_bytes(fs: &Fs, ino: Ino, seen: &mut HashSet<Ino>) -> u64 {
-    let Ok(m) = fs.stat_ino(ino) else { return 0 };
-    if m.is_file() {
-        return m.size;
+    let mut total = 0;
+    let mut todo = vec![ino];
+    while let Some(ino) = todo.pop() {
+        let Ok(m) = fs.stat_ino(ino) else { continue };
+        if m.is_file() {
+            total += m.size;
+        } else if m.is_dir() && seen.insert(ino) {
+            if let Ok(entries) = fs.read_dir_ino(ino) {
+                todo.extend(entries.iter().map(|e| e.ino));
+            }
+        }
     }
-    if !m.is_dir() || !seen.insert(ino) {
-        return 0;
-    }
-    let Ok(entries) = fs.read_dir_ino(ino) else {
-        return 0;
-    };
-    entries.iter().map(|e| total_bytes(fs, e.ino, seen)).sum()
+    total
 }
 
 /// Copy `src` (a path in the image, named `src_arg` on the command line) to `dest` on

@@ -228,8 +228,9 @@ pub fn rm(recursive: bool, force: bool, dirs: bool, args: &[String]) -> Result<(
         if fs.stat_ino(ino)?.is_dir() {
             if recursive {
                 let (parent, name) = fs.parent_and_name(path)?;
-                remove_tree(fs, ino)?;
-                if interrupt::requested().is_some() {
+                // One entry at a time, so that a signal stops it between entries
+                // (what is removed is removed; the rest stays whole).
+                if !fs.empty_dir_ino(ino, &|| interrupt::requested().is_some())? {
                     return Ok(());
                 }
                 fs.rmdir_ino(parent, name)
@@ -242,26 +243,6 @@ pub fn rm(recursive: bool, force: bool, dirs: bool, args: &[String]) -> Result<(
             fs.remove_file(OsStr::from_bytes(path))
         }
     })
-}
-
-/// Remove everything below directory `dir`, one entry at a time so that a signal stops
-/// it between entries (what is removed is removed; the rest stays whole).
-fn remove_tree(fs: &Fs, dir: Ino) -> rext4::Result<()> {
-    for e in fs.read_dir_ino(dir)? {
-        if interrupt::requested().is_some() {
-            return Ok(());
-        }
-        if fs.stat_ino(e.ino)?.is_dir() {
-            remove_tree(fs, e.ino)?;
-            if interrupt::requested().is_some() {
-                return Ok(());
-            }
-            fs.rmdir_ino(dir, &e.name)?;
-        } else {
-            fs.unlink_ino(dir, &e.name)?;
-        }
-    }
-    Ok(())
 }
 
 /// Operands that must all name the same image: (image, paths).

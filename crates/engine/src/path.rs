@@ -499,20 +499,63 @@ impl Fs {
     /// `std::fs::remove_dir_all`: a directory and everything below it.
     pub fn remove_dir_all(&self, path: impl AsRef<Path>) -> Result<()> {
         let ino = self.resolve(path_bytes(path.as_ref()), false)?;
-        self.remove_tree(ino)?;
+        self.empty_dir_ino(ino, &|| false)?;
         self.remove_dir(path)
     }
 
-    fn remove_tree(&self, dir: Ino) -> Result<()> {
-        for e in self.read_dir_ino(dir)? {
-            if self.stat_ino(e.ino)?.is_dir() {
-                self.remove_tree(e.ino)?;
-                self.rmdir_ino(dir, &e.name)?;
-            } else {
-                self.unlink_ino(dir, &e.name)?;
-            }
+    /// Remove everything below directory `top` (leaving `top`), depth first, as
+    /// `std::fs::remove_dir_all` does before its last step; `stop` is asked before each
+    /// entry and, once true, ends the walk (what is removed stays removed, the rest
+    /// whole). Returns whether the walk finished. Without recursion: a tree of any
+    /// depth takes no stack, and a directory met again below itself (a loop, which only
+    /// a corrupted image holds) is refused as corruption instead of walked for ever.
+    pub fn empty_dir_ino(&self, top: Ino, stop: &dyn Fn() -> bool) -> Result<bool> {
+        /// A directory being emptied: its name in the one above, the entries left.
+        struct Level {
+            dir: Ino,
+            name: Vec<u8>,
+            rest: std::vec::IntoIter<DirEntry>,
         }
-        Ok(())
+        let mut on_path = std::collections::HashSet::from([top]);
+        let mut stack = vec![Level {
+            dir: top,
+            name: Vec::new(),
+            rest: self.read_dir_ino(top)?.into_iter(),
+        }];
+        while let Some(level) = stack.last_mut() {
+            if stop() {
+                return Ok(false);
+            }
+            let dir = level.dir;
+            let Some(e) = level.rest.next() else {
+                let done = stack.pop().expect("the level just seen");
+                on_path.remove(&done.dir);
+                if let Some(parent) = stack.last() {
+                    self.rmdir_ino(parent.dir, &done.name)?;
+                }
+                continue;
+            };
+            if !self.stat_ino(e.ino)?.is_dir() {
+                self.unlink_ino(dir, &e.name)?;
+                continue;
+            }
+            if !on_path.insert(e.ino) {
+                return Err(Error::corrupted(
+                    format!(
+                        "directory {} holds directory {} that holds it (a loop)",
+                        dir.0, e.ino.0
+                    ),
+                    None,
+                ));
+            }
+            let rest = self.read_dir_ino(e.ino)?.into_iter();
+            stack.push(Level {
+                dir: e.ino,
+                name: e.name,
+                rest,
+            });
+        }
+        Ok(true)
     }
 
     /// `std::fs::rename`.

@@ -4,7 +4,8 @@
 //! and the metadata audit. Each case must end in a value or an error: no panic, no hang
 //! (a watchdog fails a case after 30 s), and no single allocation larger than the image.
 //!
-//! Case count: `REXT4_FUZZ_CASES` (default 1500 per image, 3 images).
+//! Case count: `REXT4_FUZZ_CASES` (default 1500 per image, 3 images); `REXT4_FUZZ_SEED`
+//! adds to each image's seed (a campaign of seeds explores other mutations).
 
 mod common;
 
@@ -68,6 +69,11 @@ fn cases() -> u64 {
 }
 
 fn fuzz_image(opts: MkfsOptions, label: &str, seed: u64) {
+    let seed = seed
+        + std::env::var("REXT4_FUZZ_SEED")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
     let (base, bs, blocks) = fuzz_base(&opts);
     let image_len = base.len();
     let mut rng = Rng(seed);

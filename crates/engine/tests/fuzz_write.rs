@@ -16,7 +16,8 @@
 //! not a failure.
 //!
 //! Cases: `REXT4_FUZZ_CASES` (default 250 per image, 2 images); `REXT4_FUZZ_SEED` adds
-//! to each image's seed, so a campaign of seeds in release explores other mutations.
+//! to each image's seed, so a campaign of seeds in release explores other mutations;
+//! `REXT4_FUZZ_TRACE` prints each case's mutations before it runs.
 
 mod common;
 
@@ -172,10 +173,15 @@ fn fuzz_writes(opts: MkfsOptions, label: &str, seed: u64) {
     let (base, bs, blocks) = fuzz_base(&opts);
     // The unmutated image takes every step.
     let clean = case(&base, &[]).expect("no write outside the image");
+    let trace = std::env::var_os("REXT4_FUZZ_TRACE").is_some();
     let mut rng = Rng(seed);
     let (mut all, mut some, mut none) = (0u64, 0u64, 0u64);
     for n in 0..env_u64("REXT4_FUZZ_CASES", 250) {
         let patches = mutations(&mut rng, &base, &blocks, bs, 8);
+        if trace {
+            // What a crash that takes the process (a stack overflow aborts it) ran.
+            eprintln!("[{label}] case {n}: patches {patches:?}");
+        }
         let b = base.clone();
         let p = patches.clone();
         let (tx, rx) = mpsc::channel();

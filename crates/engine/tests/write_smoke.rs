@@ -552,6 +552,60 @@ fn freeing_a_pointer_into_metadata_is_refused() {
     );
 }
 
+/// `remove_dir_all` of a directory whose subdirectory holds a link back to it (a
+/// loop only a corrupted image has; debugfs makes it) ends in a corruption error
+/// instead of walking the loop until the stack runs out (the write fuzz's find).
+#[test]
+fn remove_dir_all_refuses_a_directory_loop() {
+    use rext4_testkit::debugfs_w_checked;
+    let img = mkfs(&MkfsOptions::new(1024, 16 << 20)).expect("mkfs");
+    debugfs_w_checked(
+        img.path(),
+        "mkdir /a\nmkdir /a/b\nmkdir /a/b/c\nwrite /etc/hostname /a/b/f\nln /a /a/b/c/up\n",
+    )
+    .expect("debugfs");
+    let fs = rw(img.path());
+    let e = fs.remove_dir_all("/a").expect_err("a loop");
+    assert!(
+        matches!(&e, rext4::Error::Corrupted { what, .. } if what.contains("loop")),
+        "expected a loop reported as corruption, got {e:?}"
+    );
+    fs.close().expect("close");
+}
+
+/// A tree deeper than any stack would hold frame by frame goes whole.
+#[test]
+fn remove_dir_all_of_a_very_deep_tree() {
+    let img = mkfs(&MkfsOptions::new(1024, 64 << 20).arg("-N").arg("40000")).expect("mkfs");
+    let fs = rw(img.path());
+    fs.create_dir("/top").expect("mkdir");
+    let mut dir = fs.resolve(b"/top", true).expect("resolve");
+    let depth = 30_000;
+    for i in 0..depth {
+        if i % 1000 == 0 {
+            fs.write_ino_at(
+                fs.mknod_ino(dir, b"file", 0o100644, 0, 0, (0, 0))
+                    .expect("create"),
+                b"data",
+                0,
+            )
+            .expect("write");
+        }
+        dir = fs.mkdir_ino(dir, b"d", 0o755, 0, 0).expect("mkdir");
+    }
+    let free = fs.statfs().inodes_free;
+    fs.remove_dir_all("/top").expect("remove_dir_all");
+    assert!(fs.resolve(b"/top", true).is_err(), "/top is gone");
+    assert_eq!(
+        fs.statfs().inodes_free,
+        free + depth + depth / 1000 + 1,
+        "every directory and file freed"
+    );
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "{}", r.output);
+}
+
 /// `chattr -ia` through the API: one call clears immutable and append-only together
 /// (ext4 refuses other flag changes only while immutable stays set), after which the
 /// file takes writes and goes away.
