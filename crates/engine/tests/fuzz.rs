@@ -74,12 +74,12 @@ fn fuzz_image(opts: MkfsOptions, label: &str, seed: u64) {
             .ok()
             .and_then(|v| v.parse::<u64>().ok())
             .unwrap_or(0);
-    let (base, bs, blocks) = fuzz_base(&opts);
+    let (base, _, ranges) = fuzz_base(&opts);
     let image_len = base.len();
     let mut rng = Rng(seed);
     let (mut ok, mut errs) = (0u64, 0u64);
     for case in 0..cases() {
-        let patches = mutations(&mut rng, &base, &blocks, bs, 16);
+        let patches = mutations(&mut rng, &base, &ranges, 16);
         let b = base.clone();
         let (tx, rx) = mpsc::channel();
         let worker = std::thread::spawn(move || {

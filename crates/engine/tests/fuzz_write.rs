@@ -133,8 +133,9 @@ fn changes(fs: &Fs) -> usize {
 }
 
 /// One case: `patches` applied to `base`, the changes made, the result walked again.
-/// Returns the steps that succeeded, or the writes refused as outside the image.
-fn case(base: &[u8], patches: &[(u64, u8)]) -> Result<usize, u64> {
+/// Returns the steps that succeeded, or the writes refused as outside the image (or,
+/// with `boot`, changing its boot area).
+fn case(base: &[u8], patches: &[(u64, u8)], boot: bool) -> Result<usize, u64> {
     let mut img = base.to_vec();
     for &(at, v) in patches {
         img[at as usize] = v;
@@ -143,7 +144,11 @@ fn case(base: &[u8], patches: &[(u64, u8)]) -> Result<usize, u64> {
         img,
         Bounds {
             size: base.len() as u64,
-            boot: base[..1024].to_vec(),
+            boot: if boot {
+                base[..1024].to_vec()
+            } else {
+                Vec::new()
+            },
             outside: AtomicU64::new(0),
         },
     ));
@@ -168,16 +173,84 @@ fn case(base: &[u8], patches: &[(u64, u8)]) -> Result<usize, u64> {
     Ok(done)
 }
 
-fn fuzz_writes(opts: MkfsOptions, label: &str, seed: u64) {
+/// Where a run's mutations land.
+#[derive(Clone, Copy, PartialEq)]
+enum Area {
+    /// The metadata blocks of a clean image.
+    Metadata,
+    /// The used part of the log (and the journal superblock) of an image a crash left
+    /// with committed transactions to replay.
+    Log,
+}
+
+/// `base` after two committed transactions of changes of several kinds, as a crash
+/// leaves it (the log not checkpointed), and the byte ranges of the log blocks they
+/// take and of the journal superblock.
+fn with_log(base: &[u8], bs: u64) -> (Vec<u8>, Vec<(u64, u64)>) {
+    let dev = Arc::new(MemDevice::new(base.to_vec()));
+    let opts = FsOptions {
+        read_only: false,
+        commit_secs: 0,
+        ..FsOptions::default()
+    };
+    let fs = Fs::open_device(dev.clone(), opts).expect("open");
+    fs.write("/logged", vec![0x4c; 9000]).expect("write");
+    fs.create_dir("/logged-dir").expect("mkdir");
+    fs.rename("/small/one", "/logged-dir/one").expect("rename");
+    fs.sync().expect("commit");
+    fs.remove_file("/small/b4096").expect("unlink");
+    fs.write("/big/logged-entry", b"x").expect("create");
+    let ino = fs.resolve(b"/xattr/small", true).expect("resolve");
+    fs.set_xattr_ino(ino, b"user.logged", b"v", XattrFlags::default())
+        .expect("xattr");
+    fs.sync().expect("commit");
+    let img = dev.snapshot();
+    let (_, runs) = fs
+        .fiemap_ino(rext4::Ino(8), u64::MAX >> 20)
+        .expect("the journal's map");
+    drop(fs);
+    let r = rext4::journal::examine(&MemDevice::read_only(img.clone())).expect("examine");
+    assert!(
+        r.needed && r.transactions >= 2 && r.log_head > r.log_start,
+        "the image holds no log to replay: {r:?}"
+    );
+    let physical = |j: u64| {
+        runs.iter()
+            .find_map(|&(l, m)| match m {
+                rext4::Mapping::Mapped { physical, len, .. } if (l..l + len).contains(&j) => {
+                    Some(physical + j - l)
+                }
+                _ => None,
+            })
+            .expect("a journal block")
+    };
+    let ranges = std::iter::once(0)
+        .chain(u64::from(r.log_start)..u64::from(r.log_head))
+        .map(|j| (physical(j) * bs, bs))
+        .collect();
+    (img, ranges)
+}
+
+fn fuzz_writes(opts: MkfsOptions, label: &str, seed: u64, area: Area) {
     let seed = seed + env_u64("REXT4_FUZZ_SEED", 0);
-    let (base, bs, blocks) = fuzz_base(&opts);
+    let (base, bs, ranges) = fuzz_base(&opts);
+    let (base, ranges) = match area {
+        Area::Metadata => (base, ranges),
+        Area::Log => {
+            let (img, log) = with_log(&base, bs);
+            (Arc::new(img), log)
+        }
+    };
+    // A replay writes logged copies of block 0 whole, boot area included: only the
+    // metadata runs check that area.
+    let boot = area == Area::Metadata;
     // The unmutated image takes every step.
-    let clean = case(&base, &[]).expect("no write outside the image");
+    let clean = case(&base, &[], boot).expect("no write outside the image");
     let trace = std::env::var_os("REXT4_FUZZ_TRACE").is_some();
     let mut rng = Rng(seed);
     let (mut all, mut some, mut none) = (0u64, 0u64, 0u64);
     for n in 0..env_u64("REXT4_FUZZ_CASES", 250) {
-        let patches = mutations(&mut rng, &base, &blocks, bs, 8);
+        let patches = mutations(&mut rng, &base, &ranges, 8);
         if trace {
             // What a crash that takes the process (a stack overflow aborts it) ran.
             eprintln!("[{label}] case {n}: patches {patches:?}");
@@ -186,7 +259,7 @@ fn fuzz_writes(opts: MkfsOptions, label: &str, seed: u64) {
         let p = patches.clone();
         let (tx, rx) = mpsc::channel();
         let worker = std::thread::spawn(move || {
-            let _ = tx.send(case(&b, &p));
+            let _ = tx.send(case(&b, &p, boot));
         });
         let what = || format!("[{label}] case {n} (seed {seed}, patches {patches:?})");
         match rx.recv_timeout(Duration::from_secs(30)) {
@@ -218,11 +291,25 @@ fn fuzz_writes_no_csum_1k() {
     let opts = MkfsOptions::new(1024, 16 << 20)
         .arg("-O")
         .arg("^metadata_csum");
-    fuzz_writes(opts, "writes no-csum 1k", 11);
+    fuzz_writes(opts, "writes no-csum 1k", 11, Area::Metadata);
 }
 
 #[test]
 fn fuzz_writes_csum_4k_upstream() {
     let opts = MkfsOptions::new(4096, 16 << 20).upstream(true);
-    fuzz_writes(opts, "writes csum 4k upstream", 12);
+    fuzz_writes(opts, "writes csum 4k upstream", 12, Area::Metadata);
+}
+
+#[test]
+fn fuzz_replay_no_csum_4k() {
+    let opts = MkfsOptions::new(4096, 16 << 20)
+        .arg("-O")
+        .arg("^metadata_csum");
+    fuzz_writes(opts, "replay no-csum 4k", 13, Area::Log);
+}
+
+#[test]
+fn fuzz_replay_csum_1k() {
+    let opts = MkfsOptions::new(1024, 16 << 20);
+    fuzz_writes(opts, "replay csum 1k", 14, Area::Log);
 }

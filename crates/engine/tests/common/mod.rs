@@ -385,11 +385,12 @@ impl<H: Hooks, D: rext4::device::BlockDevice> rext4::device::BlockDevice for Hoo
 }
 
 /// A valid image to mutate (`fuzz.rs`, `fuzz_write.rs`): made with `opts` and
-/// populated (the testkit's fixture, smaller), with its block size and every metadata
-/// block the audit names.
+/// populated (the testkit's fixture, smaller), with its block size and the byte range
+/// `(start, len)` of every metadata block the audit names (the superblock's 1024
+/// bytes for the superblock).
 pub fn fuzz_base(
     opts: &rext4_testkit::MkfsOptions,
-) -> (std::sync::Arc<Vec<u8>>, u64, Vec<(u64, rext4::MetaKind)>) {
+) -> (std::sync::Arc<Vec<u8>>, u64, Vec<(u64, u64)>) {
     let img = rext4_testkit::mkfs(opts).expect("mkfs");
     let spec = rext4_testkit::Fixture {
         big_dir_entries: 300,
@@ -404,30 +405,26 @@ pub fn fuzz_base(
     let bs = u64::from(fs.block_size());
     let audit = fs.audit().expect("audit");
     assert!(audit.problems.is_empty(), "{:?}", audit.problems);
-    let mut blocks = audit.blocks;
-    blocks.sort();
-    blocks.dedup();
-    (base, bs, blocks)
+    let mut ranges: Vec<(u64, u64)> = audit
+        .blocks
+        .iter()
+        .map(|&(blk, kind)| match kind {
+            rext4::MetaKind::Superblock => (1024, 1024),
+            _ => (blk * bs, bs),
+        })
+        .collect();
+    ranges.sort();
+    ranges.dedup();
+    (base, bs, ranges)
 }
 
-/// One to `most` byte mutations of `base`'s metadata blocks (`blocks`, of `bs` bytes;
-/// the superblock's 1024 bytes): bit flips, small values and extremes, which reach
+/// One to `most` byte mutations of `base` inside `ranges` (`(start, len)`, as
+/// `fuzz_base` gives them): bit flips, small values and extremes, which reach
 /// different checks.
-pub fn mutations(
-    rng: &mut Rng,
-    base: &[u8],
-    blocks: &[(u64, rext4::MetaKind)],
-    bs: u64,
-    most: u64,
-) -> Vec<(u64, u8)> {
+pub fn mutations(rng: &mut Rng, base: &[u8], ranges: &[(u64, u64)], most: u64) -> Vec<(u64, u8)> {
     (0..1 + rng.below(most))
         .map(|_| {
-            let (blk, kind) = blocks[rng.below(blocks.len() as u64) as usize];
-            let (start, len) = if kind == rext4::MetaKind::Superblock {
-                (1024, 1024)
-            } else {
-                (blk * bs, bs)
-            };
+            let (start, len) = ranges[rng.below(ranges.len() as u64) as usize];
             let at = start + rng.below(len);
             let v = match rng.below(4) {
                 0 => base[at as usize] ^ (1 << rng.below(8)),
