@@ -17,7 +17,8 @@
 //!
 //! Cases: `REXT4_FUZZ_CASES` (default 250 per image, 2 images); `REXT4_FUZZ_SEED` adds
 //! to each image's seed, so a campaign of seeds in release explores other mutations;
-//! `REXT4_FUZZ_TRACE` prints each case's mutations before it runs.
+//! `REXT4_FUZZ_TRACE` prints each case's mutations before it runs, and why an open
+//! was refused.
 
 mod common;
 
@@ -159,7 +160,12 @@ fn case(base: &[u8], patches: &[(u64, u8)], boot: bool) -> Result<usize, u64> {
     };
     let done = match Fs::open_device(dev.clone(), opts) {
         Ok(fs) => changes(&fs),
-        Err(_) => 0,
+        Err(e) => {
+            if std::env::var_os("REXT4_FUZZ_TRACE").is_some() {
+                eprintln!("  open refused: {e}");
+            }
+            0
+        }
     };
     let outside = dev.outside.load(Ordering::SeqCst);
     if outside > 0 {
