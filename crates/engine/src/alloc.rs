@@ -436,7 +436,7 @@ impl Fs {
                     bitmap::set(b, x - first, false);
                 }
             })?;
-            grp.desc.free_blocks_count += freed;
+            grp.desc.free_blocks_count = grp.desc.free_blocks_count.saturating_add(freed);
             // Only the run around what was freed can have grown: measure it (in the
             // bitmap just changed, cached) and keep the larger bound.
             if let Some(l) = grp.longest_free {
@@ -448,7 +448,7 @@ impl Fs {
             drop(grp);
             self.inner.space.freed(u64::from(freed));
             let mut live = self.live();
-            live.sb.free_blocks_count += u64::from(freed);
+            live.sb.free_blocks_count = live.sb.free_blocks_count.saturating_add(u64::from(freed));
             live.dirty = true;
             blk = gend;
         }
@@ -633,17 +633,20 @@ impl Fs {
                 drop(b);
                 self.change_inode_bitmap(&mut grp, |b| bitmap::set(b, x, true))?;
             }
-            grp.desc.free_inodes_count -= 1;
+            // Counts and itable_unused a corrupted descriptor holds may be past any
+            // right value (e2fsck's to fix): the arithmetic saturates instead of
+            // wrapping.
+            grp.desc.free_inodes_count = grp.desc.free_inodes_count.saturating_sub(1);
             if is_dir {
-                grp.desc.used_dirs_count += 1;
+                grp.desc.used_dirs_count = grp.desc.used_dirs_count.saturating_add(1);
             }
             let used = x as u32 + 1;
-            if ipg - grp.desc.itable_unused < used {
+            if ipg.saturating_sub(grp.desc.itable_unused) < used {
                 grp.desc.itable_unused = ipg - used;
             }
             drop(grp);
             let mut live = self.live();
-            live.sb.free_inodes_count -= 1;
+            live.sb.free_inodes_count = live.sb.free_inodes_count.saturating_sub(1);
             live.dirty = true;
             return Ok(Some(Ino(g as u32 * ipg + used)));
         }
@@ -703,14 +706,14 @@ impl Fs {
         if self.inner.sync_grace {
             SYNC_PENDING.with(|p| p.borrow_mut().push((self.lock_id(), ino.0, stamp)));
         }
-        grp.desc.free_inodes_count += 1;
+        grp.desc.free_inodes_count = grp.desc.free_inodes_count.saturating_add(1);
         if is_dir {
             grp.desc.used_dirs_count = grp.desc.used_dirs_count.saturating_sub(1);
         }
         self.change_inode_bitmap(&mut grp, |b| bitmap::set(b, x, false))?;
         drop(grp);
         let mut live = self.live();
-        live.sb.free_inodes_count += 1;
+        live.sb.free_inodes_count = live.sb.free_inodes_count.saturating_add(1);
         live.dirty = true;
         Ok(())
     }

@@ -573,6 +573,47 @@ fn remove_dir_all_refuses_a_directory_loop() {
     fs.close().expect("close");
 }
 
+/// Group descriptor counts past any right value (itable_unused above the inodes per
+/// group, a free-inode count of 0 over a bitmap with free inodes: a corrupted image,
+/// as the write fuzz made one) do not wrap the allocator's arithmetic: creates work,
+/// and what e2fsck then finds is the corruption's, no worse.
+#[test]
+fn creates_survive_group_counts_past_any_right_value() {
+    use rext4_testkit::debugfs_w_checked;
+    for edit in [
+        "set_bg 0 itable_unused 65535",
+        "set_bg 0 free_inodes_count 0",
+    ] {
+        let img = mkfs(
+            &MkfsOptions::new(1024, 16 << 20)
+                .arg("-O")
+                .arg("^metadata_csum"),
+        )
+        .expect("mkfs");
+        debugfs_w_checked(
+            img.path(),
+            format!("{edit}\nset_super_value free_inodes_count 0\n"),
+        )
+        .expect("debugfs");
+        let fs = rw(img.path());
+        for i in 0..5 {
+            fs.write(format!("/f{i}"), b"x")
+                .unwrap_or_else(|e| panic!("{edit}: create {i}: {e}"));
+            fs.create_dir(format!("/d{i}"))
+                .unwrap_or_else(|e| panic!("{edit}: mkdir {i}: {e}"));
+        }
+        fs.remove_file("/f0").expect("unlink");
+        fs.close().expect("close");
+        assert_eq!(
+            Fs::open(img.path())
+                .expect("open")
+                .read("/f1")
+                .expect("read"),
+            b"x"
+        );
+    }
+}
+
 /// A tree deeper than any stack would hold frame by frame goes whole.
 #[test]
 fn remove_dir_all_of_a_very_deep_tree() {
