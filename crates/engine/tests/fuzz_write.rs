@@ -7,16 +7,18 @@
 //! made and removed in the deep tree, a symlink, xattrs set in the inode and in a block
 //! and removed, fallocate, a punch and a zero range, the deep tree removed whole, an
 //! fsync, a sync and the close. Then the image as they left it is opened again and
-//! walked.
+//! walked. The replay runs (`fuzz_replay_*`) mutate instead the log, and the journal
+//! superblock, of an image a crash left with committed transactions: the open replays
+//! the damage before the same changes.
 //!
 //! Each step must end in a value or an error: no panic, no hang (a watchdog fails a
 //! case after 30 s), and no write outside the image or changing its first 1024 bytes
-//! (the boot area, which ext4 never changes): the device refuses such a write and the
-//! case fails. A corrupted image may well end in a shut-down filesystem; that is an error,
-//! not a failure.
+//! (the boot area, which ext4 never changes; a replay may, writing a mutated logged
+//! copy of block 0): the device refuses such a write and the case fails. A corrupted
+//! image may well end in a shut-down filesystem; that is an error, not a failure.
 //!
-//! Cases: `REXT4_FUZZ_CASES` (default 250 per image, 2 images); `REXT4_FUZZ_SEED` adds
-//! to each image's seed, so a campaign of seeds in release explores other mutations;
+//! Cases: `REXT4_FUZZ_CASES` (default 250 per test); `REXT4_FUZZ_SEED` adds to each
+//! test's seed, so a campaign of seeds in release explores other mutations;
 //! `REXT4_FUZZ_TRACE` prints each case's mutations before it runs, and why an open
 //! was refused.
 
