@@ -39,7 +39,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use common::Recorder;
+use common::{env_u64, Recorder};
 use rext4::{Fs, FsOptions, OpenOptions};
 use rext4_testkit::crash::{self, Event, Rng};
 use rext4_testkit::{e2fsck_fn, e2fsck_fy, mkfs, skip, LoopMount, MkfsOptions, TempDir};
@@ -399,13 +399,6 @@ fn concurrent_fsyncs() -> Run {
         syncs,
         files: histories.into_iter().flatten().collect(),
     }
-}
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 /// How many bytes of files one `random_ops` thread keeps at most (four of them share

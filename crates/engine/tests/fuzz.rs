@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{fuzz_base, mutations, open_patched, snapshot_limited, Rng};
+use common::{env_u64, fuzz_base, mutations, open_patched, snapshot_limited, Rng};
 
 use rext4_testkit::MkfsOptions;
 
@@ -61,24 +61,13 @@ unsafe impl GlobalAlloc for Watch {
 #[global_allocator]
 static GLOBAL: Watch = Watch;
 
-fn cases() -> u64 {
-    std::env::var("REXT4_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1500)
-}
-
 fn fuzz_image(opts: MkfsOptions, label: &str, seed: u64) {
-    let seed = seed
-        + std::env::var("REXT4_FUZZ_SEED")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0);
+    let seed = seed + env_u64("REXT4_FUZZ_SEED", 0);
     let (base, _, ranges) = fuzz_base(&opts);
     let image_len = base.len();
     let mut rng = Rng(seed);
     let (mut ok, mut errs) = (0u64, 0u64);
-    for case in 0..cases() {
+    for case in 0..env_u64("REXT4_FUZZ_CASES", 1500) {
         let patches = mutations(&mut rng, &base, &ranges, 16);
         let b = base.clone();
         let (tx, rx) = mpsc::channel();

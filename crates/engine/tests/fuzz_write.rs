@@ -28,18 +28,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use common::{fuzz_base, mutations, snapshot_limited, Hooked, Hooks, Rng};
+use common::{env_u64, fuzz_base, mutations, snapshot_limited, Hooked, Hooks, Rng};
 use rext4::device::MemDevice;
 use rext4::{FallocMode, Fs, FsOptions, OpenOptions, XattrFlags};
 use rext4_testkit::fixture::big_dir_name;
 use rext4_testkit::MkfsOptions;
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// Refuses, and counts, any write past the image's end or changing its first 1024
 /// bytes (the boot area: ext4 writes block 0 of a 4 KiB-block image for the

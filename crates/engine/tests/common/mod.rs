@@ -436,3 +436,11 @@ pub fn mutations(rng: &mut Rng, base: &[u8], ranges: &[(u64, u64)], most: u64) -
         })
         .collect()
 }
+
+/// A number from the environment variable `name` (a test's knob), or `default`.
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
