@@ -100,25 +100,25 @@ fn changes(fs: &Fs) -> usize {
     step(fs.create_dir("/deep/l01/new"));
     step(fs.remove_dir("/deep/l01/new"));
     step(fs.symlink("small/b4095", "/newlink"));
-    let xattr = |p: &str, f: &dyn Fn(rext4::Ino) -> rext4::Result<()>| {
+    let on_ino = |p: &str, f: &dyn Fn(rext4::Ino) -> rext4::Result<()>| {
         fs.resolve(p.as_bytes(), true).and_then(f)
     };
-    step(xattr("/xattr/big", &|ino| {
+    step(on_ino("/xattr/big", &|ino| {
         fs.set_xattr_ino(ino, b"user.new", &[0x58; 100], XattrFlags::default())
     }));
-    step(xattr("/xattr/small", &|ino| {
+    step(on_ino("/xattr/small", &|ino| {
         fs.set_xattr_ino(ino, b"user.more", b"in the inode", XattrFlags::default())
     }));
-    step(xattr("/xattr/small", &|ino| {
+    step(on_ino("/xattr/small", &|ino| {
         fs.remove_xattr_ino(ino, b"user.small")
     }));
-    step(xattr("/prealloc", &|ino| {
+    step(on_ino("/prealloc", &|ino| {
         fs.fallocate_ino(ino, FallocMode::KeepSize, 0, 64 << 10)
     }));
-    step(xattr("/frag", &|ino| {
+    step(on_ino("/frag", &|ino| {
         fs.fallocate_ino(ino, FallocMode::PunchHole, 10 << 10, 30 << 10)
     }));
-    step(xattr("/sparse", &|ino| {
+    step(on_ino("/sparse", &|ino| {
         fs.fallocate_ino(ino, FallocMode::ZeroRange { keep_size: true }, 0, 12 << 10)
     }));
     step(fs.remove_dir_all("/deep"));
