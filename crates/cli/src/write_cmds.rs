@@ -912,10 +912,20 @@ impl InCopier<'_> {
                 let chunk = &self.buf[..n];
                 // Without SEEK_DATA, whole zero blocks become holes.
                 let skip = zero_skip && chunk.iter().all(|&b| b == 0);
-                if !skip {
-                    self.fs
-                        .write_ino_at(ino, chunk, pos)
-                        .map_err(eng(&format!("{sd}: writing at {pos}")))?;
+                // A write may take less than the chunk (the disk filled up part way):
+                // go on from where it stopped, so the next error names the offset
+                // that failed and nothing is skipped.
+                let mut done = 0;
+                while !skip && done < chunk.len() {
+                    let at = pos + done as u64;
+                    let w = self
+                        .fs
+                        .write_ino_at(ino, &chunk[done..], at)
+                        .map_err(eng(&format!("{sd}: writing at {at}")))?;
+                    if w == 0 {
+                        return Err(eng(&format!("{sd}: writing at {at}"))(Error::NoSpace));
+                    }
+                    done += w;
                 }
                 pos += n as u64;
                 self.bar.inc(n as u64);

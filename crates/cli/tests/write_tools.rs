@@ -792,6 +792,45 @@ fn mkfs_d_matches(src: &Path, img: &Path, label: &str) {
     }
 }
 
+/// `cp` of a file larger than the free space: the engine takes what fits of the chunk
+/// that meets the full disk (a short write), and the copy must go on from there, so that
+/// it fails at the first byte that did not fit. The error names that offset, the file
+/// ends exactly there, every byte before it is the source's, and the image is clean.
+/// (Before, a short write was taken for the whole chunk: the file ended below the
+/// offset the error named.)
+#[test]
+fn cp_onto_a_full_disk_stops_at_the_first_byte_that_did_not_fit() {
+    let img = mkfs(&MkfsOptions::new(4096, 16 << 20)).expect("mkfs.ext4");
+    let p = img.path();
+    let host = TempDir::new("cp-full").expect("tempdir");
+    let src = host.path().join("big");
+    // Incompressible and position-dependent, so that a skipped or shifted run shows.
+    let data: Vec<u8> = (0..48u64 << 20)
+        .map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8 ^ (i >> 12) as u8)
+        .collect();
+    std::fs::write(&src, &data).expect("write source");
+    let r = run_ok(&[s("cp"), src.as_os_str(), &spec(p, "/")], 1);
+    assert!(r.stderr.contains("No space left on device"), "{}", r.stderr);
+    let at: u64 = r
+        .stderr
+        .split("writing at ")
+        .nth(1)
+        .and_then(|t| t.split(':').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no offset in the error: {}", r.stderr));
+    assert!(at > 0 && at < data.len() as u64, "offset {at}");
+    let got = run_ok(&[s("cat"), &spec(p, "/big")], 0).stdout;
+    assert_eq!(
+        got.len() as u64,
+        at,
+        "the file ends at {} but the copy failed at {at}",
+        got.len()
+    );
+    let bad = got.iter().zip(&data).position(|(a, b)| a != b);
+    assert_eq!(bad, None, "the copy differs from the source");
+    assert_fsck_clean(p, "cp onto a full disk");
+}
+
 #[test]
 fn mkfs_d_of_a_tree_equals_the_source() {
     let host = build_host_tree();
