@@ -111,8 +111,8 @@ fn case(bs: u32, upstream: bool) {
         "[{label}] the copy needs no recovery"
     );
 
-    let r = e2fsck_fy(&copy_a);
-    assert!(r.exit_code <= 1, "[{label}] e2fsck -fy: {}", r.output);
+    let fy = e2fsck_fy(&copy_a);
+    assert!(fy.exit_code <= 1, "[{label}] e2fsck -fy: {}", fy.output);
     let fs = Fs::open_with(
         &copy_b,
         FsOptions {
@@ -150,9 +150,11 @@ fn case(bs: u32, upstream: bool) {
         .collect();
     assert!(
         diff.is_empty() && da.len() == db.len(),
-        "[{label}] dumpe2fs differs:\n{}\n{}",
+        "[{label}] dumpe2fs differs:\n{}\n{}e2fsck -fy said (exit {}):\n{}",
         diff.join("\n"),
-        bitmap_bytes_diff(&diff, &copy_a, &copy_b, bs)
+        bitmap_bytes_diff(&diff, &copy_a, &copy_b, bs),
+        fy.exit_code,
+        fy.output
     );
     let _ = std::fs::remove_file(copy_a);
     let _ = std::fs::remove_file(copy_b);

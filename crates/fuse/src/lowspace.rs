@@ -347,12 +347,25 @@ fn check(s: &Shared, set_window: &mut u64, min_refused: &mut bool) {
             s.invalidate_attrs_only(ino);
             s.kernel_writeback(ino);
         }
-        log::warn!(
-            "space is low ({} KiB left, dirty window {} KiB): files opened for writing \
-             from now on write through",
-            avail >> 10,
-            window >> 10
-        );
+        if tunable {
+            log::warn!(
+                "space is low ({} KiB left, dirty window {} KiB): files opened for \
+                 writing from now on write through",
+                avail >> 10,
+                window >> 10
+            );
+        } else {
+            // Without root this fires on any image smaller than the kernel's own
+            // window, empty or not: say why, and that nothing is wrong.
+            log::warn!(
+                "{} KiB free is less than the kernel may hold unwritten for this mount \
+                 ({} KiB, its own limit; only root can lower it): files opened for \
+                 writing from now on write through, so that write() itself reports a \
+                 full disk",
+                avail >> 10,
+                window >> 10
+            );
+        }
     } else {
         ls.refused.store(false, Ordering::SeqCst);
     }
