@@ -509,3 +509,61 @@ fn unbuildable_features_are_refused() {
         );
     }
 }
+
+/// A mkfs that cannot be built (too small, too many inodes, a feature rext4 does not
+/// make) is refused before the file is touched: an existing image keeps every byte
+/// (before, the file was truncated first and the user's image lost to a mistyped size),
+/// and a file the call created is not left behind.
+#[test]
+fn refused_mkfs_leaves_the_file_as_it_was() {
+    let dir = TempDir::new("mkfs-keep").expect("temp dir");
+    let img = dir.join("keep.img");
+    mkfs_file(&img, 8 * M, &MkfsOptions::default()).expect("mkfs");
+    {
+        let fs = Fs::open_with(
+            &img,
+            rext4::FsOptions {
+                read_only: false,
+                ..Default::default()
+            },
+        )
+        .expect("open");
+        fs.write("/data", b"important").expect("write");
+        fs.close().expect("close");
+    }
+    let before = std::fs::read(&img).expect("read image");
+    let refusals: [(&str, u64, MkfsOptions); 3] = [
+        ("10 KiB", 10 * K, MkfsOptions::default()),
+        (
+            "-N 99999999",
+            8 * M,
+            MkfsOptions {
+                inodes: Some(99_999_999),
+                ..MkfsOptions::default()
+            },
+        ),
+        (
+            "-O bigalloc",
+            8 * M,
+            MkfsOptions {
+                features: FeatureSet::parse("bigalloc").expect("parse"),
+                ..MkfsOptions::default()
+            },
+        ),
+    ];
+    for (what, size, opts) in &refusals {
+        assert!(mkfs_file(&img, *size, opts).is_err(), "{what} accepted");
+        assert!(
+            std::fs::read(&img).expect("read image") == before,
+            "a refused mkfs ({what}) changed the image"
+        );
+        let new = dir.join("new.img");
+        assert!(mkfs_file(&new, *size, opts).is_err(), "{what} accepted");
+        assert!(
+            !new.exists(),
+            "a refused mkfs ({what}) left a new file behind"
+        );
+    }
+    let fs = Fs::open(&img).expect("open after the refusals");
+    assert_eq!(fs.read("/data").expect("read"), b"important");
+}

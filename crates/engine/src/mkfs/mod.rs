@@ -116,17 +116,7 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<MkfsReport> {
         Some(s) => s,
         None => device_fs_size(dev.size_bytes(), opts.block_size),
     };
-    let features = opts
-        .features
-        .apply(Features::defaults(opts.upstream_defaults))
-        .normalized();
-    features.check_buildable().map_err(Error::Unsupported)?;
-    let geo = geometry::Geometry::compute(&geometry::Request {
-        size_bytes: size,
-        block_size: opts.block_size,
-        inodes: opts.inodes,
-        features,
-    })?;
+    let (features, geo) = plan(size, opts)?;
     let mut warnings = Vec::new();
     if features.has_compat(rext4_format::superblock::feature::COMPAT_HAS_JOURNAL)
         && geo.journal_blocks == 0
@@ -173,31 +163,66 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<MkfsReport> {
     Ok(report)
 }
 
+/// The features and layout a filesystem of `size` bytes gets from `opts`, or the
+/// reason it cannot be built (too small, too many inodes, a feature set rext4 does
+/// not make): everything that can refuse, before anything is written.
+fn plan(size: u64, opts: &MkfsOptions) -> Result<(Features, geometry::Geometry)> {
+    let features = opts
+        .features
+        .apply(Features::defaults(opts.upstream_defaults))
+        .normalized();
+    features.check_buildable().map_err(Error::Unsupported)?;
+    let geo = geometry::Geometry::compute(&geometry::Request {
+        size_bytes: size,
+        block_size: opts.block_size,
+        inodes: opts.inodes,
+        features,
+    })?;
+    Ok((features, geo))
+}
+
 /// Create (or truncate) the regular file `path` as a sparse image of `size_bytes` and
 /// make a filesystem in it. `opts.size_bytes` and `opts.device_zeroed` are implied.
 /// An existing file in use (a loop device, a mount, another rext4 process) is refused
-/// with [`Error::InUse`] and left as it is.
+/// with [`Error::InUse`] and left as it is; so is any file when the options cannot make
+/// a filesystem of that size (checked before the file is touched, as mke2fs does), and
+/// a file this call created is removed again when it fails.
 pub fn mkfs_file(path: &Path, size_bytes: u64, opts: &MkfsOptions) -> Result<MkfsReport> {
+    plan(size_bytes, opts)?;
     let f = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)?;
-    // An image a loop device, a mount or another rext4 process uses is not formatted
-    // (as mke2fs refuses a mounted filesystem): claimed before it is truncated.
-    let _claim = crate::claim::Claim::write(path)?;
-    f.set_len(0)?;
-    f.set_len(size_bytes)?;
-    drop(f);
-    let dev = FileDevice::open(path, false, false)?;
-    let opts = MkfsOptions {
-        size_bytes: Some(size_bytes),
-        device_zeroed: true,
-        ..opts.clone()
+        .create_new(true)
+        .open(path);
+    let created = f.is_ok();
+    let f = match f {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(false)
+            .open(path)?,
+        f => f?,
     };
-    let report = mkfs(&dev, &opts)?;
-    dev.flush()?;
-    Ok(report)
+    let r = (|| {
+        // An image a loop device, a mount or another rext4 process uses is not
+        // formatted (as mke2fs refuses a mounted filesystem): claimed before it is
+        // truncated.
+        let _claim = crate::claim::Claim::write(path)?;
+        f.set_len(0)?;
+        f.set_len(size_bytes)?;
+        let dev = FileDevice::open(path, false, false)?;
+        let opts = MkfsOptions {
+            size_bytes: Some(size_bytes),
+            device_zeroed: true,
+            ..opts.clone()
+        };
+        let report = mkfs(&dev, &opts)?;
+        dev.flush()?;
+        Ok(report)
+    })();
+    drop(f);
+    if r.is_err() && created {
+        let _ = std::fs::remove_file(path);
+    }
+    r
 }
 
 /// The page size mke2fs rounds device sizes to (x86's; mke2fs asks `sysconf`).
