@@ -89,7 +89,8 @@ enum Cmd {
     },
     /// Copy out of an image (`rext4 cp -r IMAGE:/dir DEST`) or into one
     /// (`rext4 cp -r SRC... IMAGE:/dir`), keeping modes, owners (as root), times,
-    /// links, special files, xattrs and holes.
+    /// links, special files, xattrs and holes. As cp, without -r a pipe or device named
+    /// as a source is read into a regular file (`cmd | rext4 cp /dev/stdin IMAGE:/f`).
     ///
     /// Into an image, SIGINT/SIGTERM/SIGHUP stop it after the file in progress (an
     /// unfinished file is removed), and the image is closed clean; a second signal ends

@@ -728,12 +728,21 @@ impl InCopier<'_> {
         let perm = md.mode() & 0o7777;
         let ft = md.file_type();
         use std::os::unix::fs::FileTypeExt;
-        let ino = if ft.is_file() {
+        // As cp(1): without -r a special file named on the command line (a pipe, as
+        // `cp /dev/stdin`, a character device) is read, its bytes becoming a regular
+        // file; with -r it is made again as what it is.
+        let contents_only = !self.recursive && !ft.is_file() && !ft.is_symlink();
+        let ino = if ft.is_file() || contents_only {
             let ino = self
                 .fs
                 .mknod_ino(parent, name, u32::from(imode::S_IFREG) | perm, u, g, (0, 0))
                 .map_err(eng(&sd))?;
-            if let Err(e) = self.copy_data(src, md.len(), ino) {
+            let copied = if contents_only {
+                self.copy_stream(src, ino)
+            } else {
+                self.copy_data(src, md.len(), ino)
+            };
+            if let Err(e) = copied {
                 if matches!(e, StepError::Interrupted) {
                     // Stopped half way: remove the file, so every file left is whole.
                     if let Err(u) = self.fs.unlink_ino(parent, name) {
@@ -860,6 +869,32 @@ impl InCopier<'_> {
         Ok(())
     }
 
+    /// Copy what reading host file `src` gives until its end (a pipe, a character
+    /// device) into inode `ino`. A signal stops it between chunks.
+    fn copy_stream(&mut self, src: &Path, ino: Ino) -> StepResult<()> {
+        use std::io::Read;
+        let sd = src.display().to_string();
+        let mut f = std::fs::File::open(src).map_err(host(&sd))?;
+        let mut pos = 0u64;
+        loop {
+            let r = f.read(&mut self.buf);
+            // Checked after the read too: a Ctrl-C also ends the producer of a pipe,
+            // whose end must not pass for the end of the data.
+            if interrupt::requested().is_some() {
+                return Err(StepError::Interrupted);
+            }
+            let n = match r {
+                Ok(0) => return Ok(()),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(host(&sd)(e)),
+            };
+            write_all(self.fs, ino, &self.buf[..n], pos, &sd)?;
+            pos += n as u64;
+            self.bar.inc(n as u64);
+        }
+    }
+
     /// Copy the bytes of host file `src` into inode `ino`, keeping holes. A signal
     /// stops it between chunks (`StepError::Interrupted`).
     fn copy_data(&mut self, src: &Path, size: u64, ino: Ino) -> StepResult<()> {
@@ -912,20 +947,8 @@ impl InCopier<'_> {
                 let chunk = &self.buf[..n];
                 // Without SEEK_DATA, whole zero blocks become holes.
                 let skip = zero_skip && chunk.iter().all(|&b| b == 0);
-                // A write may take less than the chunk (the disk filled up part way):
-                // go on from where it stopped, so the next error names the offset
-                // that failed and nothing is skipped.
-                let mut done = 0;
-                while !skip && done < chunk.len() {
-                    let at = pos + done as u64;
-                    let w = self
-                        .fs
-                        .write_ino_at(ino, &chunk[done..], at)
-                        .map_err(eng(&format!("{sd}: writing at {at}")))?;
-                    if w == 0 {
-                        return Err(eng(&format!("{sd}: writing at {at}"))(Error::NoSpace));
-                    }
-                    done += w;
+                if !skip {
+                    write_all(self.fs, ino, &self.buf[..n], pos, &sd)?;
                 }
                 pos += n as u64;
                 self.bar.inc(n as u64);
@@ -940,6 +963,24 @@ impl InCopier<'_> {
         }
         Ok(())
     }
+}
+
+/// Write `data` at `pos` of inode `ino` whole. A write may take less than it was
+/// given (the disk filled part way): the next goes on from where it stopped, so that a
+/// failure names the first offset that did not fit and nothing is skipped.
+fn write_all(fs: &Fs, ino: Ino, data: &[u8], pos: u64, sd: &str) -> StepResult<()> {
+    let mut done = 0;
+    while done < data.len() {
+        let at = pos + done as u64;
+        let w = fs
+            .write_ino_at(ino, &data[done..], at)
+            .map_err(eng(&format!("{sd}: writing at {at}")))?;
+        if w == 0 {
+            return Err(eng(&format!("{sd}: writing at {at}"))(Error::NoSpace));
+        }
+        done += w;
+    }
+    Ok(())
 }
 
 /// `rext4 cp [-r] [-v] SRC... IMAGE:/dest`: copy host files and trees into an image.

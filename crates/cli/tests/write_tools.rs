@@ -831,6 +831,67 @@ fn cp_onto_a_full_disk_stops_at_the_first_byte_that_did_not_fit() {
     assert_fsck_clean(p, "cp onto a full disk");
 }
 
+/// As cp(1): without -r a special file named on the command line is read, so
+/// `producer | rext4 cp /dev/stdin IMAGE:/f` stores what the pipe carried (before, the
+/// image got a FIFO); with -r a FIFO is made again as a FIFO.
+#[test]
+fn cp_of_a_pipe_stores_its_bytes() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let img = image();
+    let p = img.path();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rext4"))
+        .args([
+            OsStr::new("cp"),
+            OsStr::new("/dev/stdin"),
+            &spec(p, "/piped"),
+        ])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run rext4 cp");
+    let mut stdin = child.stdin.take().expect("stdin");
+    // Written from another thread: the pipe holds less than the data.
+    let feed = {
+        let data = data.clone();
+        std::thread::spawn(move || stdin.write_all(&data))
+    };
+    let out = child.wait_with_output().expect("wait");
+    feed.join().expect("feeder").expect("write to the pipe");
+    assert!(
+        out.status.success(),
+        "cp /dev/stdin: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st = run_ok(&[s("stat"), &spec(p, "/piped")], 0).stdout_str();
+    assert!(st.contains("regular file"), "not a regular file:\n{st}");
+    let got = run_ok(&[s("cat"), &spec(p, "/piped")], 0).stdout;
+    assert!(
+        got == data,
+        "read back {} bytes, not the {} sent",
+        got.len(),
+        data.len()
+    );
+    // A character device without -r: its bytes (none, for /dev/null).
+    run_ok(&[s("cp"), s("/dev/null"), &spec(p, "/empty")], 0);
+    let st = run_ok(&[s("stat"), &spec(p, "/empty")], 0).stdout_str();
+    assert!(
+        st.contains("regular empty file"),
+        "/dev/null copied as:\n{st}"
+    );
+    // With -r a FIFO stays a FIFO (nothing is read from it).
+    let host = TempDir::new("cp-fifo").expect("tempdir");
+    let fifo = host.path().join("fifo");
+    let c = CString::new(fifo.as_os_str().as_bytes()).expect("path");
+    // SAFETY: a valid NUL-terminated path; mkfifo has no other preconditions.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo");
+    run_ok(&[s("cp"), s("-r"), fifo.as_os_str(), &spec(p, "/fifo")], 0);
+    let st = run_ok(&[s("stat"), &spec(p, "/fifo")], 0).stdout_str();
+    assert!(st.contains("fifo"), "-r made of a FIFO:\n{st}");
+    assert_fsck_clean(p, "cp of a pipe");
+}
+
 #[test]
 fn mkfs_d_of_a_tree_equals_the_source() {
     let host = build_host_tree();
