@@ -85,6 +85,35 @@ fn timespec(t: Timestamp) -> libc::timespec {
     }
 }
 
+/// The descriptor a destination names, when it names one of this process's own
+/// (`/dev/stdout`, `/dev/stderr`, `/dev/fd/N`, `/proc/self/fd/N`): `cp IMAGE:/f
+/// /dev/stdout > out` writes where the shell pointed it, at its offset and with its
+/// flags, and never removes or replaces the name (even with -f).
+fn descriptor_dest(dst: &Path) -> Option<libc::c_int> {
+    let s = dst.to_str()?;
+    match s {
+        "/dev/stdout" => Some(1),
+        "/dev/stderr" => Some(2),
+        _ => s
+            .strip_prefix("/dev/fd/")
+            .or_else(|| s.strip_prefix("/proc/self/fd/"))?
+            .parse()
+            .ok(),
+    }
+}
+
+/// A `File` of its own on descriptor `fd` (a duplicate: closing it leaves `fd` open).
+fn create_from_fd(fd: libc::c_int) -> std::io::Result<fs::File> {
+    // SAFETY: F_DUPFD_CLOEXEC reads no memory; an fd that is not open gives EBADF.
+    let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    if d < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    use std::os::fd::FromRawFd;
+    // SAFETY: `d` was just created by fcntl and is owned by nothing else.
+    Ok(unsafe { fs::File::from_raw_fd(d) })
+}
+
 fn last_err() -> std::io::Error {
     std::io::Error::last_os_error()
 }
@@ -200,7 +229,16 @@ impl Copier<'_> {
         }
         match m.file_type {
             FileType::Dir => return self.copy_dir(ino, &m, src, dst),
-            FileType::File => self.copy_file(ino, dst)?,
+            FileType::File => {
+                if self.copy_file(ino, dst)? {
+                    // Written into a device or pipe the user named as the destination
+                    // (`cp IMAGE:/f /dev/null`): its mode, owner, times and xattrs are
+                    // not the copy's to set.
+                    self.report.files += 1;
+                    self.done(src, dst);
+                    return Ok(());
+                }
+            }
             FileType::Symlink => {
                 let target = self.fs.read_link_ino(ino)?;
                 std::os::unix::fs::symlink(OsStr::from_bytes(&target), dst)?;
@@ -262,8 +300,12 @@ impl Copier<'_> {
         }
     }
 
-    fn copy_file(&mut self, ino: Ino, dst: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    /// Copy regular file `ino` to `dst`; true when `dst` was an existing character
+    /// device or FIFO named on the command line (`/dev/null`, `/dev/stdout` to a pipe),
+    /// which, as cp(1), is opened and written in sequence, holes as zeros.
+    fn copy_file(&mut self, ino: Ino, dst: &Path) -> Result<bool, Box<dyn std::error::Error>> {
         let f = self.fs.open_ino(ino)?;
+        let mut stream = false;
         let create = || {
             OpenOptions::new()
                 .write(true)
@@ -272,33 +314,52 @@ impl Copier<'_> {
                 .mode(0o600)
                 .open(dst)
         };
-        let mut out = match create() {
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dst == self.top => {
-                let md = fs::symlink_metadata(dst)?;
-                if md.is_dir() {
-                    return Err("cannot overwrite a directory with a non-directory".into());
-                }
-                // cp(1): a regular file is overwritten in place. O_NOFOLLOW: should it
-                // have become a symlink since, the open fails and nothing is followed.
-                let in_place = || {
-                    OpenOptions::new()
-                        .write(true)
-                        .truncate(true)
-                        .custom_flags(libc::O_NOFOLLOW)
-                        .open(dst)
-                };
-                match md.is_file().then(in_place) {
-                    Some(Ok(f)) => f,
-                    // cp -f: what cannot be opened is removed and created anew.
-                    _ if self.opts.force => {
-                        fs::remove_file(dst)?;
-                        create()?
-                    }
-                    Some(Err(e)) => return Err(e.into()),
-                    None => return Err(e.into()),
-                }
+        let named_fd = (dst == self.top).then(|| descriptor_dest(dst)).flatten();
+        let mut out = match named_fd.map(create_from_fd) {
+            Some(f) => {
+                stream = true;
+                f?
             }
-            r => r?,
+            None => match create() {
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dst == self.top => {
+                    let md = fs::symlink_metadata(dst)?;
+                    if md.is_dir() {
+                        return Err("cannot overwrite a directory with a non-directory".into());
+                    }
+                    use std::os::unix::fs::FileTypeExt;
+                    let sink = fs::metadata(dst)
+                        .is_ok_and(|t| t.file_type().is_char_device() || t.file_type().is_fifo());
+                    // cp(1): a regular file is overwritten in place. O_NOFOLLOW: should it
+                    // have become a symlink since, the open fails and nothing is followed.
+                    let in_place = || {
+                        OpenOptions::new()
+                            .write(true)
+                            .truncate(true)
+                            .custom_flags(libc::O_NOFOLLOW)
+                            .open(dst)
+                    };
+                    if sink {
+                        stream = true;
+                        OpenOptions::new().write(true).open(dst)?
+                    } else {
+                        match md.is_file().then(in_place) {
+                            Some(Ok(f)) => f,
+                            // cp -f: what cannot be opened is removed and created anew.
+                            _ if self.opts.force => {
+                                fs::remove_file(dst)?;
+                                create()?
+                            }
+                            Some(Err(e)) => return Err(e.into()),
+                            None => {
+                                return Err(
+                                    "exists and is not a regular file (cp -f replaces it)".into()
+                                )
+                            }
+                        }
+                    }
+                }
+                r => r?,
+            },
         };
         let size = f.len()?;
         let mut buf = vec![0u8; 1 << 20];
@@ -308,7 +369,9 @@ impl Copier<'_> {
             if n == 0 {
                 break;
             }
-            if buf[..n].iter().all(|&b| b == 0) {
+            if stream {
+                out.write_all(&buf[..n])?;
+            } else if buf[..n].iter().all(|&b| b == 0) {
                 // Keep holes: skip writing zeros, set the length at the end.
             } else {
                 std::os::unix::fs::FileExt::write_all_at(&out, &buf[..n], off)?;
@@ -317,9 +380,11 @@ impl Copier<'_> {
             self.report.bytes += n as u64;
             self.bar.inc(n as u64);
         }
-        out.set_len(size)?;
+        if !stream {
+            out.set_len(size)?;
+        }
         out.flush()?;
-        Ok(())
+        Ok(stream)
     }
 
     fn copy_dir(

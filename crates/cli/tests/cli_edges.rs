@@ -775,7 +775,11 @@ fn cp_out_overwrites_like_cp() {
     let link = d.join("link");
     std::os::unix::fs::symlink(&victim, &link).expect("symlink");
     let r = run(&[s("cp"), &spec(&img, "/f"), link.as_os_str()], 1);
-    assert!(r.stderr.contains("File exists"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("exists and is not a regular file (cp -f replaces it)"),
+        "{}",
+        r.stderr
+    );
     // ... and replaced by the file with -f, still without writing through it.
     run(&[s("cp"), s("-f"), &spec(&img, "/f"), link.as_os_str()], 0);
     assert_eq!(std::fs::read(&victim).expect("read"), b"victim\n");

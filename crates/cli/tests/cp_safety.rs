@@ -507,6 +507,10 @@ fn symlink_sources_and_destinations() {
     ]);
     assert_outside_unchanged(&world, &before, &["s6"], false);
     assert_eq!(r.code, 1, "{}", r.stderr);
-    assert!(r.stderr.contains("File exists"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("exists and is not a regular file"),
+        "{}",
+        r.stderr
+    );
     assert_symlink(world.path(), "s6", bytes(&world.victim()));
 }

@@ -892,6 +892,75 @@ fn cp_of_a_pipe_stores_its_bytes() {
     assert_fsck_clean(p, "cp of a pipe");
 }
 
+/// As cp(1): a destination that is a character device or a pipe is written in
+/// sequence, holes as zeros (`cp IMAGE:/f /dev/null`, `/dev/stdout` into a pipe), and
+/// `/dev/stdout` writes where the shell pointed it (a file opened for appending here).
+/// The named device keeps its mode, owner and times, and even with -f nothing is removed
+/// or replaced (before, `cp -f IMAGE:/f /dev/null` removed /dev/null and made a regular
+/// file in its place; without -f these destinations gave "File exists").
+#[test]
+fn cp_out_to_a_device_or_a_descriptor() {
+    use std::os::unix::fs::FileTypeExt;
+    use std::process::{Command, Stdio};
+    let img = image();
+    let p = img.path();
+    run_ok(
+        &[
+            s("io"),
+            s("-f"),
+            s("-c"),
+            s("pwrite -S 0x61 1m 4k"),
+            s("-c"),
+            s("pwrite -S 0x62 0 100"),
+            &spec(p, "/sparse"),
+        ],
+        0,
+    );
+    let want = run_ok(&[s("cat"), &spec(p, "/sparse")], 0).stdout;
+    assert_eq!(want.len(), (1 << 20) + 4096);
+    // stdout is a pipe in `rext4()`.
+    let got = run_ok(&[s("cp"), &spec(p, "/sparse"), s("/dev/stdout")], 0).stdout;
+    assert!(got == want, "through /dev/stdout: {} bytes", got.len());
+    let null = std::fs::symlink_metadata("/dev/null").expect("/dev/null");
+    for force in [false, true] {
+        let mut a = vec![s("cp")];
+        if force {
+            a.push(s("-f"));
+        }
+        let src = spec(p, "/sparse");
+        a.extend([src.as_os_str(), s("/dev/null")]);
+        run_ok(&a, 0);
+        let now = std::fs::symlink_metadata("/dev/null").expect("/dev/null");
+        assert!(now.file_type().is_char_device(), "/dev/null replaced");
+        assert_eq!(now.mode(), null.mode(), "/dev/null's mode changed");
+        assert_eq!((now.uid(), now.rdev()), (null.uid(), null.rdev()));
+    }
+    let host = TempDir::new("cp-fd").expect("tempdir");
+    let out = host.path().join("out");
+    std::fs::write(&out, b"first\n").expect("write");
+    let f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&out)
+        .expect("open for appending");
+    let st = Command::new(env!("CARGO_BIN_EXE_rext4"))
+        .args([s("cp"), s("-f"), &spec(p, "/sparse"), s("/dev/stdout")])
+        .stdin(Stdio::null())
+        .stdout(f)
+        .status()
+        .expect("run rext4 cp");
+    assert!(st.success(), "cp to /dev/stdout redirected to a file: {st}");
+    let got = std::fs::read(&out).expect("read");
+    assert!(
+        got.len() == 6 + want.len() && got.starts_with(b"first\n") && got[6..] == want[..],
+        "/dev/stdout >> file: {} bytes",
+        got.len()
+    );
+    assert!(std::fs::symlink_metadata("/dev/stdout")
+        .expect("/dev/stdout")
+        .file_type()
+        .is_symlink());
+}
+
 #[test]
 fn mkfs_d_of_a_tree_equals_the_source() {
     let host = build_host_tree();
