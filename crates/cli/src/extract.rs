@@ -300,8 +300,8 @@ impl Copier<'_> {
         }
     }
 
-    /// Copy regular file `ino` to `dst`; true when `dst` was an existing character
-    /// device or FIFO named on the command line (`/dev/null`, `/dev/stdout` to a pipe),
+    /// Copy regular file `ino` to `dst`; true when `dst` was an existing device or
+    /// FIFO named on the command line (`/dev/null`, `/dev/stdout` to a pipe),
     /// which, as cp(1), is opened and written in sequence, holes as zeros.
     fn copy_file(&mut self, ino: Ino, dst: &Path) -> Result<bool, Box<dyn std::error::Error>> {
         let f = self.fs.open_ino(ino)?;
@@ -327,8 +327,11 @@ impl Copier<'_> {
                         return Err("cannot overwrite a directory with a non-directory".into());
                     }
                     use std::os::unix::fs::FileTypeExt;
-                    let sink = fs::metadata(dst)
-                        .is_ok_and(|t| t.file_type().is_char_device() || t.file_type().is_fifo());
+                    // A device or a pipe is written into, never removed (even with -f).
+                    let sink = fs::metadata(dst).is_ok_and(|t| {
+                        let ft = t.file_type();
+                        ft.is_char_device() || ft.is_block_device() || ft.is_fifo()
+                    });
                     // cp(1): a regular file is overwritten in place. O_NOFOLLOW: should it
                     // have become a symlink since, the open fails and nothing is followed.
                     let in_place = || {

@@ -776,7 +776,8 @@ fn cp_out_overwrites_like_cp() {
     std::os::unix::fs::symlink(&victim, &link).expect("symlink");
     let r = run(&[s("cp"), &spec(&img, "/f"), link.as_os_str()], 1);
     assert!(
-        r.stderr.contains("exists and is not a regular file (cp -f replaces it)"),
+        r.stderr
+            .contains("exists and is not a regular file (cp -f replaces it)"),
         "{}",
         r.stderr
     );

@@ -897,7 +897,7 @@ fn cp_of_a_pipe_stores_its_bytes() {
 /// `/dev/stdout` writes where the shell pointed it (a file opened for appending here).
 /// The named device keeps its mode, owner and times, and even with -f nothing is removed
 /// or replaced (before, `cp -f IMAGE:/f /dev/null` removed /dev/null and made a regular
-/// file in its place; without -f these destinations gave "File exists").
+/// file in its place, and so for a block device; without -f these gave "File exists").
 #[test]
 fn cp_out_to_a_device_or_a_descriptor() {
     use std::os::unix::fs::FileTypeExt;
@@ -921,19 +921,69 @@ fn cp_out_to_a_device_or_a_descriptor() {
     // stdout is a pipe in `rext4()`.
     let got = run_ok(&[s("cp"), &spec(p, "/sparse"), s("/dev/stdout")], 0).stdout;
     assert!(got == want, "through /dev/stdout: {} bytes", got.len());
-    let null = std::fs::symlink_metadata("/dev/null").expect("/dev/null");
-    for force in [false, true] {
-        let mut a = vec![s("cp")];
-        if force {
-            a.push(s("-f"));
+    // The device destinations are nodes of our own in a temp dir (the same devices as
+    // /dev/null and a loop device), so that a regression that removes or replaces a
+    // destination cannot harm the machine's /dev.
+    let nodes = TempDir::new("cp-dev").expect("tempdir");
+    let mknod = |name: &str, kind: libc::mode_t, dev: libc::dev_t| -> Result<PathBuf, String> {
+        let path = nodes.path().join(name);
+        let c = CString::new(path.as_os_str().as_bytes()).expect("path");
+        // SAFETY: a valid NUL-terminated path; mknod reads nothing else.
+        if unsafe { libc::mknod(c.as_ptr(), kind | 0o666, dev) } != 0 {
+            return Err(format!("mknod: {}", std::io::Error::last_os_error()));
         }
-        let src = spec(p, "/sparse");
-        a.extend([src.as_os_str(), s("/dev/null")]);
-        run_ok(&a, 0);
-        let now = std::fs::symlink_metadata("/dev/null").expect("/dev/null");
-        assert!(now.file_type().is_char_device(), "/dev/null replaced");
-        assert_eq!(now.mode(), null.mode(), "/dev/null's mode changed");
-        assert_eq!((now.uid(), now.rdev()), (null.uid(), null.rdev()));
+        Ok(path)
+    };
+    // A character device (`cp IMAGE:/f /dev/null`), with and without -f.
+    match mknod("null", libc::S_IFCHR, libc::makedev(1, 3)) {
+        Err(e) => skip(&format!("cp into a character device: {e}")),
+        Ok(null) => {
+            let before = std::fs::symlink_metadata(&null).expect("null");
+            for force in [false, true] {
+                let mut a = vec![s("cp")];
+                if force {
+                    a.push(s("-f"));
+                }
+                let src = spec(p, "/sparse");
+                a.extend([src.as_os_str(), null.as_os_str()]);
+                run_ok(&a, 0);
+                let now = std::fs::symlink_metadata(&null).expect("null");
+                assert!(
+                    now.file_type().is_char_device(),
+                    "null replaced (-f {force})"
+                );
+                assert_eq!(now.mode(), before.mode(), "null's mode changed");
+                assert_eq!((now.uid(), now.rdev()), (before.uid(), before.rdev()));
+                assert_eq!(now.mtime(), before.mtime(), "null's times were set");
+            }
+        }
+    }
+    // A block device (`cp -f IMAGE:/disk.raw /dev/sdX`): written, holes as zeros over
+    // what it held, and still the device afterwards.
+    let raw = nodes.path().join("blk.raw");
+    std::fs::write(&raw, vec![0xEEu8; 2 << 20]).expect("backing file");
+    match rext4_testkit::LoopDevice::attach(&raw) {
+        Err(e) => skip(&format!("cp into a block device: {e}")),
+        Ok(dev) => {
+            let rdev = std::fs::metadata(dev.path()).expect("loop device").rdev();
+            let blk = mknod("blk", libc::S_IFBLK, rdev).expect("mknod of the loop device");
+            run_ok(&[s("cp"), s("-f"), &spec(p, "/sparse"), blk.as_os_str()], 0);
+            let md = std::fs::symlink_metadata(&blk).expect("device");
+            assert!(
+                md.file_type().is_block_device(),
+                "the device node was replaced"
+            );
+            drop(dev);
+            let got = std::fs::read(&raw).expect("read backing file");
+            assert!(
+                got[..want.len()] == want[..],
+                "the device holds other bytes"
+            );
+            assert!(
+                got[want.len()..].iter().all(|&b| b == 0xEE),
+                "past the copy"
+            );
+        }
     }
     let host = TempDir::new("cp-fd").expect("tempdir");
     let out = host.path().join("out");

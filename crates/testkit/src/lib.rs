@@ -24,7 +24,7 @@ pub mod tree;
 pub use fixture::{
     big_dir_name, fixture_bytes, fixture_shape, populate_debugfs, populate_kernel, Fixture,
 };
-pub use mount::{can_loop_mount, LoopMount};
+pub use mount::{can_loop_mount, LoopDevice, LoopMount};
 pub use skip::{require_all, skip, skip_without_capability, CAP_SYS_RESOURCE};
 pub use tmp::{memory_dir, Image, TempDir};
 pub use tools::{

@@ -1,7 +1,8 @@
 //! Kernel loop mounts of test images, released by a drop guard.
 //!
 //! Owns: `can_loop_mount` (may this process mount at all?), `LoopMount` (an image
-//! mounted with `mount -o loop` at a fresh `TempDir`).
+//! mounted with `mount -o loop` at a fresh `TempDir`), `LoopDevice` (a file attached
+//! to a loop device, nothing mounted: a block device for a test to write to).
 //! Must hold: every mount is undone on drop, also while a test panics: only a few loop
 //! devices exist and a leaked one starves every later test. `mount -o loop` sets the
 //! loop device to autoclear, so `umount` also frees the loop device; a busy mount is
@@ -193,5 +194,44 @@ pub(crate) fn sync_path(path: &Path) {
             libc::syncfs(fd);
             libc::close(fd);
         }
+    }
+}
+
+/// A file attached to a free loop device (`losetup -f --show`), detached on drop.
+#[derive(Debug)]
+pub struct LoopDevice {
+    dev: PathBuf,
+}
+
+impl LoopDevice {
+    /// Attaches `file`. `Err` is a reason to skip (not root, no free loop device...).
+    pub fn attach(file: &Path) -> Result<LoopDevice, String> {
+        can_loop_mount()?;
+        let out = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(file)
+            .output()
+            .map_err(|e| format!("losetup: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "losetup -f --show {}: {}",
+                file.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        Ok(LoopDevice { dev: dev.into() })
+    }
+
+    /// The device node (`/dev/loopN`).
+    pub fn path(&self) -> &Path {
+        &self.dev
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        // A device still open elsewhere is detached once closed (autoclear).
+        let _ = Command::new("losetup").arg("-d").arg(&self.dev).status();
     }
 }
