@@ -195,8 +195,10 @@ pub fn mkfs_file(path: &Path, size_bytes: u64, opts: &MkfsOptions) -> Result<Mkf
         .open(path);
     let created = f.is_ok();
     let f = match f {
+        // Existing (or a symlink, whose target may still be made here: not removed).
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => std::fs::OpenOptions::new()
             .write(true)
+            .create(true)
             .truncate(false)
             .open(path)?,
         f => f?,
