@@ -8,10 +8,9 @@
 use std::fs;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::process::Command;
 
 use rext4::{Error, Fs, FsOptions};
-use rext4_testkit::{can_loop_mount, e2fsck_fn, mkfs, skip, LoopMount, MkfsOptions};
+use rext4_testkit::{e2fsck_fn, mkfs, skip, LoopDevice, LoopMount, MkfsOptions};
 
 fn rw() -> FsOptions {
     FsOptions {
@@ -44,36 +43,6 @@ fn loop_device_of(mnt: &Path) -> String {
         })
         .expect("mount listed")
         .to_string()
-}
-
-/// A loop device set up with `losetup` (no mount); detached on drop.
-struct LoopDev(String);
-
-impl LoopDev {
-    fn new(img: &Path, args: &[&str]) -> Result<LoopDev, String> {
-        can_loop_mount()?;
-        let out = Command::new("losetup")
-            .args(["-f", "--show"])
-            .args(args)
-            .arg(img)
-            .output()
-            .map_err(|e| format!("losetup: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "losetup: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        Ok(LoopDev(
-            String::from_utf8_lossy(&out.stdout).trim().to_string(),
-        ))
-    }
-}
-
-impl Drop for LoopDev {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").args(["-d", &self.0]).status();
-    }
 }
 
 #[test]
@@ -144,13 +113,15 @@ fn a_loop_device_with_an_offset_is_caught() {
     let img = mkfs(&MkfsOptions::new(4096, 16 << 20)).expect("mkfs");
     let before = fs::read(img.path()).expect("read image");
     {
-        let l = match LoopDev::new(img.path(), &["--offset", "4096", "--read-only"]) {
+        let l = match LoopDevice::attach_with(img.path(), &["--offset", "4096", "--read-only"]) {
             Ok(l) => l,
             Err(e) => return skip(&e),
         };
         let msg = in_use_message(Fs::open_with(img.path(), rw()));
         assert!(
-            msg.contains(&l.0) && msg.contains("offset 4096") && msg.contains("losetup -d"),
+            msg.contains(&*l.path().to_string_lossy())
+                && msg.contains("offset 4096")
+                && msg.contains("losetup -d"),
             "{msg}"
         );
         // A read-only loop device writes nothing: a reader is not warned.
@@ -171,7 +142,7 @@ fn a_loop_device_with_an_offset_is_caught() {
 #[test]
 fn a_block_device_held_exclusively_is_refused() {
     let img = mkfs(&MkfsOptions::new(4096, 16 << 20)).expect("mkfs");
-    let l = match LoopDev::new(img.path(), &[]) {
+    let l = match LoopDevice::attach(img.path()) {
         Ok(l) => l,
         Err(e) => return skip(&e),
     };
@@ -180,20 +151,20 @@ fn a_block_device_held_exclusively_is_refused() {
         let _excl = fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc_o_excl())
-            .open(&l.0)
+            .open(l.path())
             .expect("O_EXCL open");
-        let msg = in_use_message(Fs::open_with(&l.0, rw()));
+        let msg = in_use_message(Fs::open_with(l.path(), rw()));
         assert!(msg.contains("exclusively"), "{msg}");
     }
     // Free: rext4 writes through the device, and holds it exclusively meanwhile.
-    let fs = Fs::open_with(&l.0, rw()).expect("open the device");
+    let fs = Fs::open_with(l.path(), rw()).expect("open the device");
     let e = fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc_o_excl())
-        .open(&l.0)
+        .open(l.path())
         .expect_err("O_EXCL while rext4 writes");
     assert_eq!(e.raw_os_error(), Some(16), "{e}");
-    let msg = in_use_message(Fs::open_with(&l.0, rw()));
+    let msg = in_use_message(Fs::open_with(l.path(), rw()));
     assert!(msg.contains("in use"), "{msg}");
     fs.write("/through-the-device", b"x").expect("write");
     fs.close().expect("close");

@@ -206,9 +206,15 @@ pub struct LoopDevice {
 impl LoopDevice {
     /// Attaches `file`. `Err` is a reason to skip (not root, no free loop device...).
     pub fn attach(file: &Path) -> Result<LoopDevice, String> {
+        LoopDevice::attach_with(file, &[])
+    }
+
+    /// Attaches `file` with more `losetup` options (`--offset N`, `--read-only`...).
+    pub fn attach_with(file: &Path, args: &[&str]) -> Result<LoopDevice, String> {
         can_loop_mount()?;
         let out = Command::new("losetup")
             .args(["-f", "--show"])
+            .args(args)
             .arg(file)
             .output()
             .map_err(|e| format!("losetup: {e}"))?;
