@@ -289,17 +289,29 @@ pub fn mv(args: &[String]) -> Result<(), Failure> {
         return close(&fs, &image, r);
     }
     for (i, src) in srcs.iter().enumerate() {
+        // Some(true): source and destination are one file (one name, or two hard
+        // links), which mv(1) refuses; rename(2) would do nothing and succeed.
         let r = (|| {
             let (p1, n1) = fs.parent_and_name(src)?;
             let (p2, n2) = target_in(&fs, dest, base_name(src))?;
-            if (p1, n1) == (p2, n2.as_slice()) {
-                return Ok(());
+            let from = fs.lookup(p1, n1)?.ok_or(Error::NotFound)?;
+            if fs.lookup(p2, &n2)?.is_some_and(|t| t.ino == from.ino) {
+                return Ok(true);
             }
             fs.rename_ino(p1, n1, p2, &n2, rext4::RenameFlags::default())
+                .map(|()| false)
         })();
-        if let Err(e) = r {
-            errln!("{} -> {}: {}", args[i], args[args.len() - 1], reason(&e));
-            failed = true;
+        let (from, to) = (&args[i], &args[args.len() - 1]);
+        match r {
+            Ok(false) => {}
+            Ok(true) => {
+                errln!("'{from}' and '{to}' are the same file");
+                failed = true;
+            }
+            Err(e) => {
+                errln!("{from} -> {to}: {}", reason(&e));
+                failed = true;
+            }
         }
     }
     let r = if failed {

@@ -660,6 +660,7 @@ fn failing_operations_exit_nonzero_and_change_nothing() {
     run_ok(&[s("mkdir"), &sp("/d")], 0);
     run_ok(&[s("mkdir"), &sp("/d/sub")], 0);
     run_ok(&[s("truncate"), s("-s"), s("5"), &sp("/d/file")], 0);
+    run_ok(&[s("ln"), &sp("/d/file"), &sp("/d/hard")], 0);
     let listing = |dir: &str| run_ok(&[s("ls"), s("-l"), &sp(dir)], 0).stdout_str();
     let before = (listing("/"), listing("/d"));
     let expect_fail = |parts: &[&OsStr], code: i32, words: &[&str]| {
@@ -694,6 +695,20 @@ fn failing_operations_exit_nonzero_and_change_nothing() {
     expect_fail(&[s("rm"), s("-r"), &sp("/")], 1, &["refusing"]);
     expect_fail(&[s("mv"), &sp("/d"), &sp("/d/sub/in")], 1, &["into itself"]);
     expect_fail(&[s("mv"), &sp("/missing"), &sp("/x")], 1, &["No such file"]);
+    // A missing source onto its own name is missing too (it passed as a no-op), and a
+    // file onto itself or onto another of its hard links is refused, as by mv(1).
+    expect_fail(
+        &[s("mv"), &sp("/missing"), &sp("/missing")],
+        1,
+        &["No such file"],
+    );
+    for other in ["/d/file", "/d/hard"] {
+        expect_fail(
+            &[s("mv"), &sp("/d/file"), &sp(other)],
+            1,
+            &["are the same file"],
+        );
+    }
     expect_fail(&[s("ln"), &sp("/missing"), &sp("/l")], 1, &["No such file"]);
     expect_fail(
         &[s("ln"), &sp("/d"), &sp("/l")],
@@ -753,7 +768,7 @@ fn failing_operations_exit_nonzero_and_change_nothing() {
                 .keys()
                 .map(|k| String::from_utf8_lossy(k).into_owned())
                 .collect();
-            assert_eq!(keys, ["", "d", "d/file", "d/sub", "lost+found"]);
+            assert_eq!(keys, ["", "d", "d/file", "d/hard", "d/sub", "lost+found"]);
             assert_eq!(t[b"d/file".as_slice()].size, 5);
         }
         Err(why) => skip(&format!("kernel check of the untouched image: {why}")),
