@@ -224,7 +224,10 @@ fn load_jsb<D: Device + ?Sized, M: LogMap + ?Sized>(
     let f = jsb.features();
     if f.fast_commit() {
         return Err(Error::Unsupported(
-            "journal feature fast_commit: fast-commit replay is not supported".into(),
+            "journal feature fast_commit: fast-commit replay is not supported (the kernel \
+             left its journal to replay: `e2fsck -fy IMAGE` or a kernel mount replays it, \
+             then rext4 opens the image)"
+                .into(),
         ));
     }
     if jsb.blocksize as usize != bs || u64::from(jsb.maxlen) > map.blocks() {
