@@ -3,7 +3,9 @@
 //! Paths are byte strings interpreted inside the image: "/" is the image root, absolute
 //! symlink targets resolve against the image root (like a chroot), ".." of the root is
 //! the root. At most [`MAX_SYMLINKS`] symlinks are followed per resolution (ELOOP after
-//! that), components longer than 255 bytes are ENAMETOOLONG.
+//! that), components longer than 255 bytes are ENAMETOOLONG. A trailing slash names a
+//! directory, as in POSIX: a final symlink is followed, "file/" is ENOTDIR, a regular
+//! file is never created under such a name (EISDIR).
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -23,6 +25,11 @@ const MAX_TARGET: u64 = 4096;
 
 pub(crate) fn path_bytes(p: &Path) -> &[u8] {
     p.as_os_str().as_bytes()
+}
+
+/// Whether `path` names something and ends with "/" (then it must be a directory).
+fn trailing_slash(path: &[u8]) -> bool {
+    path.last() == Some(&b'/') && path.iter().any(|&c| c != b'/')
 }
 
 impl Fs {
@@ -105,6 +112,9 @@ impl Fs {
             .split(|&c| c == b'/')
             .filter(|c| !c.is_empty())
             .collect();
+        // POSIX: a trailing slash names a directory (a final symlink is followed to
+        // it); "f/" of a regular file is ENOTDIR.
+        let dir_required = trailing_slash(path);
         for (i, comp) in comps.iter().enumerate() {
             let last = i + 1 == comps.len();
             if comp.len() > rext4_format::dir::NAME_MAX {
@@ -123,7 +133,7 @@ impl Fs {
             let e = self.lookup(cur, comp)?.ok_or(Error::NotFound)?;
             let child = e.ino;
             let inode = self.read_live_inode(child)?;
-            if inode.is_symlink() && (!last || follow) {
+            if inode.is_symlink() && (!last || follow || dir_required) {
                 if *budget == 0 {
                     return Err(Error::Loop);
                 }
@@ -133,6 +143,9 @@ impl Fs {
             } else {
                 cur = child;
             }
+        }
+        if dir_required && !self.read_live_inode(cur)?.is_dir() {
+            return Err(Error::NotADirectory);
         }
         Ok(cur)
     }
@@ -333,6 +346,10 @@ impl OpenOptions {
                 ino
             }
             Err(Error::NotFound) if self.create || self.create_new => {
+                // open("new/", O_CREAT): a regular file cannot be what "new/" names.
+                if trailing_slash(p) {
+                    return Err(Error::IsADirectory);
+                }
                 let (parent, name) = fs.parent_and_name_checked(p, c)?;
                 let (uid, gid) = match c {
                     Some(c) => {
@@ -488,6 +505,11 @@ impl Fs {
 
     /// `std::fs::remove_file`.
     pub fn remove_file(&self, path: impl AsRef<Path>) -> Result<()> {
+        if trailing_slash(path_bytes(path.as_ref())) {
+            // "f/" of a file is ENOTDIR (from the walk); of a directory, EISDIR.
+            self.resolve(path_bytes(path.as_ref()), false)?;
+            return Err(Error::IsADirectory);
+        }
         self.on_parent(path.as_ref(), |p, n| self.unlink_ino(p, n))
     }
 
@@ -571,6 +593,21 @@ impl Fs {
         fl: RenameFlags,
     ) -> Result<()> {
         let (from, to) = (path_bytes(from.as_ref()), path_bytes(to.as_ref()));
+        // rename("f", "g/") or ("f/", "g"): both must be directories. The source's
+        // walk says so for "f/"; a target that exists is checked the same way.
+        if trailing_slash(from) || trailing_slash(to) {
+            let mut src = from.to_vec();
+            if !trailing_slash(&src) {
+                src.push(b'/');
+            }
+            self.resolve(&src, false)?;
+            if trailing_slash(to) {
+                match self.resolve(to, false) {
+                    Ok(_) | Err(Error::NotFound) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
         self.once_more(
             || {
                 let g = self.read_guard();
@@ -583,6 +620,7 @@ impl Fs {
 
     /// `std::fs::hard_link(original, link)`.
     pub fn hard_link(&self, original: impl AsRef<Path>, link: impl AsRef<Path>) -> Result<()> {
+        self.no_dir_name(link.as_ref())?;
         let (original, link) = (path_bytes(original.as_ref()), path_bytes(link.as_ref()));
         self.once_more(
             || {
@@ -600,6 +638,7 @@ impl Fs {
 
     /// `std::os::unix::fs::symlink(target, link)`.
     pub fn symlink(&self, target: impl AsRef<Path>, link: impl AsRef<Path>) -> Result<()> {
+        self.no_dir_name(link.as_ref())?;
         let target = path_bytes(target.as_ref());
         self.on_parent(link.as_ref(), |p, n| {
             self.symlink_ino(p, n, target, 0, 0).map(drop)
@@ -608,6 +647,7 @@ impl Fs {
 
     /// mknod(2): `mode` holds the file type and permission bits.
     pub fn mknod(&self, path: impl AsRef<Path>, mode: u32, rdev: (u32, u32)) -> Result<()> {
+        self.no_dir_name(path.as_ref())?;
         self.on_parent(path.as_ref(), |p, n| {
             self.mknod_ino(p, n, mode, 0, 0, rdev).map(drop)
         })
@@ -622,6 +662,23 @@ impl Fs {
         self.on_path(path.as_ref(), true, |ino| {
             self.setattr_ino(ino, &a).map(drop)
         })
+    }
+
+    /// A new non-directory name given with a trailing slash ("l/"), as symlink(2),
+    /// link(2) and mknod(2) answer it: EEXIST when something is there, else ENOENT.
+    fn no_dir_name(&self, path: &Path) -> Result<()> {
+        let p = path_bytes(path);
+        if !trailing_slash(p) {
+            return Ok(());
+        }
+        let mut bare = p;
+        while bare.len() > 1 && bare.last() == Some(&b'/') {
+            bare = &bare[..bare.len() - 1];
+        }
+        match self.resolve(bare, false) {
+            Ok(_) => Err(Error::Exists),
+            Err(e) => Err(e),
+        }
     }
 
     /// `op` on the inode `path` names. The walk holds no lock: an unlink beside it may

@@ -834,3 +834,65 @@ fn read_only_opens_and_directory_links_fail_as_the_syscalls_do() {
     f.read_exact_at(&mut b, 0).expect("read");
     assert_eq!(&b, b"data");
 }
+
+/// A trailing slash names a directory, as in POSIX path resolution: "f/" of a regular
+/// file is ENOTDIR for every call (before, the slash was dropped and the file read,
+/// written or removed), a final symlink is followed to its directory, creating a
+/// regular file "new/" is EISDIR, and the image is as the calls that succeeded left it.
+#[test]
+fn trailing_slash_names_a_directory() {
+    use rext4::Error;
+    let img = mkfs(&MkfsOptions::new(4096, 32 << 20)).expect("mkfs");
+    let fs = rw(img.path());
+    fs.write("/f", b"file").expect("write");
+    fs.create_dir("/d").expect("mkdir");
+    fs.symlink("d", "/ld").expect("symlink to the dir");
+    fs.symlink("f", "/lf").expect("symlink to the file");
+    let enotdir = |r: Result<(), Error>, what: &str| {
+        assert!(matches!(r, Err(Error::NotADirectory)), "{what}: {r:?}");
+    };
+    enotdir(fs.read("/f/").map(drop), "read f/");
+    enotdir(fs.metadata("/f/").map(drop), "stat f/");
+    enotdir(fs.symlink_metadata("/lf/").map(drop), "lstat lf/");
+    enotdir(fs.write("/f/", b"x"), "write f/");
+    enotdir(fs.remove_file("/f/"), "unlink f/");
+    enotdir(fs.rename("/f/", "/g"), "rename f/ g");
+    enotdir(fs.rename("/f", "/g/"), "rename f g/");
+    enotdir(fs.rename("/f", "/d/"), "rename f d/");
+    assert!(
+        matches!(fs.create_dir("/f/"), Err(Error::Exists)),
+        "mkdir f/"
+    );
+    assert!(
+        matches!(fs.write("/new/", b"x"), Err(Error::IsADirectory)),
+        "create new/"
+    );
+    assert!(matches!(fs.remove_file("/d/"), Err(Error::IsADirectory)));
+    assert!(matches!(fs.symlink("f", "/sl/"), Err(Error::NotFound)));
+    assert!(matches!(fs.hard_link("/f", "/f/"), Err(Error::Exists)));
+    assert!(matches!(fs.hard_link("/f", "/d/"), Err(Error::Exists)));
+    // Directories, and symlinks to them, with the slash.
+    assert!(fs.metadata("/d/").expect("stat d/").is_dir());
+    assert!(fs.symlink_metadata("/ld/").expect("lstat ld/").is_dir());
+    fs.write("/ld/inside", b"through the link")
+        .expect("write via ld/");
+    fs.create_dir("/e/").expect("mkdir e/");
+    fs.rename("/e/", "/e2/").expect("rename e/ e2/");
+    fs.remove_dir("/e2/").expect("rmdir e2/");
+    assert_eq!(fs.read("/f").expect("read f"), b"file");
+    assert_eq!(fs.read("/d/inside").expect("read"), b"through the link");
+    let mut names: Vec<Vec<u8>> = fs
+        .read_dir("/")
+        .expect("readdir")
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [&b"d"[..], b"f", b"ld", b"lf", b"lost+found"].map(|n| n.to_vec())
+    );
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "{}", r.output);
+}
