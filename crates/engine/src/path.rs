@@ -5,7 +5,8 @@
 //! the root. At most [`MAX_SYMLINKS`] symlinks are followed per resolution (ELOOP after
 //! that), components longer than 255 bytes are ENAMETOOLONG. A trailing slash names a
 //! directory, as in POSIX: a final symlink is followed, "file/" is ENOTDIR, a regular
-//! file is never created under such a name (EISDIR).
+//! file is never created under such a name (EISDIR). The empty path names nothing
+//! (ENOENT).
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -78,6 +79,10 @@ impl Fs {
         follow: bool,
         creds: Option<&Creds>,
     ) -> Result<Ino> {
+        // As open(""): an empty path names nothing (the CLI's "IMAGE:" means "/").
+        if path.is_empty() {
+            return Err(Error::NotFound);
+        }
         // Name -> inode number -> inode, lockless: the number may not be reused meanwhile.
         let _g = self.read_guard();
         let mut tries = 0;
@@ -345,7 +350,7 @@ impl OpenOptions {
                 }
                 ino
             }
-            Err(Error::NotFound) if self.create || self.create_new => {
+            Err(Error::NotFound) if (self.create || self.create_new) && !p.is_empty() => {
                 // open("new/", O_CREAT): a regular file cannot be what "new/" names.
                 if trailing_slash(p) {
                     return Err(Error::IsADirectory);
@@ -475,9 +480,19 @@ impl Fs {
 
     /// `std::fs::create_dir` (mode 0o755, owner 0:0; see [`Fs::mkdir_ino`] for more).
     pub fn create_dir(&self, path: impl AsRef<Path>) -> Result<()> {
-        self.on_parent(path.as_ref(), |p, n| {
+        let r = self.on_parent(path.as_ref(), |p, n| {
             self.mkdir_ino(p, n, 0o755, 0, 0).map(drop)
-        })
+        });
+        match r {
+            // "/", "d/." or "d/..": no name to make, but a directory is there (mkdir(2)
+            // and std answer EEXIST).
+            Err(Error::InvalidInput(_))
+                if self.resolve(path_bytes(path.as_ref()), true).is_ok() =>
+            {
+                Err(Error::Exists)
+            }
+            r => r,
+        }
     }
 
     /// `std::fs::create_dir_all`.

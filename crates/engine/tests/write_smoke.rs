@@ -839,6 +839,8 @@ fn read_only_opens_and_directory_links_fail_as_the_syscalls_do() {
 /// file is ENOTDIR for every call (before, the slash was dropped and the file read,
 /// written or removed), a final symlink is followed to its directory, creating a
 /// regular file "new/" is EISDIR, and the image is as the calls that succeeded left it.
+/// Paths that name nothing new get std's answers: "" is ENOENT, mkdir of "/" or "d/."
+/// is EEXIST.
 #[test]
 fn trailing_slash_names_a_directory() {
     use rext4::Error;
@@ -879,6 +881,14 @@ fn trailing_slash_names_a_directory() {
     fs.create_dir("/e/").expect("mkdir e/");
     fs.rename("/e/", "/e2/").expect("rename e/ e2/");
     fs.remove_dir("/e2/").expect("rmdir e2/");
+    // std's answers for paths that name nothing new: "" is ENOENT (it opened the
+    // root before), "/" and "d/." exist (they were "invalid input").
+    assert!(matches!(fs.write("", b"x"), Err(Error::NotFound)));
+    assert!(matches!(fs.metadata(""), Err(Error::NotFound)));
+    for p in ["/", "/d/.", "/d/.."] {
+        assert!(matches!(fs.create_dir(p), Err(Error::Exists)), "mkdir {p}");
+    }
+    fs.create_dir_all("/").expect("create_dir_all /");
     assert_eq!(fs.read("/f").expect("read f"), b"file");
     assert_eq!(fs.read("/d/inside").expect("read"), b"through the link");
     let mut names: Vec<Vec<u8>> = fs
