@@ -103,6 +103,7 @@ fn message(e: &Error) -> String {
         Error::Io(_) | Error::NotExt4(_) | Error::Corrupted { .. } | Error::ShutDown(_) => {
             format!("{strerror}: {e}")
         }
+        Error::NotOpenFor(what) => format!("{strerror}: not open for {what}"),
         _ => strerror,
     }
 }
@@ -821,6 +822,7 @@ fn _raise_engine_error(kind: &str) -> PyResult<()> {
         "Loop" => Error::Loop,
         "NameTooLong" => Error::NameTooLong,
         "InvalidInput" => Error::InvalidInput("test".into()),
+        "NotOpenFor" => Error::NotOpenFor("writing"),
         "ReadOnly" => Error::ReadOnly,
         "Exists" => Error::Exists,
         "NotEmpty" => Error::NotEmpty,

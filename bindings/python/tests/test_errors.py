@@ -39,6 +39,7 @@ MAPPING = {
     "Loop": (OSError, errno.ELOOP),
     "NameTooLong": (OSError, errno.ENAMETOOLONG),
     "InvalidInput": (OSError, errno.EINVAL),
+    "NotOpenFor": (OSError, errno.EBADF),
     "ReadOnly": (OSError, errno.EROFS),
     "Exists": (FileExistsError, errno.EEXIST),
     "NotEmpty": (OSError, errno.ENOTEMPTY),

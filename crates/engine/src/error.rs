@@ -30,6 +30,9 @@ pub enum Error {
     Loop,
     NameTooLong,
     InvalidInput(String),
+    /// The handle was not opened for this: a write or `set_len` on one opened only for
+    /// reading, a read on one opened only for writing (EBADF, as std's `File`).
+    NotOpenFor(&'static str),
     /// The filesystem is open read-only.
     ReadOnly,
     /// The name exists already (EEXIST).
@@ -74,6 +77,7 @@ impl Error {
             Error::NotADirectory => 20,
             Error::IsADirectory => 21,
             Error::NotASymlink | Error::InvalidInput(_) => 22,
+            Error::NotOpenFor(_) => 9,
             Error::Loop => 40,
             Error::NameTooLong => 36,
             Error::ReadOnly => 30,
@@ -110,6 +114,7 @@ impl fmt::Display for Error {
             Error::Loop => write!(f, "too many levels of symbolic links"),
             Error::NameTooLong => write!(f, "file name too long"),
             Error::InvalidInput(s) => write!(f, "invalid argument: {s}"),
+            Error::NotOpenFor(what) => write!(f, "bad file descriptor: not open for {what}"),
             Error::ReadOnly => write!(f, "read-only filesystem"),
             Error::Exists => write!(f, "file exists"),
             Error::NotEmpty => write!(f, "directory not empty"),

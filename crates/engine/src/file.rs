@@ -387,7 +387,7 @@ impl File {
     /// Positional read, like `std::os::unix::fs::FileExt::read_at`.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
         if !self.read {
-            return Err(Error::InvalidInput("file not open for reading".into()));
+            return Err(Error::NotOpenFor("reading"));
         }
         let inode = self.inode()?;
         if inode.is_dir() {
@@ -410,7 +410,7 @@ impl File {
     /// (or the cached pages) straight into it, with no pass to zero it first.
     pub fn read_at_uninit(&self, buf: &mut [MaybeUninit<u8>], offset: u64) -> Result<usize> {
         if !self.read {
-            return Err(Error::InvalidInput("file not open for reading".into()));
+            return Err(Error::NotOpenFor("reading"));
         }
         if !self.direct && !self.fs.is_dax() {
             if let Some(n) = self.fs.pc_read_around_into(self.ino, buf, offset)? {
@@ -433,7 +433,7 @@ impl File {
     /// the data goes to the end, as O_APPEND does.
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<usize> {
         if !self.write {
-            return Err(Error::InvalidInput("file not open for writing".into()));
+            return Err(Error::NotOpenFor("writing"));
         }
         // A file made immutable (or append-only) after it was opened takes no more
         // writes (appends only), as on ext4.
@@ -467,7 +467,7 @@ impl File {
                 .try_for_each(|&(buf, off)| self.write_all_at(buf, off));
         }
         if !self.write {
-            return Err(Error::InvalidInput("file not open for writing".into()));
+            return Err(Error::NotOpenFor("writing"));
         }
         crate::ops::may_change(&self.fs.read_live_inode(self.ino)?, "write", false)?;
         self.fs.write_direct_batch_ino(self.ino, writes, true)
@@ -475,7 +475,7 @@ impl File {
     /// Truncate or extend (`File::set_len`).
     pub fn set_len(&self, size: u64) -> Result<()> {
         if !self.write {
-            return Err(Error::InvalidInput("file not open for writing".into()));
+            return Err(Error::NotOpenFor("writing"));
         }
         self.fs.truncate_ino(self.ino, size)
     }

@@ -906,3 +906,43 @@ fn trailing_slash_names_a_directory() {
     let r = e2fsck_fn(img.path());
     assert!(r.clean, "{}", r.output);
 }
+
+/// A handle refuses what it was not opened for with EBADF, as std's `File` (it was
+/// EINVAL, "invalid argument"): a write or `set_len` on a read-only handle, a read on a
+/// write-only one. Nothing changes.
+#[test]
+fn handles_refuse_what_they_were_not_opened_for_with_ebadf() {
+    use rext4::Error;
+    let img = mkfs(&MkfsOptions::new(4096, 32 << 20)).expect("mkfs");
+    let fs = rw(img.path());
+    fs.write("/f", b"hello").expect("write");
+    let ro = fs.open_file("/f").expect("open read-only");
+    let wo = OpenOptions::new()
+        .write(true)
+        .open(&fs, "/f")
+        .expect("open write-only");
+    let mut buf = [0u8; 8];
+    let refusals = [
+        (
+            "write on a read-only handle",
+            ro.write_at(b"x", 0).map(drop),
+        ),
+        ("set_len on a read-only handle", ro.set_len(0)),
+        (
+            "read on a write-only handle",
+            wo.read_at(&mut buf, 0).map(drop),
+        ),
+    ];
+    for (what, r) in refusals {
+        match r {
+            Err(e @ Error::NotOpenFor(_)) => {
+                assert_eq!(e.errno(), libc::EBADF, "{what}");
+                assert_eq!(std::io::Error::from(e).raw_os_error(), Some(libc::EBADF));
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    assert_eq!(fs.read("/f").expect("read"), b"hello");
+    drop((ro, wo));
+    fs.close().expect("close");
+}
