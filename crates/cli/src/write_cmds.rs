@@ -960,7 +960,7 @@ impl InCopier<'_> {
                 // Without SEEK_DATA, whole zero blocks become holes.
                 let skip = zero_skip && chunk.iter().all(|&b| b == 0);
                 if !skip {
-                    write_all(self.fs, ino, &self.buf[..n], pos, &sd)?;
+                    write_all(self.fs, ino, chunk, pos, &sd)?;
                 }
                 pos += n as u64;
                 self.bar.inc(n as u64);

@@ -33,6 +33,14 @@ fn trailing_slash(path: &[u8]) -> bool {
     path.last() == Some(&b'/') && path.iter().any(|&c| c != b'/')
 }
 
+/// `path` without its trailing slashes ("/" stays "/").
+fn trim_trailing_slashes(mut path: &[u8]) -> &[u8] {
+    while path.len() > 1 && path.last() == Some(&b'/') {
+        path = &path[..path.len() - 1];
+    }
+    path
+}
+
 impl Fs {
     /// The target of symlink inode `ino`.
     pub fn read_link_ino(&self, ino: Ino) -> Result<Vec<u8>> {
@@ -426,13 +434,7 @@ impl Fs {
         path: &'p [u8],
         creds: Option<&Creds>,
     ) -> Result<(Ino, &'p [u8])> {
-        let trimmed = {
-            let mut t = path;
-            while t.len() > 1 && t.last() == Some(&b'/') {
-                t = &t[..t.len() - 1];
-            }
-            t
-        };
+        let trimmed = trim_trailing_slashes(path);
         let cut = trimmed.iter().rposition(|&c| c == b'/');
         let (dir, name) = match cut {
             Some(i) => (&trimmed[..i.max(1)], &trimmed[i + 1..]),
@@ -686,11 +688,7 @@ impl Fs {
         if !trailing_slash(p) {
             return Ok(());
         }
-        let mut bare = p;
-        while bare.len() > 1 && bare.last() == Some(&b'/') {
-            bare = &bare[..bare.len() - 1];
-        }
-        match self.resolve(bare, false) {
+        match self.resolve(trim_trailing_slashes(p), false) {
             Ok(_) => Err(Error::Exists),
             Err(e) => Err(e),
         }
