@@ -412,6 +412,23 @@ impl Shared {
         }
     }
 
+    /// The server changed attributes of `ino` (its ctime, at least) by a request after
+    /// which the kernel updates nothing of its own (the inode-flag ioctls): before the
+    /// reply, make the kernel fetch them again. Under the writeback cache the kernel
+    /// keeps its own ctime (and mtime, size) of a regular file and never takes the
+    /// server's, so that inode is dropped instead (`drop_kernel_inode`: at once if
+    /// nothing holds it, else when its last handle is released — the ioctl's own).
+    fn attrs_changed(&self, ino: Ino) {
+        self.invalidate_attrs_only(ino);
+        if self.writeback.load(Ordering::Relaxed)
+            && self
+                .load(ino)
+                .is_ok_and(|i| kind_of(i.mode) == Some(FileType::RegularFile))
+        {
+            self.drop_kernel_inode(ino);
+        }
+    }
+
     /// The kernel's inode of regular file `ino` holds what the image does not (with
     /// the writeback cache it keeps its own size and mtime and never takes ours): bump
     /// the epoch so that it is dropped and read again, and when a handle keeps it
@@ -1938,7 +1955,7 @@ impl Filesystem for Adapter {
             s.writable()?;
             s.fs.set_flags_ino(ino, f)
                 .map_err(|e| s.fail("ioctl", &e))?;
-            s.invalidate_attrs(ino);
+            s.attrs_changed(ino);
             Ok::<(), Errno>(())
         };
         match cmd {
