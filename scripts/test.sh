@@ -67,6 +67,14 @@ if [ "$(cbindgen --version 2>/dev/null)" != "cbindgen $cbindgen_version" ]; then
 fi
 case ":$PATH:" in *":${CARGO_HOME:-$HOME/.cargo}/bin:"*) ;; *) PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH" ;; esac
 
+# The repository stands alone (a clone with nothing beside it): no test, fixture or
+# script may reach outside it for what it needs.
+echo "+ no reference to a ../shared checkout"
+if grep -rnI --exclude-dir=target --exclude=test.sh -e '\.\./shared' crates bindings scripts .ci; then
+  echo "the lines above reach outside the repository (../shared): bring what they need in" >&2
+  exit 1
+fi
+
 # The vendored fuser (vendor/fuser) is a workspace member: these three cover it too.
 echo "+ cargo fmt --check"
 cargo fmt --all -- --check

@@ -79,8 +79,7 @@ fn check_info(img: &Path, label: &str) {
 
 #[test]
 fn info_matches_dumpe2fs() {
-    let upstream = rext4_testkit::upstream_conf_path().is_some();
-    let mut cases = vec![
+    let cases = [
         ("debian 4k", MkfsOptions::new(4096, 32 << 20)),
         ("debian 1k", MkfsOptions::new(1024, 32 << 20)),
         (
@@ -89,19 +88,15 @@ fn info_matches_dumpe2fs() {
                 .arg("-O")
                 .arg("^has_journal"),
         ),
-    ];
-    if upstream {
-        cases.push((
+        (
             "upstream 1k",
             MkfsOptions::new(1024, 32 << 20).upstream(true),
-        ));
-        cases.push((
+        ),
+        (
             "upstream 4k",
             MkfsOptions::new(4096, 64 << 20).upstream(true),
-        ));
-    } else {
-        rext4_testkit::skip("upstream mke2fs.conf not found");
-    }
+        ),
+    ];
     for (label, opts) in cases {
         let img = mkfs(&opts).expect("mkfs");
         check_info(img.path(), label);
