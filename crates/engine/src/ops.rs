@@ -1723,7 +1723,9 @@ impl Fs {
     /// written and the range ends within the size; `None` when it is not such a write
     /// (the caller takes the full path). The shared I/O lock keeps the mapping fixed:
     /// everything that changes it holds the lock exclusively, except writeback, which
-    /// the tree lock keeps out.
+    /// the tree lock keeps out. Buffered writers of the file may run beside it: the
+    /// data is copied into the cached pages of the range before it goes to the device,
+    /// and the range stays marked in flight until it is there (`pc_direct_begin`).
     pub(crate) fn try_overwrite(&self, ino: Ino, buf: &[u8], offset: u64) -> Result<Option<usize>> {
         self.check_writable()?;
         let _io = self.io_shared(ino);
@@ -1732,6 +1734,7 @@ impl Fs {
         let Some(runs) = self.overwrite_runs(ino, &inode, buf.len(), offset)? else {
             return Ok(None);
         };
+        let _in_flight = self.pc_direct_begin(ino, &[(buf, offset)]);
         for (from, to, at) in runs {
             self.write_data(&buf[(from - offset) as usize..(to - offset) as usize], at)?;
             self.write_ahead(ino, at, to - from);
@@ -1845,6 +1848,7 @@ impl Fs {
                 to_device.push((at, &buf[(from - offset) as usize..(to - offset) as usize]));
             }
         }
+        let _in_flight = self.pc_direct_begin(ino, writes);
         let cache = self.cache();
         if cache.data_count() == 0 {
             cache.device().write_many(&to_device)?;

@@ -17,6 +17,8 @@
 mod data_io;
 pub(crate) mod dax_file;
 #[cfg(test)]
+mod dio_cache_model;
+#[cfg(test)]
 mod dio_model;
 mod group_commit;
 #[cfg(test)]

@@ -207,6 +207,45 @@ pub(crate) struct FileState {
     pub(crate) tree_shape: (u16, u16),
     /// Discarded (the inode was freed): nothing may be added or written back.
     pub(crate) dead: bool,
+    /// Pages being read in from the device (`instantiate`): while any is, no clean
+    /// page of the file is dropped, so a page written back meanwhile is still cached
+    /// when the older copy arrives, and wins (`dio_cache_model`).
+    pub(crate) loading: usize,
+    /// Direct overwrites on their way to the device, as page ranges (first, last): a
+    /// page of such a range read from the device is not cached until they are done.
+    pub(crate) direct_in_flight: Vec<(u64, u64)>,
+    /// Direct overwrites done: their count, and the page ranges of the last
+    /// `DIRECT_DONE_KEPT` with the count each made; a page read while one overlapping
+    /// it ended is read again (`instantiate`).
+    pub(crate) direct_done: u64,
+    pub(crate) direct_done_ranges: VecDeque<(u64, u64, u64)>,
+}
+
+/// How many ended direct overwrites a file keeps the ranges of (`FileState`): a read
+/// that saw more end while it ran is read again whatever they covered.
+pub(crate) const DIRECT_DONE_KEPT: usize = 32;
+
+impl FileState {
+    /// Whether a direct overwrite of a page in `[first, last]` is in flight.
+    pub(crate) fn direct_in_flight_over(&self, first: u64, last: u64) -> bool {
+        self.direct_in_flight
+            .iter()
+            .any(|&(a, b)| a <= last && first <= b)
+    }
+
+    /// Whether a direct overwrite of a page in `[first, last]` ended after the count
+    /// was `seen` (or may have: its range is no longer kept).
+    pub(crate) fn direct_done_over_since(&self, seen: u64, first: u64, last: u64) -> bool {
+        if self.direct_done == seen {
+            return false;
+        }
+        let kept_from = self.direct_done - self.direct_done_ranges.len() as u64;
+        seen < kept_from
+            || self
+                .direct_done_ranges
+                .iter()
+                .any(|&(n, a, b)| n > seen && a <= last && first <= b)
+    }
 }
 
 impl FileCache {
@@ -353,11 +392,15 @@ impl PageCache {
     /// Give the buffer of a page nobody else holds back to the pool.
     pub(crate) fn recycle(&self, page: Arc<Page>) {
         if let Ok(p) = Arc::try_unwrap(page) {
-            let buf = p.data.into_inner().unwrap_or_else(|e| e.into_inner()).buf;
-            let mut pool = lock(&self.pool);
-            if pool.len() < self.pool_max && buf.len() == self.page_size {
-                pool.push(buf);
-            }
+            self.recycle_buf(p.data.into_inner().unwrap_or_else(|e| e.into_inner()).buf);
+        }
+    }
+
+    /// Give a page buffer back to the pool.
+    pub(crate) fn recycle_buf(&self, buf: Box<[u8]>) {
+        let mut pool = lock(&self.pool);
+        if pool.len() < self.pool_max && buf.len() == self.page_size {
+            pool.push(buf);
         }
     }
 
@@ -389,6 +432,10 @@ impl PageCache {
                         resv_tree: 0,
                         tree_shape: (0, 0),
                         dead: false,
+                        loading: 0,
+                        direct_in_flight: Vec::new(),
+                        direct_done: 0,
+                        direct_done_ranges: VecDeque::new(),
                     }),
                     wb_done: Condvar::new(),
                     users: AtomicUsize::new(0),
@@ -518,6 +565,8 @@ impl PageCache {
         let mut st = fc.lock();
         let empty = !st.dead
             && fc.users.load(Ordering::SeqCst) == 0
+            && st.loading == 0
+            && st.direct_in_flight.is_empty()
             && st.pages.is_empty()
             && st.size.is_none()
             && st.error.is_none()
@@ -584,7 +633,11 @@ impl PageCache {
             };
             let requeue = {
                 let d = p.lock();
-                if d.dirty || d.writeback {
+                // A page of the file on its way in may be older than this one
+                // (`instantiate`): the file's pages wait for the next pass.
+                if st.loading > 0 {
+                    true
+                } else if d.dirty || d.writeback {
                     skipped_dirty += 1;
                     true
                 } else {

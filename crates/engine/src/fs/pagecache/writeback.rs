@@ -268,8 +268,9 @@ impl Fs {
             }
             pc.drop_delalloc(&mut st, released, true);
             st.writeback -= snaps.len();
-            if !pc.keep_clean {
-                // The frontend keeps its own copy: hold only dirty data.
+            if !pc.keep_clean && st.loading == 0 {
+                // The frontend keeps its own copy: hold only dirty data (kept while a
+                // page of the file is read in: it may be older, `instantiate`).
                 for (i, p, _) in &snaps {
                     let clean = {
                         let d = p.lock();
