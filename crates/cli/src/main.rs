@@ -57,9 +57,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Print the superblock, like `dumpe2fs -h`.
+    /// Print the superblock, like `dumpe2fs -h`; of a disk with a partition table,
+    /// its partitions and which hold ext4.
     Info {
-        /// Image file or block device.
+        /// Image file or block device, or a spec: DISK?partition=N,
+        /// DISK?offset=BYTES[&size=BYTES].
         image: PathBuf,
         /// Also print what opening the image read (device requests and bytes).
         #[arg(long)]
@@ -220,9 +222,11 @@ enum Cmd {
     Bench(bench::BenchArgs),
 }
 
-/// Open `image` read-only, printing the engine's warnings.
+/// Open `image` (an image spec) read-only, printing the engine's warnings.
 fn open(image: &std::path::Path) -> Result<Fs, String> {
-    let fs = Fs::open(image).map_err(|e| format!("{}: {}", image.display(), term::reason(&e)))?;
+    let spec = spec::image_spec(image).map_err(|e| format!("{}: {e}", image.display()))?;
+    let fs = Fs::open_spec(&spec, rext4::FsOptions::default())
+        .map_err(|e| format!("{}: {}", image.display(), term::reason(&e)))?;
     for w in fs.warnings() {
         errln!("warning: {}: {w}", image.display());
     }
@@ -250,7 +254,22 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
     let e1 = |s: String| (1u8, s);
     match cli.cmd {
         Cmd::Info { image, stats } => {
-            let fs = open(&image).map_err(e1)?;
+            let fs = match open(&image) {
+                Ok(fs) => fs,
+                Err(e) => {
+                    // A disk with a partition table: list its partitions.
+                    if let Some(text) = spec::image_spec(&image)
+                        .ok()
+                        .filter(|s| s.part == rext4::image::Part::Whole)
+                        .and_then(|s| rext4::image::inspect(&s).ok())
+                        .and_then(|d| info::render_disk(&image.to_string_lossy(), &d))
+                    {
+                        show::write_out(text.as_bytes())?;
+                        return Ok(());
+                    }
+                    return Err(e1(e));
+                }
+            };
             show::write_out(info::render(&fs).as_bytes())?;
             if stats {
                 show::write_out(info::render_stats(&fs).as_bytes())?;
@@ -324,7 +343,7 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
 /// An IMAGE:/path operand naming an existing image file (or device).
 fn image_spec(p: &std::path::Path) -> Option<spec::ImagePath> {
     let s = spec::parse(p.to_str()?)?;
-    std::fs::metadata(&s.image)
+    std::fs::metadata(spec::image_file(&s.image))
         .is_ok_and(|m| !m.is_dir())
         .then_some(s)
 }

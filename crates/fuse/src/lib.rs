@@ -318,10 +318,21 @@ pub fn apply_options(o: &mut MountOptions, s: &str) -> Result<(), String> {
 /// the child serves, and this returns in the parent once the mount is up. A rext4
 /// mount at `mountpoint` whose server died is detached first (see `life`); the
 /// engine's open then recovers the image.
+///
+/// `image` may be an image spec (`rext4::image`: `DISK?partition=N`,
+/// `DISK?offset=BYTES`); the mount's source (mountinfo) is then the spec over the
+/// file's absolute path, which `rext4 umount` reads back.
 pub fn mount(image: &Path, mountpoint: &Path, opts: &MountOptions) -> Result<(), String> {
-    let image = image
+    let spec = spec_of(image).map_err(|e| format!("{}: {e}", image.display()))?;
+    let file = spec
+        .path()
         .canonicalize()
-        .map_err(|e| format!("{}: {e}", image.display()))?;
+        .map_err(|e| format!("{}: {e}", spec.path().display()))?;
+    let image = if spec.is_plain() {
+        file
+    } else {
+        PathBuf::from(spec.with_path(file).to_string())
+    };
     clear_dead_mount(mountpoint)?;
     let mnt = mountpoint
         .canonicalize()
@@ -361,7 +372,16 @@ fn clear_dead_mount(mountpoint: &Path) -> Result<(), String> {
 /// (the lock every rext4 user of an image takes: `rext4::claim`). The lock lasts as
 /// long as the returned claim lives.
 pub fn lock_image(image: &Path, exclusive: bool) -> Result<rext4::Claim, String> {
-    rext4::claim::lock_path(image, exclusive).map_err(|e| format!("{}: {e}", image.display()))
+    let spec = spec_of(image).map_err(|e| format!("{}: {e}", image.display()))?;
+    rext4::claim::lock_path(spec.path(), exclusive).map_err(|e| format!("{}: {e}", image.display()))
+}
+
+/// The image spec a mount's image text names (a path that exists is that file).
+pub fn spec_of(image: &Path) -> Result<rext4::ImageSpec, rext4::Error> {
+    match image.to_str() {
+        Some(t) => rext4::ImageSpec::from_arg(t),
+        None => Ok(rext4::ImageSpec::file(image)),
+    }
 }
 
 /// `rext4 umount MNT`: unmount a rext4 mount and wait until its server has closed the
@@ -648,7 +668,9 @@ fn serve_inner(
         // The engine's page cache (file data); the metadata cache keeps its default.
         fo.cache_bytes = Some(mb.max(1).saturating_mul(1 << 20));
     }
-    let fs = Fs::open_with(image, fo).map_err(|e| format!("{}: {e}", image.display()))?;
+    let fs = spec_of(image)
+        .and_then(|spec| Fs::open_spec(&spec, fo))
+        .map_err(|e| format!("{}: {e}", image.display()))?;
     for w in fs.warnings() {
         log::warn!("{}: {w}", image.display());
     }

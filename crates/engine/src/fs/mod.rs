@@ -46,7 +46,7 @@ use rext4_format::inode::{self as fmt_inode, Inode};
 use rext4_format::superblock::{feature, Superblock, SB_OFFSET, SB_SIZE, STATE_VALID};
 
 use crate::cache::{BufferCache, Kind, Padded};
-use crate::device::{BlockDevice, FileDevice};
+use crate::device::BlockDevice;
 use crate::error::{AtBlock, Error, Result};
 use crate::lockdep::{Held, Rank, Ranked};
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
@@ -441,16 +441,32 @@ impl Fs {
     /// [`crate::claim`]): a read-write open fails with [`Error::InUse`] while a loop
     /// device, a mount or another rext4 process uses it; a read-only one goes on with
     /// a warning when someone may be writing it (unless `opts.keep_writers_out`).
+    /// A qcow2 file is found by its magic; `path` is taken as it is ('?' and all:
+    /// [`Fs::open_spec`] takes partitions and offsets).
     pub fn open_with(path: impl AsRef<Path>, opts: FsOptions) -> Result<Fs> {
-        let path = path.as_ref();
+        Self::open_spec(&crate::image::ImageSpec::file(path.as_ref()), opts)
+    }
+
+    /// Open what an image spec names (`crate::image`): a partition or byte range of a
+    /// disk image or of a qcow2 image's guest disk. The file under it is claimed as
+    /// by [`Fs::open_with`], whole: a second writer of another partition of the same
+    /// file is refused too.
+    pub fn open_spec(spec: &crate::image::ImageSpec, opts: FsOptions) -> Result<Fs> {
+        let path = spec.path();
+        let whole_disk = |e: Error| match e {
+            Error::InUse(m) if !spec.is_plain() => Error::InUse(format!(
+                "{m} (rext4 claims a disk image whole, also to use one partition of it)"
+            )),
+            e => e,
+        };
         let (claim, note) = if opts.read_only {
             let (c, note) = crate::claim::Claim::read(path, opts.keep_writers_out)?;
             match note {
-                Some(n) if opts.keep_writers_out => return Err(Error::InUse(n)),
+                Some(n) if opts.keep_writers_out => return Err(whole_disk(Error::InUse(n))),
                 n => (c, n),
             }
         } else {
-            (crate::claim::Claim::write(path)?, None)
+            (crate::claim::Claim::write(path).map_err(whole_disk)?, None)
         };
         let dev: Arc<dyn BlockDevice> = if opts.dax {
             if opts.direct_io {
@@ -458,11 +474,29 @@ impl Fs {
                     "DAX and O_DIRECT exclude each other (DAX has no page cache to bypass)".into(),
                 ));
             }
+            if !spec.is_plain() {
+                return Err(Error::InvalidInput(
+                    "DAX maps a whole raw image file, not a partition or offset of one".into(),
+                ));
+            }
             Arc::new(crate::device::dax::DaxDevice::open(path, opts.read_only)?)
         } else {
-            Arc::new(FileDevice::open(path, opts.read_only, opts.direct_io)?)
+            crate::image::open_device(spec, opts.read_only, opts.direct_io)?
         };
-        Self::open_claimed(dev, opts, Some(claim), note.into_iter().collect())
+        let part_whole = spec.part == crate::image::Part::Whole;
+        let hint_dev = dev.clone();
+        Self::open_claimed(dev, opts, Some(claim), note.into_iter().collect()).map_err(|e| {
+            match e {
+                // A whole disk with a partition table: say which partitions to open.
+                Error::NotExt4(why) if part_whole => {
+                    match crate::image::partition_hint(&*hint_dev) {
+                        Some(h) => Error::NotExt4(format!("{why}; {h}")),
+                        None => Error::NotExt4(why),
+                    }
+                }
+                e => e,
+            }
+        })
     }
 
     /// Open a filesystem on `dev` (not claimed: the caller keeps others away).
