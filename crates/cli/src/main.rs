@@ -205,6 +205,17 @@ enum Cmd {
     /// SIGINT/SIGTERM/SIGHUP stop it between commands or between the requests of a
     /// pwrite/pread, and the image is closed clean; a second signal ends it at once.
     Io(io_cmd::IoArgs),
+    /// Give an image's free blocks back to what holds it, as fstrim does for a mount
+    /// (holes punched in an image file, BLKDISCARD on a device, freed qcow2 clusters):
+    /// `rext4 trim [-v] IMAGE...`.
+    Trim {
+        /// Print how many bytes were trimmed, as fstrim -v.
+        #[arg(short = 'v', long)]
+        verbose: bool,
+        /// Images (files, devices or specs).
+        #[arg(required = true)]
+        images: Vec<PathBuf>,
+    },
     /// Make an ext4 filesystem, like mkfs.ext4: `rext4 mkfs [OPTIONS] IMAGE [SIZE]`.
     Mkfs(mkfs_cmd::MkfsArgs),
     /// Mount an image through FUSE: `rext4 mount [-o OPTIONS] [-f] IMAGE MOUNTPOINT`.
@@ -323,6 +334,20 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
             specs,
         } => write_cmds::truncate(&size, no_create, &specs)?,
         Cmd::Io(args) => io_cmd::run(args)?,
+        Cmd::Trim { verbose, images } => {
+            for image in &images {
+                let fs = write_cmds::open_rw(image).map_err(e1)?;
+                let mut n = 0;
+                let r = fs
+                    .trim(0, u64::MAX, 0)
+                    .map(|t| n = t)
+                    .map_err(|e| (1, format!("{}: {}", image.display(), term::reason(&e))));
+                write_cmds::close(&fs, image, r)?;
+                if verbose {
+                    println!("{}: {} ({n} bytes) trimmed", image.display(), human(n));
+                }
+            }
+        }
         Cmd::Mkfs(args) => mkfs_cmd::run(args)?,
         Cmd::Mount(a) => {
             no_huge_pages();
@@ -338,6 +363,22 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
         Cmd::Bench(args) => bench::run(args).map_err(e1)?,
     }
     Ok(())
+}
+
+/// Bytes as fstrim -v shows them ("1 GiB").
+fn human(n: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
 }
 
 /// An IMAGE:/path operand naming an existing image file (or device).

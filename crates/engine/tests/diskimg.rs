@@ -231,3 +231,86 @@ fn bad_tables_and_specs_are_named() {
     let e = Fs::open(&odd).map(|_| ()).expect_err("not ext4");
     assert!(matches!(e, Error::NotExt4(_)), "{e}");
 }
+
+/// A memory device that records discards.
+struct Discards {
+    mem: rext4::device::MemDevice,
+    seen: std::sync::Mutex<Vec<(u64, u64)>>,
+}
+
+impl rext4::device::BlockDevice for Discards {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.mem.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.mem.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.seen.lock().expect("seen").push((offset, len));
+        self.mem.discard(offset, len)
+    }
+    fn size_bytes(&self) -> u64 {
+        self.mem.size_bytes()
+    }
+    fn is_read_only(&self) -> bool {
+        false
+    }
+}
+
+/// FsOptions::discard discards a file's blocks only once the transaction that freed
+/// them is committed (before, a crash recovers the state that still uses them), and
+/// `Fs::trim` discards free blocks only.
+#[test]
+fn discard_waits_for_the_commit() {
+    let dev = std::sync::Arc::new(Discards {
+        mem: rext4::device::MemDevice::new(common::base_image(4096, 64 * MIB)),
+        seen: Default::default(),
+    });
+    let fs = Fs::open_device(
+        dev.clone(),
+        FsOptions {
+            discard: true,
+            ..rw()
+        },
+    )
+    .expect("open");
+    fs.write("/f", vec![7u8; 2 * MIB as usize]).expect("write");
+    fs.write("/keep", vec![9u8; MIB as usize]).expect("write");
+    fs.sync().expect("sync");
+    let blocks = common::blocks_of(&fs, "/f");
+    let keep = common::blocks_of(&fs, "/keep");
+    dev.seen.lock().expect("seen").clear();
+    fs.remove_file("/f").expect("rm");
+    assert!(
+        dev.seen.lock().expect("seen").is_empty(),
+        "discarded before the free was committed"
+    );
+    fs.sync().expect("sync");
+    let seen = dev.seen.lock().expect("seen").clone();
+    let covered = |b: u64| {
+        seen.iter()
+            .any(|&(o, l)| b * 4096 >= o && (b + 1) * 4096 <= o + l)
+    };
+    assert!(
+        blocks.iter().all(|&b| covered(b)),
+        "not every freed block discarded"
+    );
+    // trim: everything free goes, nothing in use.
+    dev.seen.lock().expect("seen").clear();
+    let n = fs.trim(0, u64::MAX, 0).expect("trim");
+    assert!(n >= 50 * MIB, "trimmed only {n}");
+    let seen = dev.seen.lock().expect("seen").clone();
+    let hit = |b: u64| {
+        seen.iter()
+            .any(|&(o, l)| b * 4096 < o + l && (b + 1) * 4096 > o)
+    };
+    assert!(
+        !keep.iter().any(|&b| hit(b)),
+        "trim discarded a file's block"
+    );
+    assert_eq!(fs.read("/keep").expect("read"), vec![9u8; MIB as usize]);
+    fs.close().expect("close");
+}

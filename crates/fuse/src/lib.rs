@@ -108,6 +108,9 @@ pub struct MountOptions {
     /// Summarize the block bitmaps in the background after mount
     /// (`prefetch_block_bitmaps`, the default; `no_prefetch_block_bitmaps` turns it off).
     pub prefetch_block_bitmaps: bool,
+    /// Discard blocks as they are freed, once their transaction commits (`discard`;
+    /// `nodiscard`, the default, leaves it to `fstrim`).
+    pub discard: bool,
     /// Page cache (file data) size in MiB (engine default when `None`: 1/16 of RAM,
     /// 64 MiB to 2 GiB).
     pub cache_mb: Option<u64>,
@@ -161,6 +164,7 @@ impl Default for MountOptions {
             mb_prefetch: None,
             mb_prefetch_limit: None,
             prefetch_block_bitmaps: true,
+            discard: false,
             cache_mb: None,
             allow_other: false,
             default_permissions: true,
@@ -203,7 +207,7 @@ fn parse_num(opt: &str, v: &str) -> Result<u64, String> {
 /// Parse a mount(8)-style comma-separated option list (later options override
 /// earlier ones). Known: ro, rw, errors=continue|remount-ro, commit=N, cache_mb=N,
 /// early_commit=MS, threads=N, bdi_max_ratio=N, mb_prefetch=N, mb_prefetch_limit=N,
-/// prefetch_block_bitmaps, no_prefetch_block_bitmaps, log=FILE, allow_other, default_permissions,
+/// prefetch_block_bitmaps, no_prefetch_block_bitmaps, discard, nodiscard, log=FILE, allow_other, default_permissions,
 /// nodefault_permissions, debug, writeback_cache, nowriteback_cache, uring, nouring, dev,
 /// nodev, suid, nosuid, exec, noexec, atime, relatime, nostrictatime, strictatime,
 /// norelatime, noatime, nodiratime, diratime, and the no-ops lazytime, nolazytime,
@@ -259,6 +263,8 @@ pub fn apply_options(o: &mut MountOptions, s: &str) -> Result<(), String> {
             }
             ("prefetch_block_bitmaps", _) => flag(o, |o| o.prefetch_block_bitmaps = true)?,
             ("no_prefetch_block_bitmaps", _) => flag(o, |o| o.prefetch_block_bitmaps = false)?,
+            ("discard", _) => flag(o, |o| o.discard = true)?,
+            ("nodiscard", _) => flag(o, |o| o.discard = false)?,
             ("threads", Some(x)) => {
                 let n = parse_num(k, x)?;
                 if n == 0 || n > 256 {
@@ -645,6 +651,7 @@ fn serve_inner(
         mb_prefetch: opts.mb_prefetch,
         mb_prefetch_limit: opts.mb_prefetch_limit,
         prefetch_block_bitmaps: opts.prefetch_block_bitmaps,
+        discard: opts.discard,
         // The kernel's page cache holds file data (KEEP_CACHE, and the writeback
         // cache): the engine keeps only dirty pages, for delayed allocation.
         cache_clean: false,

@@ -144,6 +144,12 @@ pub struct FsOptions {
     /// released) that SEEDS lesson C compares against, for benchmarks (`rext4 bench
     /// churn --sync-grace`). Off by default: a free then never waits for readers.
     pub sync_grace: bool,
+    /// Discard blocks as they are freed (the mount's `discard`): once the
+    /// transaction that freed them has committed (never before: until then a crash
+    /// recovers a state that uses them), and before they may be allocated again.
+    /// Failures are ignored (discard only gives space back). Journaled images only;
+    /// [`Fs::trim`] gives back every free block at once.
+    pub discard: bool,
 }
 
 /// ext4's `errors=` behaviours after a metadata error.
@@ -190,6 +196,7 @@ impl Default for FsOptions {
             mb_prefetch_limit: None,
             prefetch_block_bitmaps: true,
             sync_grace: false,
+            discard: false,
         }
     }
 }
@@ -415,6 +422,8 @@ pub(crate) struct Inner {
     pub(crate) write_ahead: crate::fs::write_ahead::WriteAhead,
     /// `FsOptions::sync_grace`: frees wait for their grace period.
     pub(crate) sync_grace: bool,
+    /// `FsOptions::discard`: committed frees are discarded.
+    pub(crate) discard: bool,
 }
 
 /// An open ext4 filesystem. Cheap to clone; shareable across threads.
@@ -724,6 +733,7 @@ impl Fs {
                 dio_exclusive: Default::default(),
                 write_ahead: Default::default(),
                 sync_grace: opts.sync_grace,
+                discard: opts.discard,
             }),
         };
         {
@@ -1546,6 +1556,13 @@ impl Inner {
                 let r = self.commit_and_checkpoint(j, txn.dirty, txn.revoked);
                 self.cache.end_commit();
                 r?;
+                if self.discard {
+                    // Still busy here: nobody allocates them while they go.
+                    let bs = u64::from(self.block_size);
+                    for (&start, &len) in &txn.freed {
+                        let _ = self.cache.device().discard(start * bs, len * bs);
+                    }
+                }
                 self.busy().remove_runs(&txn.freed);
             }
             self.syncs_done.fetch_max(n + 1, SeqCst);
