@@ -262,7 +262,7 @@ fn parse_bytes(v: &str) -> Option<u64> {
 }
 
 /// The qcow2 magic, "QFI\xfb".
-pub const QCOW2_MAGIC: [u8; 4] = *b"QFI\xfb";
+pub const QCOW2_MAGIC: [u8; 4] = crate::device::qcow2::MAGIC;
 
 /// The disk the spec names, before its part is taken: the file, or the guest disk
 /// of a qcow2 file. `direct` (O_DIRECT) applies to a raw file.

@@ -32,6 +32,8 @@ use std::sync::{Arc, Mutex};
 use super::BlockDevice;
 use crate::error::{Error, Result};
 
+/// The first bytes of a qcow2 file, "QFI\xfb".
+pub const MAGIC: [u8; 4] = *b"QFI\xfb";
 /// The longest backing chain followed.
 pub const MAX_CHAIN: usize = 16;
 /// qemu's bound on the L1 table (QCOW_MAX_L1_SIZE).
@@ -123,7 +125,7 @@ impl Qcow2 {
         let file_len = meta.len();
         let mut h = vec![0u8; 512.min(file_len) as usize];
         file.read_exact_at(&mut h, 0)?;
-        if h.len() < 72 || h[0..4] != crate::image::QCOW2_MAGIC {
+        if h.len() < 72 || h[0..4] != MAGIC {
             return Err(bad(path, "no qcow2 header".into()));
         }
         let version = be32(&h, 4);
@@ -444,8 +446,7 @@ enum Map {
 
 fn is_qcow2(p: &Path) -> bool {
     let mut m = [0u8; 4];
-    File::open(p).is_ok_and(|f| f.read_exact_at(&mut m, 0).is_ok())
-        && m == crate::image::QCOW2_MAGIC
+    File::open(p).is_ok_and(|f| f.read_exact_at(&mut m, 0).is_ok()) && m == MAGIC
 }
 
 fn open_backing_raw(full: &Path, of: &Path) -> Result<super::FileDevice> {
