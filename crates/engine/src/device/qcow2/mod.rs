@@ -25,6 +25,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -461,8 +462,43 @@ fn backing_err(of: &Path, full: &Path, e: Error) -> Error {
     }
 }
 
-impl BlockDevice for Qcow2 {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+/// pread into possibly uninitialized bytes; returns how many were read (fewer only at
+/// the end of the file).
+fn pread_uninit(file: &File, buf: &mut [MaybeUninit<u8>], offset: u64) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let mut done = 0usize;
+    while done < buf.len() {
+        let rest = &mut buf[done..];
+        // SAFETY: pread writes at most `rest.len()` bytes into `rest`, ours for the
+        // call; the kernel never reads the destination.
+        let r = unsafe {
+            libc::pread(
+                file.as_raw_fd(),
+                rest.as_mut_ptr().cast(),
+                rest.len(),
+                (offset + done as u64) as libc::off_t,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if r == 0 {
+            break;
+        }
+        done += r as usize;
+    }
+    Ok(done)
+}
+
+impl Qcow2 {
+    /// Fill `buf` from guest offset `offset`; every byte of it is initialized on
+    /// success. Data clusters are read straight into it (no zeroing pass: a large
+    /// read costs one copy, as from a raw image).
+    fn read_into(&self, buf: &mut [MaybeUninit<u8>], offset: u64) -> io::Result<()> {
         super::check_range(offset, buf.len(), self.size)?;
         let cs = self.cs();
         let mut done = 0usize;
@@ -486,23 +522,37 @@ impl BlockDevice for Qcow2 {
                             _ => break,
                         }
                     }
-                    let start = host + within;
                     let dst = &mut buf[done..done + n];
-                    let have = self.file_len.saturating_sub(start).min(n as u64) as usize;
-                    self.file.read_exact_at(&mut dst[..have], start)?;
-                    dst[have..].fill(0);
+                    let got = pread_uninit(&self.file, dst, host + within)?;
+                    super::zeroed(&mut dst[got..]);
                 }
-                Map::Zero => buf[done..done + n].fill(0),
-                Map::Unallocated => self.read_backing(&mut buf[done..done + n], pos)?,
+                Map::Zero => {
+                    super::zeroed(&mut buf[done..done + n]);
+                }
+                Map::Unallocated => {
+                    let dst = super::zeroed(&mut buf[done..done + n]);
+                    self.read_backing(dst, pos)?;
+                }
                 Map::Compressed(e) => {
                     let c = self.inflate(gc, e)?;
                     let w = within as usize;
-                    buf[done..done + n].copy_from_slice(&c[w..w + n]);
+                    let dst = super::zeroed(&mut buf[done..done + n]);
+                    dst.copy_from_slice(&c[w..w + n]);
                 }
             }
             done += n;
         }
         Ok(())
+    }
+}
+
+impl BlockDevice for Qcow2 {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        // SAFETY: `read_into` writes only initialized bytes.
+        self.read_into(unsafe { super::as_uninit(buf) }, offset)
+    }
+    fn read_at_uninit(&self, buf: &mut [MaybeUninit<u8>], offset: u64) -> io::Result<()> {
+        self.read_into(buf, offset)
     }
     fn write_at(&self, _buf: &[u8], _offset: u64) -> io::Result<()> {
         super::refuse_if_read_only(true)
