@@ -100,7 +100,11 @@ fn message(e: &Error) -> String {
         | Error::InUse(d) => {
             format!("{strerror}: {d}")
         }
-        Error::Io(_) | Error::NotExt4(_) | Error::Corrupted { .. } | Error::ShutDown(_) => {
+        Error::Io(_)
+        | Error::NotExt4(_)
+        | Error::Corrupted { .. }
+        | Error::BadImage(_)
+        | Error::ShutDown(_) => {
             format!("{strerror}: {e}")
         }
         Error::NotOpenFor(what) => format!("{strerror}: not open for {what}"),
@@ -272,7 +276,9 @@ fn resolve(fs: &rext4::Fs, path: &[u8], follow: bool) -> PyResult<Ino> {
 
 #[pymethods]
 impl PyFs {
-    /// Open the image at `path` (bytes), read-only unless `writable`.
+    /// Open the image at `path` (bytes: a file, or an image spec such as
+    /// `disk.img?partition=2`; a path that exists is that file), read-only unless
+    /// `writable`.
     #[staticmethod]
     #[pyo3(signature = (path, writable=false, cache_bytes=None))]
     fn open(
@@ -287,7 +293,13 @@ impl PyFs {
             ..FsOptions::default()
         };
         let fs = py
-            .allow_threads(|| rext4::Fs::open_with(path_of(path), opts))
+            .allow_threads(|| {
+                let spec = match std::str::from_utf8(path) {
+                    Ok(t) => rext4::ImageSpec::from_arg(t)?,
+                    Err(_) => rext4::ImageSpec::file(path_of(path)),
+                };
+                rext4::Fs::open_spec(&spec, opts)
+            })
             .map_err(|e| to_py(e, Some(path)))?;
         Ok(PyFs {
             fs: RwLock::new(Some(fs)),
@@ -833,6 +845,7 @@ fn _raise_engine_error(kind: &str) -> PyResult<()> {
         "PermissionDenied" => Error::PermissionDenied,
         "ShutDown" => Error::ShutDown("test".into()),
         "InUse" => Error::InUse("test".into()),
+        "BadImage" => Error::BadImage("test".into()),
         other => return Err(PyValueError::new_err(format!("no engine error {other}"))),
     };
     Err(to_py(e, Some(b"/test")))

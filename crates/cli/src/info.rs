@@ -399,3 +399,83 @@ pub fn render_stats(fs: &Fs) -> String {
     );
     s
 }
+
+/// `rext4 info DISK` of a disk that holds no ext4 at offset 0 but has a partition
+/// table: its partitions (number, start, size, type, name) and which hold ext4.
+pub fn render_disk(shown: &str, disk: &rext4::image::DiskInfo) -> Option<String> {
+    let table = disk.table.as_ref()?;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "Disk: {shown} ({}, {} bytes)",
+        disk.format,
+        disk.disk.size_bytes()
+    );
+    let kind = match table.kind {
+        rext4::device::parttable::TableKind::Mbr => "MBR (dos)",
+        rext4::device::parttable::TableKind::Gpt => "GPT",
+    };
+    let _ = writeln!(
+        o,
+        "Partition table: {kind}, {}-byte sectors",
+        table.sector_bytes
+    );
+    let _ = writeln!(
+        o,
+        "{:<7}{:>14}{:>14}  {:<22}{:<14}Filesystem",
+        "Number", "Start", "Size", "Type", "Name"
+    );
+    let base = spec_base(shown);
+    for p in &table.partitions {
+        let fs = partition_fs(&*disk.disk, p.start_bytes, p.size_bytes);
+        let _ = writeln!(
+            o,
+            "{:<7}{:>14}{:>14}  {:<22}{:<14}{}",
+            p.number,
+            p.start_bytes,
+            p.size_bytes,
+            p.kind,
+            if p.name.is_empty() { "-" } else { &p.name },
+            fs.map(|f| format!("{f}: {base}?partition={}", p.number))
+                .unwrap_or_else(|| "-".into())
+        );
+    }
+    Some(o)
+}
+
+/// The spec text without its fields (what `?partition=N` goes after).
+fn spec_base(shown: &str) -> &str {
+    match rext4::ImageSpec::parse(shown) {
+        Ok(s) if !s.is_plain() => shown.rsplit_once('?').map_or(shown, |(b, _)| b),
+        _ => shown,
+    }
+}
+
+/// "ext4" (with its label) when the partition holds an ext4 superblock.
+fn partition_fs(disk: &dyn rext4::device::BlockDevice, start: u64, size: u64) -> Option<String> {
+    if size < 2048 {
+        return None;
+    }
+    let mut raw = vec![0u8; 1024];
+    disk.read_at(&mut raw, start.checked_add(1024)?).ok()?;
+    let sb = Superblock::decode(&raw).ok()?;
+    let label = cstr(&sb.volume_name);
+    let recover = if sb.has_incompat(feature::INCOMPAT_RECOVER) {
+        ", journal needs recovery"
+    } else {
+        ""
+    };
+    Some(if label.is_empty() {
+        format!(
+            "ext4 ({} blocks of {}{recover})",
+            sb.blocks_count,
+            sb.block_size()
+        )
+    } else {
+        format!(
+            "ext4 \"{label}\" ({} blocks of {}{recover})",
+            sb.blocks_count,
+            sb.block_size()
+        )
+    })
+}

@@ -58,8 +58,9 @@ fn is_root() -> bool {
 pub fn open_rw(image: &Path) -> Result<Fs, String> {
     // The engine claims the image (one writer at a time, none under a loop device or
     // a mount) until `close`.
-    let fs = Fs::open_with(
-        image,
+    let spec = crate::spec::image_spec(image).map_err(|e| format!("{}: {e}", image.display()))?;
+    let fs = Fs::open_spec(
+        &spec,
         FsOptions {
             read_only: false,
             // A one-shot copy gains nothing from a large cache: with 64 MiB, writers
@@ -1002,7 +1003,7 @@ pub fn cp_in(
     dest_arg: &str,
     opts: CpInOptions,
 ) -> Result<(), Failure> {
-    let image_id = std::fs::metadata(&dest.image)
+    let image_id = std::fs::metadata(crate::spec::image_file(&dest.image))
         .ok()
         .map(|m| (m.dev(), m.ino()));
     let fs = open_rw(&dest.image).map_err(|e| (1, e))?;

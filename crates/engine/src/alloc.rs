@@ -455,6 +455,75 @@ impl Fs {
         Ok(())
     }
 
+    /// Give the free blocks in `[start, start + len)` (bytes of the filesystem) back to
+    /// the device (`BlockDevice::discard`: holes punched in an image file, BLKDISCARD,
+    /// freed qcow2 clusters), runs shorter than `min_len` bytes left alone: FITRIM
+    /// (`fstrim`), `rext4 trim`. Returns the bytes discarded.
+    ///
+    /// Only blocks free in the bitmap and not busy are discarded: a block freed by a
+    /// transaction not yet committed may still be what the committed state (what a
+    /// crash recovers) uses. Each group's mutex is held across its discards, so no
+    /// allocation takes a block of the group meanwhile and writes data that a discard
+    /// would then drop.
+    pub fn trim(&self, start: u64, len: u64, min_len: u64) -> Result<u64> {
+        self.check_writable()?;
+        let sb = &self.inner.sb;
+        let bs = u64::from(self.inner.block_size);
+        let first_blk = (start.div_ceil(bs)).max(u64::from(sb.first_data_block));
+        let end_blk = (start.saturating_add(len) / bs).min(sb.blocks_count);
+        let min_blocks = min_len.div_ceil(bs).max(1);
+        let dev = self.cache().device().clone();
+        let mut trimmed = 0u64;
+        if first_blk >= end_blk {
+            return Ok(0);
+        }
+        for g in self.group_of_block(first_blk)..=self.group_of_block(end_blk - 1) {
+            let first = sb.group_first_block(g as u64);
+            let n = sb.blocks_in_group(g as u64);
+            let grp = self.group(g)?;
+            if grp.desc.free_blocks_count == 0 {
+                continue;
+            }
+            let b = self.block_bitmap(g, &grp)?;
+            let from = first_blk.max(first) - first;
+            let to = end_blk.min(first + n) - first;
+            let mut runs = Vec::new();
+            {
+                let busy = self.inner.busy();
+                let mut x = from;
+                while x < to {
+                    if bitmap::test(&b, x) || busy.first_in(first + x, first + x + 1).is_some() {
+                        x += 1;
+                        continue;
+                    }
+                    let s = x;
+                    while x < to
+                        && !bitmap::test(&b, x)
+                        && busy.first_in(first + x, first + x + 1).is_none()
+                    {
+                        x += 1;
+                    }
+                    if x - s >= min_blocks {
+                        runs.push((first + s, x - s));
+                    }
+                }
+            }
+            drop(b);
+            for (blk, count) in runs {
+                dev.discard(blk * bs, count * bs).map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::Unsupported {
+                        Error::Unsupported(e.to_string())
+                    } else {
+                        Error::Io(e)
+                    }
+                })?;
+                trimmed += count * bs;
+            }
+            drop(grp);
+        }
+        Ok(trimmed)
+    }
+
     /// Allocate an inode near `parent` (directories spread across groups).
     pub(crate) fn alloc_inode(&self, parent: Ino, is_dir: bool) -> Result<Ino> {
         self.check_writable()?;

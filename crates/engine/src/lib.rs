@@ -19,7 +19,8 @@
 //! - `cache`: metadata buffers, verified on read; `journal`: jbd2 log reading and
 //!   replay; `mkfs`;
 //! - `device`: the `BlockDevice` seam (file, memory) and `device::dax`, a
-//!   memory-mapped image; `icache`/`grace`: inode and dentry caches (lock-free hits),
+//!   memory-mapped image, partitions and offsets (`device::window`), qcow2;
+//!   `image`: image specs (`IMAGE?partition=N`, `?offset=BYTES`), opened as devices; `icache`/`grace`: inode and dentry caches (lock-free hits),
 //!   inode reuse grace; `dir_write`/`extent_write`: the directory and extent-tree
 //!   algorithms, written against `store`'s seams;
 //! - `claim`: keeps other users away from an image opened by path (loop devices,
@@ -56,6 +57,7 @@ pub mod fs;
 pub use fs::{inode_write, map, pagecache};
 pub mod grace;
 pub mod icache;
+pub mod image;
 pub mod inthash;
 pub mod journal;
 mod lockdep;
@@ -79,6 +81,7 @@ pub use fs::pagecache::rw::Whence;
 pub use fs::pagecache::PageCacheStats;
 pub use fs::space::{act_as_privileged, PrivilegeGuard};
 pub use fs::{Errors, Fs, FsOptions, Ino, JournalStats};
+pub use image::ImageSpec;
 pub use ops::{FallocMode, RenameFlags, SetAttr, StatFs};
 pub use path::OpenOptions;
 pub use perm::Creds;

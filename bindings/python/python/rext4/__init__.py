@@ -95,6 +95,10 @@ def mkfs(
 def open(path: PathArg, writable: bool = False, *, cache_bytes: Optional[int] = None) -> "FileSystem":
     """Open the image file or block device ``path``; read-only unless ``writable``.
 
+    ``path`` may be an image spec: ``disk.img?partition=2`` (GPT or MBR, logical
+    partitions from 5), ``disk.img?offset=1048576[&size=BYTES]``; a qcow2 image is
+    found by its magic. A path that exists is that file, '?' and all.
+
     A writable open refuses an image in use (a loop device, a mount, another rext4
     process: errno EBUSY) and replays a journal left to recover. ``cache_bytes``
     bounds the file-data cache (default: 1/16 of RAM, 64 MiB to 2 GiB). Use the

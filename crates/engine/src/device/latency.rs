@@ -203,6 +203,9 @@ impl BlockDevice for Counted {
         self.counters().flushes.fetch_add(1, Relaxed);
         self.track(|| self.inner.flush())
     }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.track(|| self.inner.discard(offset, len))
+    }
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }
@@ -349,6 +352,9 @@ impl BlockDevice for LatencyDevice {
     fn flush(&self) -> io::Result<()> {
         self.counts.flushes.fetch_add(1, Relaxed);
         self.serve(self.flush, || self.inner.flush())
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.serve(self.write, || self.inner.discard(offset, len))
     }
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()

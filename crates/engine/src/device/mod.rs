@@ -9,12 +9,21 @@
 //! (`uring`), all in flight together.
 //! [`latency`] wraps any of them to count requests ([`latency::Counted`], under every open
 //! filesystem) or to make them slow ([`latency::LatencyDevice`]).
+//! [`window::Window`] is a byte range of another device (a partition, an offset);
+//! [`qcow2::Qcow2`] the guest disk of a qcow2 image file; [`parttable`] reads MBR and
+//! GPT partition tables. `crate::image` builds these from an image spec.
 //! Offsets and lengths are bytes; callers stay inside [`BlockDevice::size_bytes`], and
 //! backends refuse anything outside it so no request can write past the image.
+//! [`BlockDevice::discard`] gives a range back to whatever holds the image (a hole in
+//! an image file, BLKDISCARD on a block device, freed qcow2 clusters).
 
 pub mod dax;
 pub mod latency;
+pub mod parttable;
+pub mod qcow2;
+
 mod uring;
+pub mod window;
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -54,6 +63,17 @@ pub trait BlockDevice: Send + Sync {
     }
     /// Make every completed write durable.
     fn flush(&self) -> io::Result<()>;
+    /// Give `[offset, offset + len)` back to whatever holds the image (a hole punched
+    /// in an image file, BLKDISCARD on a block device, a qcow2 image's clusters freed).
+    /// The range's contents are unspecified afterwards (zeros on most backends): only
+    /// ranges nobody uses any more are discarded. Backends may round the range inward
+    /// to what they can free. The default: `ErrorKind::Unsupported`.
+    fn discard(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the device does not support discard",
+        ))
+    }
     fn size_bytes(&self) -> u64;
     fn is_read_only(&self) -> bool;
     /// The device as memory the process maps (`crate::device::dax`), when it is one: file data
@@ -78,7 +98,7 @@ pub(crate) fn refuse_if_read_only(read_only: bool) -> io::Result<()> {
     Ok(())
 }
 
-fn check_range(offset: u64, len: usize, size: u64) -> io::Result<()> {
+pub(crate) fn check_range(offset: u64, len: usize, size: u64) -> io::Result<()> {
     match offset.checked_add(len as u64) {
         Some(end) if end <= size => Ok(()),
         _ => Err(io::Error::new(
@@ -123,7 +143,12 @@ pub struct FileDevice {
     size: u64,
     read_only: bool,
     direct: bool,
+    /// A block device (discard is BLKDISCARD), not a regular file (a punched hole).
+    block_device: bool,
 }
+
+/// BLKDISCARD, `_IO(0x12, 119)`: discard a byte range of a block device.
+const BLKDISCARD: libc::c_ulong = 0x1277;
 
 impl FileDevice {
     /// Open `path`; `direct` asks for O_DIRECT (falls back to an error if unsupported).
@@ -140,6 +165,7 @@ impl FileDevice {
             None
         };
         let meta = file.metadata()?;
+        let block_device = std::os::unix::fs::FileTypeExt::is_block_device(&meta.file_type());
         let size = if meta.file_type().is_file() {
             meta.len()
         } else {
@@ -153,6 +179,7 @@ impl FileDevice {
             size,
             read_only,
             direct,
+            block_device,
         })
     }
 
@@ -302,6 +329,51 @@ impl BlockDevice for FileDevice {
         }
         self.file.sync_data()
     }
+    /// A regular file: `fallocate(PUNCH_HOLE | KEEP_SIZE)` (the range reads zeros and
+    /// the host frees its blocks); a block device: BLKDISCARD on the 512-byte-aligned
+    /// part of the range (EOPNOTSUPP where the device cannot).
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        refuse_if_read_only(self.read_only)?;
+        check_range(
+            offset,
+            usize::try_from(len).unwrap_or(usize::MAX),
+            self.size,
+        )?;
+        if len == 0 {
+            return Ok(());
+        }
+        let fd = self.file.as_raw_fd();
+        if self.block_device {
+            let start = offset.div_ceil(512) * 512;
+            let end = (offset + len) / 512 * 512;
+            if end <= start {
+                return Ok(());
+            }
+            let range = [start, end - start];
+            // SAFETY: BLKDISCARD reads two u64s from the pointer, which points at
+            // `range`, alive for the call.
+            let r = unsafe { libc::ioctl(fd, BLKDISCARD as _, range.as_ptr()) };
+            return if r == 0 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            };
+        }
+        // SAFETY: fallocate(2) on our descriptor with plain integers.
+        let r = unsafe {
+            libc::fallocate(
+                fd,
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
     /// `posix_fadvise(WILLNEED)` on a buffered descriptor (the host reads the range
     /// ahead, asynchronously); nothing under O_DIRECT, which has no host cache to fill.
     fn will_need(&self, offset: u64, len: u64) {
@@ -371,6 +443,19 @@ impl BlockDevice for MemDevice {
         Ok(())
     }
     fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+    /// Zeroes the range.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        refuse_if_read_only(self.read_only)?;
+        let mut d = self.data.write().unwrap_or_else(|p| p.into_inner());
+        check_range(
+            offset,
+            usize::try_from(len).unwrap_or(usize::MAX),
+            d.len() as u64,
+        )?;
+        let o = offset as usize;
+        d[o..o + len as usize].fill(0);
         Ok(())
     }
     fn size_bytes(&self) -> u64 {

@@ -48,7 +48,7 @@ use rext4_format::inode::{self as fmt_inode, Inode};
 use rext4_format::superblock::{feature, Superblock, SB_OFFSET, SB_SIZE, STATE_VALID};
 
 use crate::cache::{BufferCache, Kind, Padded};
-use crate::device::{BlockDevice, FileDevice};
+use crate::device::BlockDevice;
 use crate::error::{AtBlock, Error, Result};
 use crate::lockdep::{Held, Rank, Ranked};
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
@@ -146,6 +146,12 @@ pub struct FsOptions {
     /// released) that SEEDS lesson C compares against, for benchmarks (`rext4 bench
     /// churn --sync-grace`). Off by default: a free then never waits for readers.
     pub sync_grace: bool,
+    /// Discard blocks as they are freed (the mount's `discard`): once the
+    /// transaction that freed them has committed (never before: until then a crash
+    /// recovers a state that uses them), and before they may be allocated again.
+    /// Failures are ignored (discard only gives space back). Journaled images only;
+    /// [`Fs::trim`] gives back every free block at once.
+    pub discard: bool,
 }
 
 /// ext4's `errors=` behaviours after a metadata error.
@@ -192,6 +198,7 @@ impl Default for FsOptions {
             mb_prefetch_limit: None,
             prefetch_block_bitmaps: true,
             sync_grace: false,
+            discard: false,
         }
     }
 }
@@ -417,6 +424,8 @@ pub(crate) struct Inner {
     pub(crate) write_ahead: crate::fs::write_ahead::WriteAhead,
     /// `FsOptions::sync_grace`: frees wait for their grace period.
     pub(crate) sync_grace: bool,
+    /// `FsOptions::discard`: committed frees are discarded.
+    pub(crate) discard: bool,
 }
 
 /// An open ext4 filesystem. Cheap to clone; shareable across threads.
@@ -443,16 +452,32 @@ impl Fs {
     /// [`crate::claim`]): a read-write open fails with [`Error::InUse`] while a loop
     /// device, a mount or another rext4 process uses it; a read-only one goes on with
     /// a warning when someone may be writing it (unless `opts.keep_writers_out`).
+    /// A qcow2 file is found by its magic; `path` is taken as it is ('?' and all:
+    /// [`Fs::open_spec`] takes partitions and offsets).
     pub fn open_with(path: impl AsRef<Path>, opts: FsOptions) -> Result<Fs> {
-        let path = path.as_ref();
+        Self::open_spec(&crate::image::ImageSpec::file(path.as_ref()), opts)
+    }
+
+    /// Open what an image spec names (`crate::image`): a partition or byte range of a
+    /// disk image or of a qcow2 image's guest disk. The file under it is claimed as
+    /// by [`Fs::open_with`], whole: a second writer of another partition of the same
+    /// file is refused too.
+    pub fn open_spec(spec: &crate::image::ImageSpec, opts: FsOptions) -> Result<Fs> {
+        let path = spec.path();
+        let whole_disk = |e: Error| match e {
+            Error::InUse(m) if !spec.is_plain() => Error::InUse(format!(
+                "{m} (rext4 claims a disk image whole, also to use one partition of it)"
+            )),
+            e => e,
+        };
         let (claim, note) = if opts.read_only {
             let (c, note) = crate::claim::Claim::read(path, opts.keep_writers_out)?;
             match note {
-                Some(n) if opts.keep_writers_out => return Err(Error::InUse(n)),
+                Some(n) if opts.keep_writers_out => return Err(whole_disk(Error::InUse(n))),
                 n => (c, n),
             }
         } else {
-            (crate::claim::Claim::write(path)?, None)
+            (crate::claim::Claim::write(path).map_err(whole_disk)?, None)
         };
         let dev: Arc<dyn BlockDevice> = if opts.dax {
             if opts.direct_io {
@@ -460,11 +485,29 @@ impl Fs {
                     "DAX and O_DIRECT exclude each other (DAX has no page cache to bypass)".into(),
                 ));
             }
+            if !spec.is_plain() {
+                return Err(Error::InvalidInput(
+                    "DAX maps a whole raw image file, not a partition or offset of one".into(),
+                ));
+            }
             Arc::new(crate::device::dax::DaxDevice::open(path, opts.read_only)?)
         } else {
-            Arc::new(FileDevice::open(path, opts.read_only, opts.direct_io)?)
+            crate::image::open_device(spec, opts.read_only, opts.direct_io)?
         };
-        Self::open_claimed(dev, opts, Some(claim), note.into_iter().collect())
+        let part_whole = spec.part == crate::image::Part::Whole;
+        let hint_dev = dev.clone();
+        Self::open_claimed(dev, opts, Some(claim), note.into_iter().collect()).map_err(|e| {
+            match e {
+                // A whole disk with a partition table: say which partitions to open.
+                Error::NotExt4(why) if part_whole => {
+                    match crate::image::partition_hint(&*hint_dev) {
+                        Some(h) => Error::NotExt4(format!("{why}; {h}")),
+                        None => Error::NotExt4(why),
+                    }
+                }
+                e => e,
+            }
+        })
     }
 
     /// Open a filesystem on `dev` (not claimed: the caller keeps others away).
@@ -692,6 +735,7 @@ impl Fs {
                 dio_exclusive: Default::default(),
                 write_ahead: Default::default(),
                 sync_grace: opts.sync_grace,
+                discard: opts.discard,
             }),
         };
         {
@@ -1514,6 +1558,13 @@ impl Inner {
                 let r = self.commit_and_checkpoint(j, txn.dirty, txn.revoked);
                 self.cache.end_commit();
                 r?;
+                if self.discard {
+                    // Still busy here: nobody allocates them while they go.
+                    let bs = u64::from(self.block_size);
+                    for (&start, &len) in &txn.freed {
+                        let _ = self.cache.device().discard(start * bs, len * bs);
+                    }
+                }
                 self.busy().remove_runs(&txn.freed);
             }
             self.syncs_done.fetch_max(n + 1, SeqCst);
