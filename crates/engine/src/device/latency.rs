@@ -159,6 +159,9 @@ impl Counted {
     }
 
     fn track<R>(&self, f: impl FnOnce() -> R) -> R {
+        // The page cache's rule, checked in debug builds: no device I/O under its
+        // mutexes (every request of an open filesystem passes here).
+        crate::lockdep::no_page_cache_lock("a device request");
         if !self.watched.load(Relaxed) || BACKGROUND.with(|b| b.get()) {
             return f();
         }

@@ -57,6 +57,7 @@ use std::time::Instant;
 
 use crate::error::Error;
 use crate::fs::Ino;
+use crate::lockdep::PageCacheGuard;
 
 /// Page-aligned writes at least this large go to the device at once when the frontend
 /// caches clean data itself (`write_now`).
@@ -121,8 +122,8 @@ impl Page {
             hot: AtomicBool::new(true),
         })
     }
-    pub(crate) fn lock(&self) -> MutexGuard<'_, PageData> {
-        lock(&self.data)
+    pub(crate) fn lock(&self) -> PageCacheGuard<'_, PageData> {
+        PageCacheGuard::lock(&self.data)
     }
 }
 
@@ -249,16 +250,16 @@ impl FileState {
 }
 
 impl FileCache {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, FileState> {
-        lock(&self.state)
+    pub(crate) fn lock(&self) -> PageCacheGuard<'_, FileState> {
+        PageCacheGuard::lock(&self.state)
     }
     /// Block until no page of this file in `[first, last]` is under writeback.
     pub(crate) fn wait_writeback<'a>(
         &'a self,
-        mut st: MutexGuard<'a, FileState>,
+        mut st: PageCacheGuard<'a, FileState>,
         first: u64,
         last: u64,
-    ) -> MutexGuard<'a, FileState> {
+    ) -> PageCacheGuard<'a, FileState> {
         loop {
             let busy = st.writeback > 0
                 && st
@@ -268,18 +269,18 @@ impl FileCache {
             if !busy {
                 return st;
             }
-            st = self.wb_done.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = st.wait(&self.wb_done);
         }
     }
 
     /// Block until none of `pages` (taken out of the map) is under writeback.
     pub(crate) fn wait_pages<'a>(
         &'a self,
-        mut st: MutexGuard<'a, FileState>,
+        mut st: PageCacheGuard<'a, FileState>,
         pages: &[Arc<Page>],
-    ) -> MutexGuard<'a, FileState> {
+    ) -> PageCacheGuard<'a, FileState> {
         while pages.iter().any(|p| p.lock().writeback) {
-            st = self.wb_done.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = st.wait(&self.wb_done);
         }
         st
     }

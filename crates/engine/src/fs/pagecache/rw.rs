@@ -185,7 +185,7 @@ impl Fs {
             let in_flight = st.direct_in_flight_over(first, last);
             if in_flight || st.direct_done_over_since(seen, first, last) {
                 while st.direct_in_flight_over(first, last) {
-                    st = fc.wb_done.wait(st).unwrap_or_else(|p| p.into_inner());
+                    st = st.wait(&fc.wb_done);
                 }
                 drop(st);
                 for b in bufs {
