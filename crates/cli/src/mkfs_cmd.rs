@@ -10,6 +10,14 @@
 //! without a suffix it counts blocks of `-b` bytes, or KiB when `-b` is not given.
 //! `E2FSPROGS_FAKE_TIME` fixes every timestamp, as it does for mke2fs.
 //!
+//! Reproducible builds: with `SOURCE_DATE_EPOCH` set, every time the image holds is
+//! that time or older (mkfs's own, the superblock's and journal's, and every change
+//! the -d copy makes; the source's times newer than it are clamped to it), and with
+//! `--seed` (or -U and -E hash_seed) nothing else varies either: the same input gives
+//! the same bytes whatever its readdir order, the host or the time of day (see
+//! `rext4::repro`). Later edits made with the variable set (cp, mkdir, rm, mv, a
+//! mount) keep two such images identical.
+//!
 //! As mke2fs: an IMAGE that already holds a filesystem is named and the user asked
 //! "Proceed anyway? (y,N)" when standard input and output are terminals (`-F` skips
 //! the question; elsewhere it is not asked). Extended options (`-E`, comma-separated):
@@ -43,6 +51,11 @@ pub struct MkfsArgs {
     /// Filesystem UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx or "random").
     #[arg(short = 'U', value_name = "UUID")]
     pub uuid: Option<String>,
+    /// Derive the UUID and the directory hash seed (unless -U / -E hash_seed give
+    /// them) from this text, so that builds of the same input are byte-identical
+    /// (with SOURCE_DATE_EPOCH set for the times).
+    #[arg(long, value_name = "SEED")]
+    pub seed: Option<String>,
     /// Feature edits: comma-separated names, ^name to clear, "none" to clear all.
     #[arg(short = 'O', value_name = "FEATURES", action = ArgAction::Append)]
     pub features: Vec<String>,
@@ -129,7 +142,7 @@ fn options(args: &MkfsArgs) -> Result<MkfsOptions, String> {
                 .parse::<i64>()
                 .map_err(|_| format!("E2FSPROGS_FAKE_TIME is not a number: {v}"))?,
         ),
-        Err(_) => None,
+        Err(_) => rext4::repro::source_date_epoch().map_err(|e| e.to_string())?,
     };
     Ok(MkfsOptions {
         block_size: args.block_size,
@@ -141,6 +154,7 @@ fn options(args: &MkfsArgs) -> Result<MkfsOptions, String> {
         upstream_defaults: args.upstream,
         creation_time,
         root_owner,
+        seed: args.seed.as_ref().map(|s| s.as_bytes().to_vec()),
         ..MkfsOptions::default()
     })
 }
