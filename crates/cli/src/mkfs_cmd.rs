@@ -77,11 +77,18 @@ pub struct MkfsArgs {
     /// Force: do not ask before overwriting an image that holds a filesystem.
     #[arg(short = 'F', action = ArgAction::Count)]
     pub force: u8,
-    /// Copy the contents of a directory into the new filesystem, as `rext4 cp -r
-    /// SRCDIR/. IMAGE:/` would (modes, owners as root, times, links, xattrs, holes;
-    /// SIGINT/SIGTERM/SIGHUP stop it cleanly, as they stop cp).
-    #[arg(short = 'd', value_name = "SRCDIR")]
+    /// Fill the new filesystem from a directory (as `rext4 cp -r SRCDIR/. IMAGE:/`
+    /// would: modes, owners as root, times, links, xattrs, holes) or a tar archive
+    /// (plain, gzip, zstd or xz; `-` reads it from standard input), streamed without
+    /// extracting it. SIGINT/SIGTERM/SIGHUP stop it cleanly, as they stop cp.
+    #[arg(short = 'd', value_name = "SRCDIR|ARCHIVE|-")]
     pub populate: Option<PathBuf>,
+    /// A container image layer to apply on top (repeatable, bottom first): a tar
+    /// archive (any compression above) whose `.wh.NAME` files remove NAME from the
+    /// layers below and `.wh..wh..opq` empties its directory of them, or an OCI image
+    /// layout directory (its index's manifest's layers, in order).
+    #[arg(long = "layer", value_name = "TAR|OCIDIR")]
+    pub layers: Vec<PathBuf>,
     /// Image file or block device.
     pub image: PathBuf,
     /// Filesystem size (default: the file's or device's size).
@@ -299,11 +306,18 @@ pub fn run(args: MkfsArgs) -> Result<(), Failure> {
         ),
         None => None,
     };
+    let mut from_dir = false;
     if let Some(src) = &args.populate {
-        match std::fs::metadata(src) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => return Err((1, format!("{}: Not a directory", src.display()))),
-            Err(e) => return Err((1, format!("{}: {}", src.display(), term::io_reason(&e)))),
+        if src.as_os_str() != "-" {
+            match std::fs::metadata(src) {
+                Ok(m) => from_dir = m.is_dir(),
+                Err(e) => return Err((1, format!("{}: {}", src.display(), term::io_reason(&e)))),
+            }
+        }
+    }
+    for l in &args.layers {
+        if let Err(e) = std::fs::metadata(l) {
+            return Err((1, format!("{}: {}", l.display(), term::io_reason(&e))));
         }
     }
     let meta = std::fs::metadata(image).ok();
@@ -355,7 +369,7 @@ pub fn run(args: MkfsArgs) -> Result<(), Failure> {
     if !args.quiet {
         term::out(&summary(&report));
     }
-    if let Some(src) = &args.populate {
+    if let Some(src) = args.populate.as_ref().filter(|_| from_dir) {
         let mut contents = src.clone().into_os_string();
         contents.push("/.");
         let dest = crate::spec::ImagePath {
@@ -377,7 +391,66 @@ pub fn run(args: MkfsArgs) -> Result<(), Failure> {
             term::out("Copying files into the device: done\n");
         }
     }
+    let archive = args.populate.as_ref().filter(|_| !from_dir);
+    if archive.is_some() || !args.layers.is_empty() {
+        populate_archives(&args, archive)?;
+    }
     Ok(())
+}
+
+/// `-d ARCHIVE` and the `--layer`s, in that order, through `rext4_populate`.
+fn populate_archives(args: &MkfsArgs, archive: Option<&PathBuf>) -> Result<(), Failure> {
+    let image = &args.image;
+    let fs = crate::write_cmds::open_rw(image).map_err(|e| (1, e))?;
+    let opts = rext4_populate::Options::default();
+    let stop = || crate::interrupt::requested().is_some();
+    let r = (|| {
+        let mut failed = false;
+        let mut note = |r: &rext4_populate::Report| {
+            for w in &r.warnings {
+                errln!("warning: {w}");
+            }
+            for e in &r.errors {
+                errln!("{e}");
+                failed = true;
+            }
+        };
+        if let Some(src) = archive {
+            let what = src.display().to_string();
+            let r = if src.as_os_str() == "-" {
+                rext4_populate::apply_archive(
+                    &fs,
+                    rext4::Ino::ROOT,
+                    std::io::stdin(),
+                    &opts,
+                    false,
+                    &stop,
+                )
+            } else {
+                let f = std::fs::File::open(src)
+                    .map_err(|e| (1, format!("{what}: {}", term::io_reason(&e))))?;
+                rext4_populate::apply_archive(&fs, rext4::Ino::ROOT, f, &opts, false, &stop)
+            }
+            .map_err(|e| (1, format!("{what}: {}", reason(&e))))?;
+            note(&r);
+            if r.interrupted {
+                return Ok(());
+            }
+        }
+        if !args.layers.is_empty() {
+            let r = rext4_populate::apply_layers(&fs, rext4::Ino::ROOT, &args.layers, &opts, &stop)
+                .map_err(|e| (1, reason(&e)))?;
+            note(&r);
+        }
+        if failed {
+            return Err((1, "some members were not placed".to_string()));
+        }
+        if !args.quiet && !stop() {
+            term::out("Copying files into the device: done\n");
+        }
+        Ok(())
+    })();
+    crate::write_cmds::close(&fs, image, r)
 }
 
 #[cfg(test)]
