@@ -355,6 +355,7 @@ fn cp(flags: CpFlags, paths: &[PathBuf]) -> Result<(), (u8, String)> {
             recursive: flags.recursive,
             progress,
             verbose: flags.verbose,
+            owners: None,
         };
         return write_cmds::cp_in(srcs, &d, &dest.to_string_lossy(), opts);
     }

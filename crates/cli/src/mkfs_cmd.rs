@@ -89,6 +89,26 @@ pub struct MkfsArgs {
     /// layout directory (its index's manifest's layers, in order).
     #[arg(long = "layer", value_name = "TAR|OCIDIR")]
     pub layers: Vec<PathBuf>,
+    /// Every file copied in (-d, --layer) gets this owner, without root.
+    #[arg(long, value_name = "UID:GID")]
+    pub owner: Option<String>,
+    /// Map the sources' user ids to the image's, as a user namespace's uid_map:
+    /// INSIDE:OUTSIDE:COUNT (source ids OUTSIDE.. become INSIDE..; comma-separated or
+    /// repeated; an id no range covers becomes 65534).
+    #[arg(long = "uid-map", value_name = "INSIDE:OUTSIDE:COUNT")]
+    pub uid_map: Vec<String>,
+    /// Map the sources' group ids, as --uid-map.
+    #[arg(long = "gid-map", value_name = "INSIDE:OUTSIDE:COUNT")]
+    pub gid_map: Vec<String>,
+    /// Make the devices, directories and files a device table lists (genext2fs /
+    /// makedevs format: NAME TYPE MODE UID GID MAJOR MINOR START INC COUNT), without
+    /// root, after the copy.
+    #[arg(long = "device-table", value_name = "FILE")]
+    pub device_table: Option<PathBuf>,
+    /// Label every file with its SELinux context from this file_contexts file (as
+    /// setfiles matches it), stored in security.selinux, after everything is in.
+    #[arg(long = "file-contexts", value_name = "FILE")]
+    pub file_contexts: Option<PathBuf>,
     /// Image file or block device.
     pub image: PathBuf,
     /// Filesystem size (default: the file's or device's size).
@@ -298,6 +318,7 @@ fn summary(r: &MkfsReport) -> String {
 
 pub fn run(args: MkfsArgs) -> Result<(), Failure> {
     let opts = options(&args).map_err(|e| (2, e))?;
+    let extras = extras(&args)?;
     let image = &args.image;
     let size = match &args.size {
         Some(s) => Some(
@@ -380,6 +401,7 @@ pub fn run(args: MkfsArgs) -> Result<(), Failure> {
             recursive: true,
             progress: !args.quiet && std::io::stderr().is_terminal(),
             verbose: false,
+            owners: (!extras.owners.is_identity()).then(|| extras.owners.clone()),
         };
         crate::write_cmds::cp_in(
             &[PathBuf::from(contents)],
@@ -393,16 +415,93 @@ pub fn run(args: MkfsArgs) -> Result<(), Failure> {
     }
     let archive = args.populate.as_ref().filter(|_| !from_dir);
     if archive.is_some() || !args.layers.is_empty() {
-        populate_archives(&args, archive)?;
+        populate_archives(&args, archive, &extras.owners)?;
+    }
+    if crate::interrupt::requested().is_none() {
+        finish_extras(&extras, image)?;
     }
     Ok(())
 }
 
+/// What --owner, --uid-map, --gid-map, --device-table and --file-contexts ask for;
+/// an error here is a usage error (or the file cannot be read or parsed: 1).
+struct Extras {
+    owners: rext4_populate::Owners,
+    table: Option<Vec<rext4_populate::devtable::Entry>>,
+    contexts: Option<rext4_populate::contexts::FileContexts>,
+}
+
+fn extras(args: &MkfsArgs) -> Result<Extras, Failure> {
+    let usage = |e: rext4::Error| (2, reason(&e));
+    let mut owners = rext4_populate::Owners::default();
+    if let Some(o) = &args.owner {
+        owners.owner = Some(rext4_populate::ids::parse_owner(o).map_err(usage)?);
+    }
+    for m in &args.uid_map {
+        for e in rext4_populate::IdMap::parse(m).map_err(usage)?.entries() {
+            owners.uid_map.add_entry(&e).map_err(usage)?;
+        }
+    }
+    for m in &args.gid_map {
+        for e in rext4_populate::IdMap::parse(m).map_err(usage)?.entries() {
+            owners.gid_map.add_entry(&e).map_err(usage)?;
+        }
+    }
+    let read = |p: &PathBuf| {
+        std::fs::read_to_string(p)
+            .map_err(|e| (1, format!("{}: {}", p.display(), term::io_reason(&e))))
+    };
+    fn failed(p: &Path) -> impl Fn(rext4::Error) -> Failure + '_ {
+        move |e| (1, format!("{}: {}", p.display(), reason(&e)))
+    }
+    let table = match &args.device_table {
+        Some(p) => Some(rext4_populate::devtable::parse(&read(p)?).map_err(failed(p))?),
+        None => None,
+    };
+    let contexts = match &args.file_contexts {
+        Some(p) => {
+            Some(rext4_populate::contexts::FileContexts::parse(&read(p)?).map_err(failed(p))?)
+        }
+        None => None,
+    };
+    Ok(Extras {
+        owners,
+        table,
+        contexts,
+    })
+}
+
+/// The device table and the labels, after everything else is in.
+fn finish_extras(extras: &Extras, image: &Path) -> Result<(), Failure> {
+    if extras.table.is_none() && extras.contexts.is_none() {
+        return Ok(());
+    }
+    let fs = crate::write_cmds::open_rw(image).map_err(|e| (1, e))?;
+    let r = (|| {
+        if let Some(t) = &extras.table {
+            rext4_populate::devtable::apply(&fs, rext4::Ino::ROOT, t)
+                .map_err(|e| (1, reason(&e)))?;
+        }
+        if let Some(fc) = &extras.contexts {
+            rext4_populate::contexts::label_tree(&fs, rext4::Ino::ROOT, b"/", fc)
+                .map_err(|e| (1, format!("labelling: {}", reason(&e))))?;
+        }
+        Ok(())
+    })();
+    crate::write_cmds::close(&fs, image, r)
+}
+
 /// `-d ARCHIVE` and the `--layer`s, in that order, through `rext4_populate`.
-fn populate_archives(args: &MkfsArgs, archive: Option<&PathBuf>) -> Result<(), Failure> {
+fn populate_archives(
+    args: &MkfsArgs,
+    archive: Option<&PathBuf>,
+    owners: &rext4_populate::Owners,
+) -> Result<(), Failure> {
     let image = &args.image;
     let fs = crate::write_cmds::open_rw(image).map_err(|e| (1, e))?;
-    let opts = rext4_populate::Options::default();
+    let opts = rext4_populate::Options {
+        owners: owners.clone(),
+    };
     let stop = || crate::interrupt::requested().is_some();
     let r = (|| {
         let mut failed = false;

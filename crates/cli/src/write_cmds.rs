@@ -476,6 +476,9 @@ pub struct CpInOptions {
     pub progress: bool,
     /// Print "'SRC' -> 'IMAGE:/path'" for every file once it is complete.
     pub verbose: bool,
+    /// Owners from the sources' ids through these (`mkfs --owner`, `--uid-map`,
+    /// `--gid-map`), also without root; `None`: the sources' as root, else the caller.
+    pub owners: Option<rext4_populate::Owners>,
 }
 
 /// Host (dev, ino) of a file.
@@ -499,6 +502,8 @@ struct InCopier<'a> {
     verbose: bool,
     /// "IMAGE:", before image paths in `-v` lines.
     image_arg: String,
+    /// `CpInOptions::owners`.
+    owners: Option<rext4_populate::Owners>,
     /// Reproducible mode (SOURCE_DATE_EPOCH set): zero blocks become holes whatever
     /// the source's holes (`write_nonzero_blocks`), and the atime is the mtime (reading
     /// a tree moves its atimes, so two copies of one tree never agree on them).
@@ -658,7 +663,9 @@ impl InCopier<'_> {
     }
 
     fn owner(&self, md: &std::fs::Metadata) -> (u32, u32) {
-        if self.root {
+        if let Some(o) = &self.owners {
+            o.map(md.uid(), md.gid())
+        } else if self.root {
             (md.uid(), md.gid())
         } else {
             self.caller
@@ -1110,6 +1117,7 @@ fn cp_in_open(
         dir_meta,
         verbose: opts.verbose,
         image_arg: format!("{}:", dest.image.display()),
+        owners: opts.owners,
         reproducible: matches!(rext4::repro::source_date_epoch(), Ok(Some(_))),
     };
     for src in srcs {

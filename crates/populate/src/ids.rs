@@ -76,6 +76,14 @@ impl IdMap {
         self.ranges.is_empty()
     }
 
+    /// The entries, as `INSIDE:OUTSIDE:COUNT` texts.
+    pub fn entries(&self) -> Vec<String> {
+        self.ranges
+            .iter()
+            .map(|(i, o, c)| format!("{i}:{o}:{c}"))
+            .collect()
+    }
+
     /// The image id of source id `id`: kept when the map is empty, the overflow id
     /// when no range covers it.
     pub fn map(&self, id: u32) -> u32 {

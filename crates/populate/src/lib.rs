@@ -6,7 +6,8 @@
 //!
 //! Owns: reading archives as streams ([`compress`], `tarball`), placing entries by
 //! path ([`place`]: never following a symlink, never leaving the destination), OCI
-//! layouts ([`oci`]), id maps ([`ids`]).
+//! layouts ([`oci`]), id maps ([`ids`]), device tables ([`devtable`]), SELinux
+//! labels ([`contexts`]).
 //!
 //! Must hold: nothing is extracted to the host; a member that names a path outside
 //! the tree (`..`) or goes through a symlink is refused and named, never placed; a
@@ -19,6 +20,8 @@
 //! thread of its own).
 
 pub mod compress;
+pub mod contexts;
+pub mod devtable;
 pub mod ids;
 pub mod oci;
 pub mod place;

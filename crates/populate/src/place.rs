@@ -4,7 +4,7 @@
 //! Owns: path cleaning (no `..`; a leading `/` is dropped as tar drops it), the walk
 //! from the destination directory down to an entry's parent — which never follows a
 //! symlink (a component that is not a directory is an error, so nothing lands outside
-//! the tree the path names) — implicit parents (made 0755, owned by the mapped root),
+//! the tree the path names) — implicit parents (made 0755, owned by the image root or `--owner`),
 //! replacing what a path held before, directory times set last, and the set of paths
 //! a layer made (whiteouts spare them).
 //!
@@ -90,7 +90,7 @@ impl<'a> Placer<'a> {
         }
     }
 
-    /// The directory at `comps`, made (0755, the mapped root's) where missing when
+    /// The directory at `comps`, made (0755, root's or the owner's) where missing when
     /// `create`; `Ok(None)` when missing and not `create`.
     pub(crate) fn dir(&mut self, comps: &[Vec<u8>], create: bool) -> Result<Option<Ino>> {
         if let Some(&ino) = self.dirs.get(&join(comps)) {
@@ -116,7 +116,8 @@ impl<'a> Placer<'a> {
                     e.ino
                 }
                 None if create => {
-                    let (u, g) = self.owners.map(0, 0);
+                    // Not from the source: the image's root owns it (or --owner).
+                    let (u, g) = self.owners.owner.unwrap_or((0, 0));
                     let ino = self.fs.mkdir_ino(cur, c, 0o755, u, g)?;
                     self.made.insert(k.clone());
                     let t = self.default_time;
