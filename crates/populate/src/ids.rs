@@ -122,6 +122,44 @@ impl Owners {
     }
 }
 
+/// Give every inode under directory `top` (itself included) the owner `owners` maps
+/// its present one to — for a tree copied in by something that kept the sources' ids
+/// (the Python binding's copy). lost+found (inode 11) is left as mkfs made it.
+pub fn remap_tree(fs: &rext4::Fs, top: rext4::Ino, owners: &Owners) -> Result<u64> {
+    if owners.is_identity() {
+        return Ok(0);
+    }
+    let mut n = 0u64;
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![top];
+    while let Some(ino) = stack.pop() {
+        if !seen.insert(ino) || ino == rext4::Ino(11) {
+            continue;
+        }
+        let md = fs.stat_ino(ino)?;
+        let (u, g) = owners.map(md.uid, md.gid);
+        fs.setattr_ino(
+            ino,
+            &rext4::SetAttr {
+                uid: Some(u),
+                gid: Some(g),
+                atime: Some(md.atime),
+                mtime: Some(md.mtime),
+                ..rext4::SetAttr::default()
+            },
+        )?;
+        n += 1;
+        if md.is_dir() {
+            for e in fs.read_dir_ino(ino)? {
+                if e.name != b"." && e.name != b".." {
+                    stack.push(e.ino);
+                }
+            }
+        }
+    }
+    Ok(n)
+}
+
 /// Parse `UID:GID` (numbers).
 pub fn parse_owner(s: &str) -> Result<(u32, u32)> {
     let bad = || Error::InvalidInput(format!("owner '{s}': expected UID:GID (numbers)"));
