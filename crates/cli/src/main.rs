@@ -21,6 +21,7 @@ mod bench_dio;
 mod bench_firstwrite;
 mod bench_pwtrunc;
 mod extract;
+mod fit;
 mod info;
 mod interrupt;
 mod io_cmd;

@@ -109,6 +109,11 @@ pub struct MkfsArgs {
     /// setfiles matches it), stored in security.selinux, after everything is in.
     #[arg(long = "file-contexts", value_name = "FILE")]
     pub file_contexts: Option<PathBuf>,
+    /// Without a SIZE (a new or empty image file) and with -d or --layer, the image is
+    /// made as small as its contents need; this much free space (a size, or a
+    /// percentage of the contents, which also adds that share of inodes) is left on top.
+    #[arg(long, value_name = "SIZE|PERCENT%")]
+    pub extra: Option<String>,
     /// Image file or block device.
     pub image: PathBuf,
     /// Filesystem size (default: the file's or device's size).
@@ -346,6 +351,17 @@ pub fn run(args: MkfsArgs) -> Result<(), Failure> {
         use std::os::unix::fs::FileTypeExt;
         m.file_type().is_block_device()
     });
+    let empty = meta.as_ref().is_none_or(|m| m.is_file() && m.len() == 0);
+    if size.is_none() && !is_device && empty && (args.populate.is_some() || !args.layers.is_empty())
+    {
+        return crate::fit::run(&args, &opts, &extras, from_dir);
+    }
+    if args.extra.is_some() {
+        return Err((
+            2,
+            "--extra is for an image sized to fit (no SIZE, -d or --layer)".into(),
+        ));
+    }
     // A device must not be formatted while mounted or used by another writer (the
     // engine's claim; `mkfs_file` claims an image file itself); held for the format
     // only, since the -d copy-in below claims it again.
@@ -390,16 +406,36 @@ pub fn run(args: MkfsArgs) -> Result<(), Failure> {
     if !args.quiet {
         term::out(&summary(&report));
     }
-    if let Some(src) = args.populate.as_ref().filter(|_| from_dir) {
-        let mut contents = src.clone().into_os_string();
+    fill(
+        &args,
+        &extras,
+        image,
+        args.populate.as_deref(),
+        from_dir,
+        args.quiet,
+    )
+}
+
+/// Everything after the format: the -d copy (a directory, or `source` as an
+/// archive), the layers, the device table and the labels, into `image`.
+pub(crate) fn fill(
+    args: &MkfsArgs,
+    extras: &Extras,
+    image: &Path,
+    source: Option<&Path>,
+    from_dir: bool,
+    quiet: bool,
+) -> Result<(), Failure> {
+    if let Some(src) = source.filter(|_| from_dir) {
+        let mut contents = src.as_os_str().to_os_string();
         contents.push("/.");
         let dest = crate::spec::ImagePath {
-            image: image.clone(),
+            image: image.to_path_buf(),
             path: b"/".to_vec(),
         };
         let opts = crate::write_cmds::CpInOptions {
             recursive: true,
-            progress: !args.quiet && std::io::stderr().is_terminal(),
+            progress: !quiet && std::io::stderr().is_terminal(),
             verbose: false,
             owners: (!extras.owners.is_identity()).then(|| extras.owners.clone()),
         };
@@ -409,29 +445,29 @@ pub fn run(args: MkfsArgs) -> Result<(), Failure> {
             &format!("{}:/", image.display()),
             opts,
         )?;
-        if !args.quiet && crate::interrupt::requested().is_none() {
+        if !quiet && crate::interrupt::requested().is_none() {
             term::out("Copying files into the device: done\n");
         }
     }
-    let archive = args.populate.as_ref().filter(|_| !from_dir);
+    let archive = source.filter(|_| !from_dir);
     if archive.is_some() || !args.layers.is_empty() {
-        populate_archives(&args, archive, &extras.owners)?;
+        populate_archives(args, image, archive, &extras.owners, quiet)?;
     }
     if crate::interrupt::requested().is_none() {
-        finish_extras(&extras, image)?;
+        finish_extras(extras, image)?;
     }
     Ok(())
 }
 
 /// What --owner, --uid-map, --gid-map, --device-table and --file-contexts ask for;
 /// an error here is a usage error (or the file cannot be read or parsed: 1).
-struct Extras {
+pub(crate) struct Extras {
     owners: rext4_populate::Owners,
     table: Option<Vec<rext4_populate::devtable::Entry>>,
     contexts: Option<rext4_populate::contexts::FileContexts>,
 }
 
-fn extras(args: &MkfsArgs) -> Result<Extras, Failure> {
+pub(crate) fn extras(args: &MkfsArgs) -> Result<Extras, Failure> {
     let usage = |e: rext4::Error| (2, reason(&e));
     let mut owners = rext4_populate::Owners::default();
     if let Some(o) = &args.owner {
@@ -494,10 +530,11 @@ fn finish_extras(extras: &Extras, image: &Path) -> Result<(), Failure> {
 /// `-d ARCHIVE` and the `--layer`s, in that order, through `rext4_populate`.
 fn populate_archives(
     args: &MkfsArgs,
-    archive: Option<&PathBuf>,
+    image: &Path,
+    archive: Option<&Path>,
     owners: &rext4_populate::Owners,
+    quiet: bool,
 ) -> Result<(), Failure> {
-    let image = &args.image;
     let fs = crate::write_cmds::open_rw(image).map_err(|e| (1, e))?;
     let opts = rext4_populate::Options {
         owners: owners.clone(),
@@ -544,7 +581,7 @@ fn populate_archives(
         if failed {
             return Err((1, "some members were not placed".to_string()));
         }
-        if !args.quiet && !stop() {
+        if !quiet && !stop() {
             term::out("Copying files into the device: done\n");
         }
         Ok(())
