@@ -239,6 +239,8 @@ fn bad_archives_are_refused_or_handled_as_documented() {
     // through a symlink refused (never followed out of the tree), a hard link to a
     // missing member refused; the rest is placed and the command fails.
     let evil = w.join("evil.tar");
+    // A name of 2,100 components, past PATH_MAX: refused, not walked.
+    let deep = format!("{}f", "d/".repeat(2100));
     python_tar(
         &evil,
         &[
@@ -253,6 +255,7 @@ fn bad_archives_are_refused_or_handled_as_documented() {
             ("dirlink/inside", "f", "x"),
             ("hl", "h", "missing"),
             ("hl2", "h", "../ok"),
+            (&deep, "f", "too deep"),
         ],
     );
     let img = w.join("evil.img");
@@ -265,6 +268,7 @@ fn bad_archives_are_refused_or_handled_as_documented() {
         "dirlink/inside",
         "hl: ",
         "hl2",
+        "longer than 4096 bytes",
     ] {
         assert!(
             r.stderr.contains(needle),

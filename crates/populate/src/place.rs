@@ -11,7 +11,7 @@
 //! Must hold: every inode it makes is under `root`; a directory is replaced by a
 //! non-directory only after its whole subtree is removed; nothing is followed.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use rext4::{Error, Fs, Ino, Result, SetAttr, Timestamp};
 
@@ -23,6 +23,14 @@ pub(crate) type Comps = Vec<Vec<u8>>;
 /// Clean a member name: components split on '/', empty and "." ones dropped, a
 /// leading '/' dropped (the flag says there was one); ".." refused.
 pub(crate) fn clean(path: &[u8]) -> std::result::Result<(Comps, bool), String> {
+    // Longer than Linux's PATH_MAX: no program could name it (and a name of a million
+    // components must not cost a walk per component of every prefix).
+    if path.len() > 4096 {
+        return Err(format!(
+            "{}...: name longer than 4096 bytes",
+            show(&path[..64])
+        ));
+    }
     let absolute = path.first() == Some(&b'/');
     let mut out = Vec::new();
     for c in path.split(|&b| b == b'/') {
@@ -58,8 +66,9 @@ pub(crate) struct Placer<'a> {
     pub(crate) fs: &'a Fs,
     pub(crate) root: Ino,
     pub(crate) owners: &'a Owners,
-    /// Directories known by relative path ("" is the root).
-    dirs: BTreeMap<Vec<u8>, Ino>,
+    /// Directories known, by (parent directory, name): a walk costs one lookup per
+    /// component, whatever the depth.
+    dirs: HashMap<(Ino, Vec<u8>), Ino>,
     /// Paths made by the layer being applied (whiteouts spare them).
     pub(crate) made: HashSet<Vec<u8>>,
     /// Directory times, set once everything below them is in place.
@@ -71,8 +80,7 @@ pub(crate) struct Placer<'a> {
 
 impl<'a> Placer<'a> {
     pub(crate) fn new(fs: &'a Fs, root: Ino, owners: &'a Owners) -> Placer<'a> {
-        let mut dirs = BTreeMap::new();
-        dirs.insert(Vec::new(), root);
+        let dirs = HashMap::new();
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
@@ -93,24 +101,20 @@ impl<'a> Placer<'a> {
     /// The directory at `comps`, made (0755, root's or the owner's) where missing when
     /// `create`; `Ok(None)` when missing and not `create`.
     pub(crate) fn dir(&mut self, comps: &[Vec<u8>], create: bool) -> Result<Option<Ino>> {
-        if let Some(&ino) = self.dirs.get(&join(comps)) {
-            return Ok(Some(ino));
-        }
         let mut cur = self.root;
-        for i in 0..comps.len() {
-            let k = join(&comps[..=i]);
-            if let Some(&ino) = self.dirs.get(&k) {
+        for (i, c) in comps.iter().enumerate() {
+            if let Some(&ino) = self.dirs.get(&(cur, c.clone())) {
                 cur = ino;
                 continue;
             }
-            let c = &comps[i];
+            let parent = cur;
             cur = match self.fs.lookup(cur, c)? {
                 Some(e) => {
                     if !self.fs.stat_ino(e.ino)?.is_dir() {
                         return Err(Error::InvalidInput(format!(
                             "{}: not a directory in the image (a symlink or file on the way \
                              is never followed)",
-                            show(&k)
+                            show(&join(&comps[..=i]))
                         )));
                     }
                     e.ino
@@ -119,65 +123,59 @@ impl<'a> Placer<'a> {
                     // Not from the source: the image's root owns it (or --owner).
                     let (u, g) = self.owners.owner.unwrap_or((0, 0));
                     let ino = self.fs.mkdir_ino(cur, c, 0o755, u, g)?;
-                    self.made.insert(k.clone());
+                    self.made.insert(join(&comps[..=i]));
                     let t = self.default_time;
                     self.dir_times.insert(ino, (t, t));
                     ino
                 }
                 None => return Ok(None),
             };
-            self.dirs.insert(k, cur);
+            self.dirs.insert((parent, c.clone()), cur);
         }
         Ok(Some(cur))
     }
 
-    /// Forget cached directories at and under `path`.
-    fn forget(&mut self, path: &[u8]) {
-        let mut under = path.to_vec();
-        under.push(b'/');
-        let gone: Vec<Vec<u8>> = self
-            .dirs
-            .range(path.to_vec()..)
-            .take_while(|(k, _)| k.as_slice() == path || k.starts_with(&under))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in gone {
-            if let Some(ino) = self.dirs.remove(&k) {
-                self.dir_times.remove(&ino);
+    /// Forget directory `ino` (about to be removed) and every directory under it:
+    /// the walk cache is emptied (it refills by lookups), their pending times dropped
+    /// (an inode number freed may be reused by something else).
+    fn forget(&mut self, ino: Ino) -> Result<()> {
+        let mut stack = vec![ino];
+        while let Some(d) = stack.pop() {
+            self.dir_times.remove(&d);
+            for e in self.fs.read_dir_ino(d)? {
+                if e.name != b"." && e.name != b".." && self.fs.stat_ino(e.ino)?.is_dir() {
+                    stack.push(e.ino);
+                }
             }
         }
+        self.dirs.clear();
+        Ok(())
     }
 
-    /// Remove `name` (and everything under it) from directory `parent`, at `path`.
-    pub(crate) fn remove(&mut self, parent: Ino, name: &[u8], path: &[u8]) -> Result<()> {
+    /// Remove `name` (and everything under it) from directory `parent`.
+    pub(crate) fn remove(&mut self, parent: Ino, name: &[u8]) -> Result<()> {
         let Some(e) = self.fs.lookup(parent, name)? else {
             return Ok(());
         };
         if self.fs.stat_ino(e.ino)?.is_dir() {
+            self.forget(e.ino)?;
             self.fs.empty_dir_ino(e.ino, &|| false)?;
             self.fs.rmdir_ino(parent, name)?;
-            self.forget(path);
         } else {
             self.fs.unlink_ino(parent, name)?;
         }
         Ok(())
     }
 
-    /// Make room for a new entry `name` in `parent` (at `path`): what is there is
+    /// Make room for a new entry `name` in `parent`: what is there is
     /// removed, unless it is a directory and `keep_dir` (a directory over a directory
     /// merges into it). Returns the directory kept, if any.
-    fn prepare(
-        &mut self,
-        parent: Ino,
-        name: &[u8],
-        path: &[u8],
-        keep_dir: bool,
-    ) -> Result<Option<Ino>> {
+    fn prepare(&mut self, parent: Ino, name: &[u8], keep_dir: bool) -> Result<Option<Ino>> {
         if let Some(e) = self.fs.lookup(parent, name)? {
             if keep_dir && self.fs.stat_ino(e.ino)?.is_dir() {
                 return Ok(Some(e.ino));
             }
-            self.remove(parent, name, path)?;
+            self.remove(parent, name)?;
         }
         Ok(None)
     }
@@ -206,7 +204,7 @@ impl<'a> Placer<'a> {
             }
             Some((name, up)) => {
                 let parent = self.dir(up, true)?.ok_or(Error::NotFound)?;
-                match self.prepare(parent, name, &path, true)? {
+                match self.prepare(parent, name, true)? {
                     Some(ino) => {
                         self.fs.setattr_ino(ino, &attrs)?;
                         ino
@@ -215,7 +213,11 @@ impl<'a> Placer<'a> {
                 }
             }
         };
-        self.dirs.insert(path.clone(), ino);
+        if let Some((name, up)) = comps.split_last() {
+            if let Some(parent) = self.dir(up, false)? {
+                self.dirs.insert((parent, name.clone()), ino);
+            }
+        }
         self.made.insert(path);
         self.dir_times.insert(ino, times);
         Ok(ino)
@@ -236,7 +238,7 @@ impl<'a> Placer<'a> {
             ));
         };
         let parent = self.dir(up, true)?.ok_or(Error::NotFound)?;
-        self.prepare(parent, name, &path, false)?;
+        self.prepare(parent, name, false)?;
         let (u, g) = self.owners.map(owner.0, owner.1);
         let ino = make(self.fs, parent, name, u, g)?;
         self.made.insert(path);
@@ -322,5 +324,7 @@ mod tests {
         assert_eq!(c(b"./").ok(), Some((Vec::new(), false)));
         assert!(c(b"a/../../b").is_err());
         assert!(c(b"..").is_err());
+        assert!(c("a/".repeat(3000).as_bytes()).is_err());
+        assert!(c(&[b'x'; 256]).is_err());
     }
 }

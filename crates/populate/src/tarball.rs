@@ -237,11 +237,11 @@ fn whiteout(p: &mut Placer<'_>, comps: &Comps) -> Result<bool> {
             let mut c = up.to_vec();
             c.push(de.name.clone());
             if !p.made.contains(&join(&c)) {
-                gone.push((de.name, join(&c)));
+                gone.push(de.name);
             }
         }
-        for (n, path) in gone {
-            p.remove(dir, &n, &path)?;
+        for n in gone {
+            p.remove(dir, &n)?;
         }
         return Ok(true);
     }
@@ -253,7 +253,7 @@ fn whiteout(p: &mut Placer<'_>, comps: &Comps) -> Result<bool> {
     let path = join(&c);
     if !p.made.contains(&path) {
         // A whiteout of a path that does not exist is ignored.
-        p.remove(dir, target, &path)?;
+        p.remove(dir, target)?;
     }
     Ok(true)
 }
@@ -296,7 +296,7 @@ fn member<R: Read>(
                 // The unfinished file does not stay.
                 if let Some((name, up)) = comps.split_last() {
                     if let Ok(Some(dir)) = p.dir(up, false) {
-                        let _ = p.remove(dir, name, &join(comps));
+                        let _ = p.remove(dir, name);
                     }
                 }
                 return Err(err);
