@@ -373,3 +373,29 @@ def test_mkfs_reproducible_from_an_archive_with_owners_devices_and_labels(tmp, m
         assert fs.lstat("/bin").st_mtime <= 1_700_000_000
     with pytest.raises(ValueError):
         rext4.mkfs(os.path.join(tmp, "bad.img"), "8M", source=archive, uid_map="0:1")
+
+
+def test_mkfs_from_a_directory_maps_owners(tmp):
+    """mkfs(source=DIR, uid_map=..., gid_map=..., owner=...): the copied tree's owners
+    mapped from the sources' ids (lost+found left as mkfs made it)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give source files other owners")
+    src = os.path.join(tmp, "src")
+    os.makedirs(os.path.join(src, "d"))
+    with open(os.path.join(src, "d", "f"), "wb") as f:
+        f.write(b"x")
+    os.chown(os.path.join(src, "d", "f"), 100007, 100009)
+    os.chown(os.path.join(src, "d"), 100000, 100000)
+    os.chown(src, 100000, 100000)
+    img = os.path.join(tmp, "m.img")
+    assert rext4.mkfs(img, "16M", source=src, uid_map="0:100000:65536", gid_map="0:100000:65536") == []
+    fsck_clean(img)
+    with rext4.open(img) as fs:
+        assert (fs.lstat("/d/f").st_uid, fs.lstat("/d/f").st_gid) == (7, 9)
+        assert fs.lstat("/d").st_uid == 0 and fs.lstat("/").st_uid == 0
+        assert fs.lstat("/lost+found").st_uid == 0
+        assert fs.read_bytes("/d/f") == b"x"
+    img2 = os.path.join(tmp, "o.img")
+    rext4.mkfs(img2, "16M", source=src, owner=(1000, 1000))
+    with rext4.open(img2) as fs:
+        assert fs.lstat("/d/f").st_uid == 1000 and fs.lstat("/").st_gid == 1000
