@@ -3,7 +3,8 @@
 //! and gzip/zstd/xz-compressed, from a file or standard input, gives the tree that
 //! `tar -x --numeric-owner` as root gives (compared through the kernel's view of the
 //! image); three container layers with whiteouts and an opaque directory, as tar files
-//! and as an OCI image layout, give the tree applying them by hand gives; bad archives
+//! and as an OCI image layout, give the tree applying them by hand gives (a damaged
+//! blob is refused by its digest); bad archives
 //! (`..` and absolute names, a member through a symlink, a hard link to nothing, a
 //! truncated or corrupt archive) give a clear error or the documented handling.
 
@@ -431,6 +432,28 @@ fn layers_and_an_oci_layout_apply_whiteouts_and_opaque_directories() {
         assert_eq!(r.code, 0, "{name}: {}", r.stderr);
         compare_with_kernel(&img, &reference, name);
     }
+    // A damaged layer blob is refused before anything of it is applied.
+    let blob = std::fs::read_dir(oci.join("blobs/sha256"))
+        .expect("blobs")
+        .map(|e| e.expect("e").path())
+        .find(|p| std::fs::read(p).is_ok_and(|b| b.len() > 64 && b[..2] == [0x1f, 0x8b]))
+        .expect("the gzip layer");
+    let mut bytes = std::fs::read(&blob).expect("blob");
+    let n = bytes.len();
+    bytes[n / 2] ^= 1;
+    std::fs::write(&blob, &bytes).expect("damage");
+    let r = mkfs_from(
+        std::ffi::OsStr::new(""),
+        &w.join("damaged.img"),
+        None,
+        &["--layer", oci.to_str().expect("utf-8")],
+    );
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.contains("does not match its digest"),
+        "{}",
+        r.stderr
+    );
     // A layout whose index names a blob outside blobs/ is refused.
     std::fs::write(
         oci.join("index.json"),

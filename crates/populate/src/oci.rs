@@ -3,9 +3,10 @@
 //!
 //! `index.json` names manifests (or nested indexes); with several, the one for
 //! linux on this machine's architecture is taken. Its manifest lists the layers.
-//! Digests are checked for form only (`ALG:HEX`, lowercase hex), so a blob path can
-//! never leave `blobs/`; their hashes are not recomputed. Callers: the CLI (`--layer
-//! DIR`), embedders.
+//! Digests are checked for form (`ALG:HEX`, lowercase hex), so a blob path can never
+//! leave `blobs/`, and every blob read (index, manifest, layer) is hashed and compared
+//! with its digest before it is used (sha256 and sha512, the algorithms the image
+//! spec registers; another is refused). Callers: the CLI (`--layer DIR`), embedders.
 
 use std::path::{Path, PathBuf};
 
@@ -21,9 +22,56 @@ pub fn is_layout(dir: &Path) -> bool {
     dir.join("oci-layout").is_file() && dir.join("index.json").is_file()
 }
 
-fn read_json(dir: &Path, p: &Path) -> Result<Value> {
+fn read_json(dir: &Path, p: &Path, digest: Option<&str>) -> Result<Value> {
     let text = std::fs::read(p).map_err(|e| bad(dir, format!("{}: {e}", p.display())))?;
+    if let Some(d) = digest {
+        check_digest(dir, d, &mut &text[..])?;
+    }
     serde_json::from_slice(&text).map_err(|e| bad(dir, format!("{}: {e}", p.display())))
+}
+
+/// Hash what `r` holds with the algorithm `digest` names and compare.
+pub fn check_digest(dir: &Path, digest: &str, r: &mut dyn std::io::Read) -> Result<()> {
+    use sha2::Digest;
+    fn hex_of(r: &mut dyn std::io::Read, mut h: impl sha2::Digest) -> std::io::Result<String> {
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = r.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+        Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    }
+    let (alg, want) = digest
+        .split_once(':')
+        .ok_or_else(|| bad(dir, format!("malformed digest '{digest}'")))?;
+    let got = match alg {
+        "sha256" => hex_of(r, sha2::Sha256::new()),
+        "sha512" => hex_of(r, sha2::Sha512::new()),
+        other => {
+            return Err(bad(
+                dir,
+                format!("digest algorithm '{other}' is not checked"),
+            ))
+        }
+    }
+    .map_err(|e| bad(dir, format!("{digest}: {e}")))?;
+    if got != want {
+        return Err(bad(
+            dir,
+            format!("blob {digest} does not match its digest (it hashes to {got})"),
+        ));
+    }
+    Ok(())
+}
+
+/// Check the blob `digest` names against its digest.
+pub fn verify_blob(dir: &Path, digest: &str) -> Result<()> {
+    let p = blob_path(dir, digest)?;
+    let mut f = std::fs::File::open(&p).map_err(|e| bad(dir, format!("{}: {e}", p.display())))?;
+    check_digest(dir, digest, &mut f)
 }
 
 /// The path of the blob `digest` names, after checking its form.
@@ -83,7 +131,7 @@ fn pick<'a>(dir: &Path, manifests: &'a [Value]) -> Result<&'a Value> {
 
 /// The layer blobs of the image in the layout `dir`, bottom layer first.
 pub fn layers(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut doc = read_json(dir, &dir.join("index.json"))?;
+    let mut doc = read_json(dir, &dir.join("index.json"), None)?;
     // Nested indexes: a bounded number of hops.
     for _ in 0..8 {
         let Some(manifests) = doc["manifests"].as_array() else {
@@ -93,7 +141,7 @@ pub fn layers(dir: &Path) -> Result<Vec<PathBuf>> {
         let digest = m["digest"]
             .as_str()
             .ok_or_else(|| bad(dir, "a manifest descriptor without a digest"))?;
-        let next = read_json(dir, &blob_path(dir, digest)?)?;
+        let next = read_json(dir, &blob_path(dir, digest)?, Some(digest))?;
         let media = m["mediaType"].as_str().or(next["mediaType"].as_str());
         if media == Some(INDEX) || media == Some(DOCKER_LIST) {
             doc = next;
@@ -108,6 +156,8 @@ pub fn layers(dir: &Path) -> Result<Vec<PathBuf>> {
                 let d = l["digest"]
                     .as_str()
                     .ok_or_else(|| bad(dir, "a layer descriptor without a digest"))?;
+                blob_path(dir, d)?;
+                verify_blob(dir, d)?;
                 blob_path(dir, d)
             })
             .collect();
@@ -118,6 +168,16 @@ pub fn layers(dir: &Path) -> Result<Vec<PathBuf>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn digests_are_checked() {
+        let d = Path::new("/x");
+        // sha256("abc"), as FIPS 180-2 gives it.
+        let abc = "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        assert!(check_digest(d, abc, &mut &b"abc"[..]).is_ok());
+        assert!(check_digest(d, abc, &mut &b"abd"[..]).is_err());
+        assert!(check_digest(d, "md5:900150983cd24fb0d6963f7d28e17f72", &mut &b"abc"[..]).is_err());
+    }
 
     #[test]
     fn digests_never_leave_blobs() {
