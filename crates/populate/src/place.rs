@@ -1,12 +1,13 @@
 //! Placing entries in an image by relative path: the writer shared by tar members,
 //! layers and device tables.
 //!
-//! Owns: path cleaning (no `..`; a leading `/` is dropped as tar drops it), the walk
-//! from the destination directory down to an entry's parent — which never follows a
-//! symlink (a component that is not a directory is an error, so nothing lands outside
-//! the tree the path names) — implicit parents (made 0755, owned by the image root or `--owner`),
-//! replacing what a path held before, directory times set last, and the set of paths
-//! a layer made (whiteouts spare them).
+//! Owns: path cleaning (no `..`, nothing past PATH_MAX; a leading `/` is dropped as
+//! tar drops it), the walk from the destination directory down to an entry's parent —
+//! which never follows a symlink (a component that is not a directory is an error, so
+//! nothing lands outside the tree the path names), one cached lookup per component —
+//! implicit parents (made 0755, owned by the image root or `--owner`), replacing what
+//! a path held before, directory times set last, and the set of paths a layer made
+//! (whiteouts spare them).
 //!
 //! Must hold: every inode it makes is under `root`; a directory is replaced by a
 //! non-directory only after its whole subtree is removed; nothing is followed.
