@@ -29,7 +29,8 @@ trap skip_summary EXIT
 need=()
 for cmd_pkg in mkfs.ext4:e2fsprogs fuse2fs:fuse2fs setfacl:acl setfattr:attr xfs_io:xfsprogs fusermount3:fuse3 \
     fio:fio rsync:rsync git:git cc:gcc make:make setpriv:util-linux bc:bc jq:jq python3:python3 \
-    valgrind:valgrind sfdisk:fdisk qemu-img:qemu-utils; do
+    valgrind:valgrind sfdisk:fdisk qemu-img:qemu-utils zstd:zstd xz:xz-utils tar:tar gzip:gzip \
+    sha256sum:coreutils; do
   cmd=${cmd_pkg%%:*} pkg=${cmd_pkg##*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done

@@ -21,6 +21,7 @@ mod bench_dio;
 mod bench_firstwrite;
 mod bench_pwtrunc;
 mod extract;
+mod fit;
 mod info;
 mod interrupt;
 mod io_cmd;
@@ -415,6 +416,7 @@ fn cp(flags: CpFlags, paths: &[PathBuf]) -> Result<(), (u8, String)> {
             recursive: flags.recursive,
             progress,
             verbose: flags.verbose,
+            owners: None,
         };
         return write_cmds::cp_in(srcs, &d, &dest.to_string_lossy(), opts);
     }

@@ -202,8 +202,15 @@ impl Fs {
         let need = want.min(2048);
         let mut budget = self.inner.prefetch.limit;
         let passes: &[u64] = if need > 1 { &[need, 1] } else { &[1] };
+        // Reproducible mode: where blocks go must not depend on which bitmaps the cache
+        // happens to hold, so only the pass that searches every group in order runs.
+        let at_hand_passes: &[bool] = if self.inner.repro.is_some() {
+            &[false]
+        } else {
+            &[true, false]
+        };
         for &n in passes {
-            for at_hand in [true, false] {
+            for &at_hand in at_hand_passes {
                 if let Some(r) = self.alloc_pass(goal, want, n, at_hand, &mut budget)? {
                     return Ok(r);
                 }

@@ -25,7 +25,7 @@
 //!   algorithms, written against `store`'s seams;
 //! - `claim`: keeps other users away from an image opened by path (loop devices,
 //!   mounts, other rext4 processes); `lockdep`: the lock order, checked in debug
-//!   builds; `error`.
+//!   builds; `repro`: `SOURCE_DATE_EPOCH` and seed-derived values; `error`.
 //!
 //! Warnings the engine cannot return to a caller (a writeback that failed in the
 //! background) go through the `log` crate; the embedding program routes them.
@@ -66,6 +66,7 @@ pub mod ops;
 pub mod orphan;
 pub mod path;
 pub mod perm;
+pub mod repro;
 pub mod store;
 pub mod striped;
 pub mod xattr;

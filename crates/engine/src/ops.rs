@@ -1281,12 +1281,16 @@ impl Fs {
         // Times are clamped to what ext4 can store, as the kernel does, so the reply
         // shows what a later read will see.
         if let Some(t) = a.atime {
-            inode.atime = t.clamped();
+            inode.atime = self.settable_time(t);
         }
         if let Some(t) = a.mtime {
-            inode.mtime = t.clamped();
+            inode.mtime = self.settable_time(t);
         }
-        inode.ctime = a.ctime.unwrap_or_else(now_ts).clamped();
+        let ctime = match &self.inner.repro {
+            Some(r) => a.ctime.unwrap_or(r.now()),
+            None => a.ctime.unwrap_or_else(now_ts),
+        };
+        inode.ctime = self.settable_time(ctime);
         self.write_inode(ino, &inode)?;
         if let Some(mode) = a.mode {
             self.chmod_acl(ino, &inode, mode)?;

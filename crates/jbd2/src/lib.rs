@@ -98,6 +98,8 @@ pub struct Log {
     jsb_block: Vec<u8>,
     bs: usize,
     last_commit_sec: u64,
+    /// The time commit blocks carry instead of now ([`Log::set_fixed_time`]).
+    fixed_time: Option<u64>,
     /// The log block after the last committed transaction; `None` while the log is
     /// empty (`s_start` 0).
     head: Option<u32>,
@@ -218,10 +220,18 @@ impl Log {
             jsb_block,
             bs,
             last_commit_sec: 0,
+            fixed_time: None,
             head: None,
             next_tid,
             early: None,
         })
+    }
+
+    /// Stamp commit blocks with `secs` (seconds since the epoch, no nanoseconds)
+    /// instead of the time of the commit: a reproducible image's log depends only on
+    /// what was committed. `None`: the time of each commit.
+    pub fn set_fixed_time(&mut self, secs: Option<u64>) {
+        self.fixed_time = secs;
     }
 
     fn fmt(&self) -> LogFormat {
@@ -508,9 +518,12 @@ impl Log {
             self.write_jsb(dev)?;
         }
         dev.flush()?;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
+        let now = match self.fixed_time {
+            Some(t) => std::time::Duration::from_secs(t),
+            None => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default(),
+        };
         // commit_sec must not go backwards (recovery tells stale from corrupt by it).
         let sec = now.as_secs().max(self.last_commit_sec);
         self.last_commit_sec = sec;

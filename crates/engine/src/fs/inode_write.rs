@@ -29,9 +29,21 @@ pub fn now_ts() -> Timestamp {
 }
 
 impl Fs {
-    /// The time of a change now (`FsOptions::clock`).
+    /// The time of a change now (`FsOptions::clock`; the epoch in reproducible mode).
     pub(crate) fn now(&self) -> Timestamp {
-        (self.inner.clock)()
+        match &self.inner.repro {
+            Some(r) => r.now(),
+            None => (self.inner.clock)(),
+        }
+    }
+
+    /// A time a caller sets (utimes, setattr), as it is stored: clamped to what ext4
+    /// holds, and in reproducible mode to the epoch.
+    pub(crate) fn settable_time(&self, t: Timestamp) -> Timestamp {
+        match &self.inner.repro {
+            Some(r) => r.clamp(t.clamped()),
+            None => t.clamped(),
+        }
     }
 
     /// Store `inode` as inode `ino`. Caller holds the write lock.
@@ -165,6 +177,9 @@ impl Fs {
 
     fn next_generation(&self) -> u32 {
         use std::sync::atomic::{AtomicU32, Ordering};
+        if let Some(r) = &self.inner.repro {
+            return r.next_generation();
+        }
         // A step per thread (no shared counter for creates on different CPUs to bounce),
         // started apart for each thread.
         static THREADS: AtomicU32 = AtomicU32::new(0);

@@ -152,6 +152,15 @@ pub struct FsOptions {
     /// Failures are ignored (discard only gives space back). Journaled images only;
     /// [`Fs::trim`] gives back every free block at once.
     pub discard: bool,
+    /// Reproducible mode (`crate::repro`): every time a change stamps is this
+    /// (seconds since the epoch), times set are clamped to it, generation numbers come
+    /// from the image's identity, and no timer or cache state decides where anything
+    /// goes, so the same changes to the same image give the same bytes. Periodic and
+    /// early commits, the writeback thread and the bitmap prefetcher do not run (data
+    /// is written back at the dirty limit, fsync, sync and close). The default is
+    /// `SOURCE_DATE_EPOCH` from the environment (unset or malformed: off; a frontend
+    /// that wants to refuse a malformed one checks `repro::source_date_epoch`).
+    pub source_date_epoch: Option<i64>,
 }
 
 /// ext4's `errors=` behaviours after a metadata error.
@@ -199,6 +208,7 @@ impl Default for FsOptions {
             prefetch_block_bitmaps: true,
             sync_grace: false,
             discard: false,
+            source_date_epoch: crate::repro::source_date_epoch().ok().flatten(),
         }
     }
 }
@@ -426,6 +436,8 @@ pub(crate) struct Inner {
     pub(crate) sync_grace: bool,
     /// `FsOptions::discard`: committed frees are discarded.
     pub(crate) discard: bool,
+    /// Reproducible mode (`FsOptions::source_date_epoch`).
+    pub(crate) repro: Option<crate::repro::Repro>,
 }
 
 /// An open ext4 filesystem. Cheap to clone; shareable across threads.
@@ -648,6 +660,8 @@ impl Fs {
             ),
             sb.r_blocks_count,
         ));
+        let (uuid, mnt_count) = (sb.uuid, sb.mnt_count);
+        let hash_seed: Vec<u8> = sb.hash_seed.iter().flat_map(|w| w.to_le_bytes()).collect();
         let mut fs = Fs {
             inner: Arc::new(Inner {
                 cache,
@@ -736,6 +750,9 @@ impl Fs {
                 write_ahead: Default::default(),
                 sync_grace: opts.sync_grace,
                 discard: opts.discard,
+                repro: opts
+                    .source_date_epoch
+                    .map(|t| crate::repro::Repro::new(t, &uuid, &hash_seed, mnt_count)),
             }),
         };
         {
@@ -748,6 +765,7 @@ impl Fs {
             let journal = crate::fs::jwrite::load(&fs)?;
             let journaled = match journal {
                 Some(mut j) => {
+                    j.set_fixed_time(fs.inner.repro.as_ref().map(|r| r.epoch.max(0) as u64));
                     let is64 = fs.inner.sb.has_incompat(feature::INCOMPAT_64BIT);
                     j.prepare_rw(fs.cache().device().as_ref(), metadata_csum, is64)?;
                     fs.inner.max_txn.store(j.max_blocks().max(1), Relaxed);
@@ -767,7 +785,7 @@ impl Fs {
                 }
             }
             live.sb.mnt_count = live.sb.mnt_count.wrapping_add(1);
-            live.sb.mtime = now();
+            live.sb.mtime = fs.inner.sb_time();
             live.dirty = true;
             drop(live);
             fs.inner.write_superblock()?;
@@ -784,12 +802,15 @@ impl Fs {
                     }
                 }
             }
-            crate::fs::jwrite::start_commit_thread(&fs, opts.commit_secs);
-            crate::fs::jwrite::start_early_thread(&fs, opts.early_commit_ms);
-            crate::fs::pagecache::writeback::start_writeback_thread(&fs);
+            // Reproducible mode: nothing on a timer decides what is written when.
+            if fs.inner.repro.is_none() {
+                crate::fs::jwrite::start_commit_thread(&fs, opts.commit_secs);
+                crate::fs::jwrite::start_early_thread(&fs, opts.early_commit_ms);
+                crate::fs::pagecache::writeback::start_writeback_thread(&fs);
+            }
         }
         let _ = fs.inner.io_at_open.set(fs.inner.io.counts());
-        if !fs.inner.read_only && opts.prefetch_block_bitmaps {
+        if !fs.inner.read_only && opts.prefetch_block_bitmaps && fs.inner.repro.is_none() {
             prefetch::start_prefetcher(&fs);
         }
         Ok(fs)
@@ -1269,6 +1290,15 @@ pub(crate) fn now() -> i64 {
 }
 
 impl Inner {
+    /// The time the superblock records for a mount or a write: now, or the epoch in
+    /// reproducible mode.
+    pub(crate) fn sb_time(&self) -> i64 {
+        match &self.repro {
+            Some(r) => r.epoch,
+            None => now(),
+        }
+    }
+
     /// Whether the running transaction should be committed now: the cache is half
     /// dirty, the dirty set approaches half the log, or freed-but-busy blocks crowd the
     /// free space (they are reusable only after a commit).
@@ -1360,7 +1390,7 @@ impl Inner {
     /// Encode the live superblock and write it to byte 1024 (the primary copy).
     pub(crate) fn write_superblock(&self) -> Result<()> {
         let mut live = self.live();
-        live.sb.wtime = now();
+        live.sb.wtime = self.sb_time();
         let mut raw = live.raw.clone();
         live.sb.encode_into(&mut raw);
         self.cache.device().write_at(&raw, SB_OFFSET)?;
@@ -1704,7 +1734,7 @@ impl Inner {
         let off = (SB_OFFSET % bs) as usize;
         let mut data = self.cache.read(blk, Kind::Raw, |_| Ok(()))?.to_vec();
         let mut live = self.live();
-        live.sb.wtime = now();
+        live.sb.wtime = self.sb_time();
         let mut raw = live.raw.clone();
         live.sb.encode_into(&mut raw);
         data[off..off + SB_SIZE].copy_from_slice(&raw);

@@ -4,7 +4,8 @@
 //! ([`alloc`]) and writing the fresh filesystem ([`write`]) through the
 //! [`BlockDevice`] seam. The on-disk encodings all come from `rext4-format`.
 //!
-//! Must hold: for the same size and options (UUID, hash seed, creation time), the
+//! Must hold: for the same size and options (UUID, hash seed, creation time — or a
+//! seed and `SOURCE_DATE_EPOCH`, which give them), the
 //! result matches `mkfs.ext4` 1.47.0 block for block: layout, flags, counts and
 //! checksums, so `dumpe2fs` prints the same text except "Lifetime writes" (bytes
 //! mke2fs's I/O layer flushed, which depends on its write cache) and the superblock
@@ -53,8 +54,13 @@ pub struct MkfsOptions {
     /// metadata_csum_seed) instead of Debian's.
     pub upstream_defaults: bool,
     /// Creation time (seconds since the epoch) for every timestamp mkfs writes, like
-    /// `E2FSPROGS_FAKE_TIME`; now when `None`.
+    /// `E2FSPROGS_FAKE_TIME`; when `None`, `SOURCE_DATE_EPOCH` from the environment
+    /// if set (see [`crate::repro`]), else now.
     pub creation_time: Option<i64>,
+    /// Derive every value mkfs would otherwise pick at random (the UUID and the
+    /// directory hash seed, where `uuid` and `hash_seed` do not give them) from these
+    /// bytes ([`crate::repro::derive`]), so that two runs make the same image.
+    pub seed: Option<Vec<u8>>,
     /// Filesystem size in bytes; when `None`, the device's size rounded down to whole
     /// pages as mke2fs does ([`device_fs_size`]).
     pub size_bytes: Option<u64>,
@@ -132,20 +138,22 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<MkfsReport> {
         let n = b.len().min(label.len());
         label[..n].copy_from_slice(&b[..n]);
     }
-    let uuid = match opts.uuid {
-        Some(u) => u,
-        None => random_uuid()?,
+    let pick = |given: Option<[u8; 16]>, what: &str| match (given, &opts.seed) {
+        (Some(u), _) => Ok(u),
+        (None, Some(seed)) => Ok(crate::repro::derive(seed, what)),
+        (None, None) => random_uuid(),
     };
-    let hash_seed = match opts.hash_seed {
-        Some(u) => u,
-        None => random_uuid()?,
-    };
+    let uuid = pick(opts.uuid, "uuid")?;
+    let hash_seed = pick(opts.hash_seed, "hash_seed")?;
     let now = match opts.creation_time {
         Some(t) => t,
-        None => SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs() as i64)
-            .unwrap_or(0),
+        None => match crate::repro::source_date_epoch()? {
+            Some(t) => t,
+            None => SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs() as i64)
+                .unwrap_or(0),
+        },
     };
     let mut report = write::build(
         dev,

@@ -670,7 +670,11 @@ impl Fs {
     /// kept for fsync too (syncfs), else leave them to each file's next fsync.
     pub(crate) fn writeback_every_file(&self, report: bool) -> Result<()> {
         let mut first_err = None;
-        for fc in self.inner.pagecache.all_files() {
+        // In inode order, not the file map's hash order: the same dirty files get
+        // their blocks in the same order in every run (reproducible images).
+        let mut files = self.inner.pagecache.all_files();
+        files.sort_unstable_by_key(|fc| fc.ino.0);
+        for fc in files {
             let r = self.writeback_ino(fc.ino, 0, u64::MAX, true).map(|_| ());
             if !report {
                 r?;
