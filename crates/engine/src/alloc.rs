@@ -469,11 +469,13 @@ impl Fs {
     ///
     /// Only blocks free in the bitmap and not busy are discarded: a block freed by a
     /// transaction not yet committed may still be what the committed state (what a
-    /// crash recovers) uses. Each group's mutex is held across its discards, so no
-    /// allocation takes a block of the group meanwhile and writes data that a discard
-    /// would then drop.
+    /// crash recovers) uses. So the running transaction is committed first: what was
+    /// freed before the call (an `rm` just before `fstrim`) is given back too. Each
+    /// group's mutex is held across its discards, so no allocation takes a block of
+    /// the group meanwhile and writes data that a discard would then drop.
     pub fn trim(&self, start: u64, len: u64, min_len: u64) -> Result<u64> {
         self.check_writable()?;
+        self.sync_metadata()?;
         let sb = &self.inner.sb;
         let bs = u64::from(self.inner.block_size);
         let first_blk = (start.div_ceil(bs)).max(u64::from(sb.first_data_block));
