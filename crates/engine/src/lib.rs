@@ -60,6 +60,7 @@ pub mod inthash;
 pub mod journal;
 mod lockdep;
 pub mod mkfs;
+mod mmp;
 pub mod ops;
 pub mod orphan;
 pub mod path;

@@ -28,6 +28,7 @@ pub mod group;
 pub mod hash;
 pub mod inode;
 pub mod jbd2;
+pub mod mmp;
 pub mod orphan;
 pub mod resize;
 pub mod superblock;

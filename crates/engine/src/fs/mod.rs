@@ -4,7 +4,9 @@
 //! Opening (`Fs::open_device`): read and verify the superblock, gate on features
 //! (unknown incompat ⇒ refuse, naming them; unknown ro_compat ⇒ read-only), check the
 //! geometry against the device size (so no later allocation or loop is bounded only by
-//! on-disk numbers), read and verify every group descriptor. An image whose journal
+//! on-disk numbers), take the MMP block for a read-write open of an image with
+//! multi-mount protection (`crate::mmp`, released last by close), read and verify
+//! every group descriptor. An image whose journal
 //! needs recovery is replayed first (`crate::journal`): on the device for a read-write
 //! open, into an in-memory overlay for a read-only one. A read-write open then loads
 //! the journal for rext4's own commits (`crate::fs::jwrite`), sets needs_recovery (or,
@@ -391,6 +393,9 @@ pub(crate) struct Inner {
     pub(crate) boot_id: Option<[u8; 16]>,
     /// The image claimed against other users (opens by path), released by `close`.
     pub(crate) claim: Mutex<Option<crate::claim::Claim>>,
+    /// The MMP block held while open read-write (`crate::mmp`), marked clean by
+    /// `close` after its last write.
+    mmp: Mutex<Option<crate::mmp::Session>>,
     /// File data bypasses the page cache (`FsOptions::dax`; the device is a
     /// `DaxDevice`).
     pub(crate) dax: bool,
@@ -462,12 +467,15 @@ impl Fs {
         } else {
             Arc::new(FileDevice::open(path, opts.read_only, opts.direct_io)?)
         };
-        Self::open_claimed(dev, opts, Some(claim), note.into_iter().collect())
+        use std::os::unix::ffi::OsStrExt;
+        let name = path.as_os_str().as_bytes();
+        Self::open_claimed(dev, opts, Some(claim), note.into_iter().collect(), name)
     }
 
-    /// Open a filesystem on `dev` (not claimed: the caller keeps others away).
+    /// Open a filesystem on `dev` (not claimed: the caller keeps others away; an MMP
+    /// image is still protected against other nodes, see [`crate::mmp`]).
     pub fn open_device(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<Fs> {
-        Self::open_claimed(dev, opts, None, Vec::new())
+        Self::open_claimed(dev, opts, None, Vec::new(), b"")
     }
 
     fn open_claimed(
@@ -475,9 +483,15 @@ impl Fs {
         opts: FsOptions,
         claim: Option<crate::claim::Claim>,
         mut warnings: Vec<String>,
+        dev_name: &[u8],
     ) -> Result<Fs> {
+        // Multi-mount protection reads and writes its block on the device itself,
+        // around the request counters, and closes the fence under everything else
+        // when another node takes the image.
+        let mmp_dev = under.clone();
+        let fence = Arc::new(crate::mmp::Fence::new(under));
         // Every request is counted (`Fs::io_stats`), open's included.
-        let counted = Arc::new(crate::device::latency::Counted::new(under));
+        let counted = Arc::new(crate::device::latency::Counted::new(fence.clone()));
         let mut dev: Arc<dyn BlockDevice> = counted.clone();
         if opts.dax && dev.dax().is_none() {
             return Err(Error::InvalidInput(
@@ -531,6 +545,17 @@ impl Fs {
             );
             read_only = true;
         }
+        if !read_only && dev.is_read_only() {
+            read_only = true;
+        }
+        // ---- multi-mount protection (owner: crate::mmp) ----
+        // Before anything is written, journal replay included; read-only opens leave
+        // the MMP block alone, as the kernel's.
+        let mmp = if !read_only && sb.has_incompat(feature::INCOMPAT_MMP) {
+            Some(crate::mmp::Session::start(mmp_dev, &sb, dev_name, fence)?)
+        } else {
+            None
+        };
         let mut sb = sb;
         let boot_id = opts.boot_id.or_else(crate::journal::current_boot_id);
         if sb.has_incompat(feature::INCOMPAT_RECOVER) && sb.has_compat(feature::COMPAT_HAS_JOURNAL)
@@ -676,6 +701,7 @@ impl Fs {
                 warnings,
                 system_zone,
                 claim: Mutex::new(claim),
+                mmp: Mutex::new(mmp),
                 boot_id,
                 dax,
                 dax_files: crate::fs::dax_file::DaxFiles::default(),
@@ -692,6 +718,23 @@ impl Fs {
                 sync_grace: opts.sync_grace,
             }),
         };
+        if let Some(m) = fs
+            .inner
+            .mmp
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            // Another node took the block: shut down, as the kernel's error handling
+            // makes the filesystem read-only (the fence already refuses writes, so
+            // the journal's error record is not written either).
+            let inner = Arc::downgrade(&fs.inner);
+            m.on_lost(Box::new(move |why| {
+                if let Some(i) = inner.upgrade() {
+                    i.shut_down(why);
+                }
+            }));
+        }
         {
             let mut live = fs.live();
             live.sb.free_blocks_count = free_blocks;
@@ -1095,6 +1138,29 @@ impl Fs {
 
     pub fn superblock(&self) -> Superblock {
         self.live().sb.clone()
+    }
+
+    /// The MMP block as the device holds it now (read past every cache: another node
+    /// may have written it), when the image has multi-mount protection.
+    pub fn mmp_block(&self) -> Result<Option<rext4_format::mmp::MmpBlock>> {
+        let sb = &self.inner.sb;
+        if !sb.has_incompat(feature::INCOMPAT_MMP) {
+            return Ok(None);
+        }
+        let blk = sb.mmp_block;
+        if blk <= u64::from(sb.first_data_block) || blk >= sb.blocks_count {
+            return Err(Error::corrupted(
+                format!("MMP block number {blk} is outside the filesystem"),
+                None,
+            ));
+        }
+        let bs = u64::from(self.inner.block_size);
+        let mut b = vec![0u8; bs as usize];
+        self.cache().device().read_fresh(&mut b, blk * bs)?;
+        let seed = self.inner.metadata_csum.then_some(self.inner.csum_seed);
+        let m = rext4_format::mmp::MmpBlock::decode(&b, seed)
+            .map_err(|e| Error::from(e.at_block(blk)))?;
+        Ok(Some(m))
     }
     /// Every group descriptor as it is now.
     pub fn group_descs(&self) -> Vec<GroupDesc> {
@@ -1661,8 +1727,18 @@ impl Inner {
         self.cache.write(blk, Kind::Raw, data, |_| Ok(()))
     }
 
-    /// Caller holds the write lock (or is the last owner).
+    /// Caller holds the write lock (or is the last owner). The MMP block is released
+    /// last, whatever the rest did: nothing more is written after a close.
     fn close(&self) -> Result<()> {
+        let r = self.close_journaled();
+        let mmp = self.mmp.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match mmp {
+            Some(m) => r.and(m.stop()),
+            None => r,
+        }
+    }
+
+    fn close_journaled(&self) -> Result<()> {
         if self.read_only || self.live().closed {
             return Ok(());
         }
@@ -1853,19 +1929,10 @@ impl Drop for Fs {
 
 /// The feature gate's refusal, naming the features.
 fn unsupported_incompat(names: &[String]) -> Error {
-    let mut msg = format!(
+    Error::Unsupported(format!(
         "image uses incompatible features rext4 does not support: {}",
         names.join(", ")
-    );
-    if names.iter().any(|n| n == "mmp") {
-        // MMP guards an image shared between machines; rext4 would neither check nor
-        // update the MMP block, so it opens such images not at all.
-        msg.push_str(
-            " (mmp: multi-mount protection, which rext4 does not take part in, so it does \
-             not open the image; tune2fs -O ^mmp turns it off once no other host uses it)",
-        );
-    }
-    Error::Unsupported(msg)
+    ))
 }
 
 /// The filesystem's own blocks (the kernel's "system zone"), merged and sorted.
