@@ -1965,6 +1965,14 @@ fn system_zone(sb: &Superblock, groups: &[GroupDesc]) -> Vec<(u64, u64)> {
             .iter()
             .map(|gd| (gd.inode_table, gd.inode_table + itable)),
     );
+    // The MMP block belongs to no file either (e2fsck marks it as the filesystem's).
+    let mmp = sb.mmp_block;
+    if sb.has_incompat(feature::INCOMPAT_MMP)
+        && mmp > u64::from(sb.first_data_block)
+        && mmp < sb.blocks_count
+    {
+        v.push((mmp, mmp + 1));
+    }
     v.sort();
     let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
     for (a, b) in v {
@@ -2090,6 +2098,20 @@ pub(crate) fn mem_fs_rw(size: usize) -> Fs {
 #[cfg(test)]
 mod tests {
     use super::Busy;
+
+    /// The MMP block is the filesystem's own: no file map may free it.
+    #[test]
+    fn the_mmp_block_is_in_the_system_zone() {
+        let fs = super::mem_fs_rw(8 << 20);
+        let mut sb = fs.superblock();
+        let groups = fs.group_descs();
+        let free_blk = sb.blocks_count - 10;
+        let inside = |z: &[(u64, u64)]| z.iter().any(|&(a, b)| a <= free_blk && free_blk < b);
+        assert!(!inside(&super::system_zone(&sb, &groups)));
+        sb.feature_incompat |= rext4_format::superblock::feature::INCOMPAT_MMP;
+        sb.mmp_block = free_blk;
+        assert!(inside(&super::system_zone(&sb, &groups)));
+    }
 
     #[test]
     fn busy_runs_merge_and_answer_run_ends() {
