@@ -24,6 +24,7 @@ pub mod bytes;
 pub mod csum;
 pub mod dir;
 pub mod extent;
+pub mod fast_commit;
 pub mod group;
 pub mod hash;
 pub mod inode;

@@ -8,7 +8,9 @@
 //! multi-mount protection (`crate::mmp`, released last by close), read and verify
 //! every group descriptor. An image whose journal
 //! needs recovery is replayed first (`crate::journal`): on the device for a read-write
-//! open, into an in-memory overlay for a read-only one. A read-write open then loads
+//! open, into an in-memory overlay for a read-only one; fast commits left after the
+//! log are replayed by a read-write filesystem opened for that on the same device
+//! (`crate::fc_replay`), before this open goes on. A read-write open then loads
 //! the journal for rext4's own commits (`crate::fs::jwrite`), sets needs_recovery (or,
 //! without a journal, clears VALID_FS), and finishes orphans (`crate::orphan`).
 //!
@@ -469,13 +471,20 @@ impl Fs {
         };
         use std::os::unix::ffi::OsStrExt;
         let name = path.as_os_str().as_bytes();
-        Self::open_claimed(dev, opts, Some(claim), note.into_iter().collect(), name)
+        Self::open_claimed(
+            dev,
+            opts,
+            Some(claim),
+            note.into_iter().collect(),
+            name,
+            false,
+        )
     }
 
     /// Open a filesystem on `dev` (not claimed: the caller keeps others away; an MMP
     /// image is still protected against other nodes, see [`crate::mmp`]).
     pub fn open_device(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<Fs> {
-        Self::open_claimed(dev, opts, None, Vec::new(), b"")
+        Self::open_claimed(dev, opts, None, Vec::new(), b"", false)
     }
 
     fn open_claimed(
@@ -484,6 +493,7 @@ impl Fs {
         claim: Option<crate::claim::Claim>,
         mut warnings: Vec<String>,
         dev_name: &[u8],
+        replaying: bool,
     ) -> Result<Fs> {
         // Multi-mount protection reads and writes its block on the device itself,
         // around the request counters, and closes the fence under everything else
@@ -551,22 +561,64 @@ impl Fs {
         // ---- multi-mount protection (owner: crate::mmp) ----
         // Before anything is written, journal replay included; read-only opens leave
         // the MMP block alone, as the kernel's.
-        let mmp = if !read_only && sb.has_incompat(feature::INCOMPAT_MMP) {
+        let mmp = if !read_only && !replaying && sb.has_incompat(feature::INCOMPAT_MMP) {
             Some(crate::mmp::Session::start(mmp_dev, &sb, dev_name, fence)?)
         } else {
             None
         };
         let mut sb = sb;
         let boot_id = opts.boot_id.or_else(crate::journal::current_boot_id);
+        let mut fast_commits = Vec::new();
         if sb.has_incompat(feature::INCOMPAT_RECOVER) && sb.has_compat(feature::COMPAT_HAS_JOURNAL)
         {
             // ---- journal recovery (owner: crate::journal) ----
             // Read-write: replay on the device. Read-only (asked, forced above, or a
             // read-only device): replay into an in-memory overlay and open that, so
             // the image is unchanged. Continue with the superblock as replayed.
-            let r = crate::journal::recover_for_open(dev.clone(), read_only, boot_id)?;
+            let mut r = crate::journal::recover_for_open(dev.clone(), read_only, boot_id)?;
             warnings.extend(r.warnings);
             read_only |= r.read_only;
+            if !r.fast_commits.is_empty() {
+                if replaying {
+                    // Replayed below, once this filesystem is open read-write.
+                    fast_commits = std::mem::take(&mut r.fast_commits);
+                } else {
+                    // Fast commits need an open filesystem: one of their own, read-write
+                    // on the recovered device (the image, or a read-only open's
+                    // overlay), replays and commits them and closes; this open then
+                    // goes on from the superblock it left.
+                    let nested = Fs::open_claimed(
+                        r.device.clone(),
+                        FsOptions {
+                            read_only: false,
+                            direct_io: false,
+                            commit_secs: 0,
+                            early_commit_ms: 0,
+                            prefetch_block_bitmaps: false,
+                            dax: false,
+                            boot_id,
+                            errors: opts.errors,
+                            ..FsOptions::default()
+                        },
+                        None,
+                        Vec::new(),
+                        b"",
+                        true,
+                    )?;
+                    warnings.extend(
+                        nested
+                            .warnings()
+                            .iter()
+                            .filter(|w| w.starts_with("fast commits replayed"))
+                            .cloned(),
+                    );
+                    nested.close()?;
+                    drop(nested);
+                    let (raw, sb) = crate::journal::read_superblock(r.device.as_ref())?;
+                    r.raw = raw;
+                    r.sb = sb;
+                }
+            }
             let fc = r.sb.check_features();
             if !fc.unsupported_incompat.is_empty() {
                 return Err(unsupported_incompat(&fc.unsupported_incompat));
@@ -718,23 +770,6 @@ impl Fs {
                 sync_grace: opts.sync_grace,
             }),
         };
-        if let Some(m) = fs
-            .inner
-            .mmp
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
-            // Another node took the block: shut down, as the kernel's error handling
-            // makes the filesystem read-only (the fence already refuses writes, so
-            // the journal's error record is not written either).
-            let inner = Arc::downgrade(&fs.inner);
-            m.on_lost(Box::new(move |why| {
-                if let Some(i) = inner.upgrade() {
-                    i.shut_down(why);
-                }
-            }));
-        }
         {
             let mut live = fs.live();
             live.sb.free_blocks_count = free_blocks;
@@ -746,6 +781,9 @@ impl Fs {
             let journaled = match journal {
                 Some(mut j) => {
                     let is64 = fs.inner.sb.has_incompat(feature::INCOMPAT_64BIT);
+                    if !fast_commits.is_empty() {
+                        j.adopt_fast_commit_log();
+                    }
                     j.prepare_rw(fs.cache().device().as_ref(), metadata_csum, is64)?;
                     fs.inner.max_txn.store(j.max_blocks().max(1), Relaxed);
                     *fs.inner.journal() = Some(j);
@@ -769,6 +807,19 @@ impl Fs {
             drop(live);
             fs.inner.write_superblock()?;
             fs.cache().device().flush()?;
+            if !fast_commits.is_empty() {
+                // Before orphans, as the kernel's recovery: one commit, which replaces
+                // them in the journal (`crate::fc_replay`).
+                let rep = fs.replay_fast_commits(&fast_commits)?;
+                fs.sync()?;
+                let w = format!(
+                    "fast commits replayed: {} records, {} inodes, {} entries added, {} removed",
+                    rep.records, rep.inodes, rep.entries_added, rep.entries_removed
+                );
+                if let Some(i) = Arc::get_mut(&mut fs.inner) {
+                    i.warnings.push(w);
+                }
+            }
             // Finish what a crash left on the orphan list (as the kernel does at mount).
             let sbn = fs.superblock();
             if sbn.last_orphan != 0 || sbn.has_ro_compat(feature::RO_COMPAT_ORPHAN_PRESENT) {
@@ -786,6 +837,26 @@ impl Fs {
             crate::fs::pagecache::writeback::start_writeback_thread(&fs);
         }
         let _ = fs.inner.io_at_open.set(fs.inner.io.counts());
+        // Last, so that the open's `Arc::get_mut`s above still work (meanwhile the
+        // fence kept every write off the device if the block was lost).
+        if let Some(m) = fs
+            .inner
+            .mmp
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            // Another node took the block: shut down, as the kernel's error handling
+            // makes the filesystem read-only (the fence already refuses writes, so
+            // the journal's error record is not written either).
+            let inner = Arc::downgrade(&fs.inner);
+            m.on_lost(Box::new(move |why| {
+                if let Some(i) = inner.upgrade() {
+                    i.shut_down(why);
+                }
+            }));
+        }
+
         if !fs.inner.read_only && opts.prefetch_block_bitmaps {
             prefetch::start_prefetcher(&fs);
         }
@@ -1426,7 +1497,7 @@ impl Inner {
     /// Latch the shutdown (a failed commit, early commit or checkpoint): every later
     /// change fails with `ShutDown` naming the first reason, which is also logged —
     /// an error of a background commit reaches the next fsync or sync and the log.
-    fn shut_down(&self, why: String) {
+    pub(crate) fn shut_down(&self, why: String) {
         let mut s = self.shutdown.lock().unwrap_or_else(|p| p.into_inner());
         if s.is_none() {
             log::error!("rext4: shutting the filesystem down: {why}");
