@@ -408,6 +408,11 @@ impl<'a> Replay<'a> {
     fn tree_inode(&mut self, ino: Ino, what: &str) -> Result<Inode> {
         self.touch(ino)?;
         let inode = self.fs.read_inode(ino)?;
+        if inode.is_dir() {
+            // The kernel logs the blocks of regular files only: directory blocks go
+            // through full commits.
+            return Err(bad(format!("{what} of directory {}", ino.0)));
+        }
         if !has_tree(&inode) {
             return Err(bad(format!(
                 "{what} of inode {}, which has no extent tree",
@@ -674,7 +679,7 @@ impl<'a> Replay<'a> {
         // Inodes left without links and not on an orphan list lose their blocks now;
         // the listed ones are `process_orphans`'s.
         let mut dying = BTreeSet::new();
-        for (&n, _) in self.touched.clone().iter() {
+        for n in self.touched.keys().copied().collect::<Vec<_>>() {
             let ino = Ino(n);
             let mut inode = fs.read_inode(ino)?;
             if inode.links_count > 0 || listed.contains(&n) {
@@ -692,7 +697,7 @@ impl<'a> Replay<'a> {
         // What the live touched inodes map now, tree blocks included; their trees
         // repacked as e2fsck would have them, and i_blocks counted.
         let mut mapped = Vec::new();
-        for (&n, _) in self.touched.clone().iter() {
+        for n in self.touched.keys().copied().collect::<Vec<_>>() {
             let ino = Ino(n);
             let mut inode = fs.read_inode(ino)?;
             if dying.contains(&n) || !has_tree(&inode) {
@@ -753,6 +758,15 @@ impl<'a> Replay<'a> {
                 }
                 (true, false) => fs.free_inode(ino, t.was_dir)?,
                 _ => {}
+            }
+        }
+        // What was built is checked before anything of it is committed: records
+        // that make no sense (a kernel would not log them) refuse the replay.
+        for &n in self.touched.keys() {
+            if let Some(p) = fs.audit_one_inode(Ino(n))?.into_iter().next() {
+                return Err(bad(format!(
+                    "inode {n} does not check after the replay: {p}"
+                )));
             }
         }
         self.report.inodes = self.touched.len();

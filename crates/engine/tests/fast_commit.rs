@@ -427,3 +427,70 @@ fn damaged_fast_commit_areas() {
     let r = e2fsck_fn(c.path());
     assert!(r.clean, "e2fsck after a cut replay:\n{}", r.output);
 }
+
+/// The replay is one commit of rext4's journal that replaces the fast commits: a
+/// crash anywhere in it (at every flush of the open and close that replay, and with
+/// writes since the last flush lost at random) leaves an image whose next open
+/// replays to the same tree, e2fsck -fn clean.
+#[test]
+fn a_crash_anywhere_in_the_replay_replays_to_the_same_tree() {
+    use rext4_testkit::crash::{flush_points, image_at, Event, Rng};
+    use std::sync::Arc;
+    let Some(copy) = fc_crash_copy(
+        &MkfsOptions::new(4096, 32 << 20)
+            .arg("-O")
+            .arg("fast_commit"),
+        &prepare_files,
+        &work_files,
+    ) else {
+        return;
+    };
+    let want = snapshot(rext4_replay(&copy, "crash").path());
+    let base = std::fs::read(copy.path()).expect("read copy");
+    let dev = Arc::new(common::Recorder::new(base.clone()));
+    let opts = FsOptions {
+        read_only: false,
+        commit_secs: 0,
+        ..FsOptions::default()
+    };
+    let fs = Fs::open_device(dev.clone(), opts.clone()).expect("replaying open");
+    fs.close().expect("close");
+    drop(fs);
+    let events = dev.take();
+    let points = flush_points(&events);
+    assert!(points.len() >= 4, "{} flushes", points.len());
+    let mut rng = Rng(0x5EED);
+    let scratch = rext4_testkit::TempDir::new("fc-crash").expect("temp dir");
+    let mut checked = 0;
+    for (k, &fp) in points.iter().enumerate() {
+        let next = points.get(k + 1).copied().unwrap_or(events.len());
+        for variant in 0..2 {
+            let mut img = image_at(&base, &events, fp);
+            if variant == 1 {
+                // Writes since the flush: each lost or made, whole.
+                for e in &events[fp..next] {
+                    if let Event::Write { offset, data } = e {
+                        if rng.below(2) == 0 {
+                            let o = *offset as usize;
+                            img[o..o + data.len()].copy_from_slice(data);
+                        }
+                    }
+                }
+            }
+            let p = scratch.join("crash.img");
+            std::fs::write(&p, &img).expect("write image");
+            drop(img);
+            let label = format!("flush {k} of {}, variant {variant}", points.len());
+            let fs = Fs::open_with(&p, opts.clone())
+                .unwrap_or_else(|e| panic!("[{label}] open after the crash: {e}"));
+            fs.close().expect("close");
+            drop(fs);
+            let r = e2fsck_fn(&p);
+            assert!(r.clean, "[{label}] e2fsck -fn:\n{}", r.output);
+            let d = diff_trees(&want, &snapshot(&p), &Compare::exact());
+            assert!(d.is_empty(), "[{label}] tree:\n{}", d.join("\n"));
+            checked += 1;
+        }
+    }
+    eprintln!("{checked} crash images of the replay recover to the same tree");
+}
