@@ -144,6 +144,19 @@ fn a_mount_holds_the_block_and_a_killed_one_is_waited_out() {
         b"written through the mount"
     );
     fs.read_dir("/after-kill").expect("the mkdir happened");
+    drop(fs);
+    // The kernel sees what the mount and the CLI wrote.
+    match rext4_testkit::LoopMount::new(img.path(), true, "noatime") {
+        Ok(k) => {
+            assert_eq!(
+                std::fs::read(k.path().join("acked")).expect("kernel read"),
+                b"fsynced before the kill"
+            );
+            assert!(k.path().join("after-kill").is_dir());
+            k.unmount().expect("unmount");
+        }
+        Err(e) => skip(&format!("kernel mount: {e}")),
+    }
 }
 
 /// `rext4 mkfs -O mmp` gives what mkfs.ext4 gives (dumpe2fs, the MMP block's own
