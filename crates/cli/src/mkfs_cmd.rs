@@ -22,7 +22,8 @@
 //! "Proceed anyway? (y,N)" when standard input and output are terminals (`-F` skips
 //! the question; elsewhere it is not asked). Extended options (`-E`, comma-separated):
 //! `hash_seed=UUID`, `root_owner[=UID:GID]` (without a value: the caller's uid and
-//! gid). Unlike mke2fs, whose root directory is 0:0 unless told, a mkfs run without
+//! gid), `mmp_update_interval=SECONDS` (with `-O mmp`; the MMP block records IMAGE as
+//! its device, as mke2fs records its argument). Unlike mke2fs, whose root directory is 0:0 unless told, a mkfs run without
 //! root makes the root directory the caller's, so that a user's own image mounts
 //! writable for them. Malformed options and sizes are usage errors (exit 2).
 
@@ -61,7 +62,8 @@ pub struct MkfsArgs {
     pub features: Vec<String>,
     /// Extended options, comma-separated: hash_seed=UUID (directory hash seed),
     /// root_owner[=UID:GID] (owner of the root directory; without a value the caller's;
-    /// default 0:0 as root, the caller's otherwise).
+    /// default 0:0 as root, the caller's otherwise), mmp_update_interval=SECONDS (with
+    /// -O mmp; default 5).
     #[arg(short = 'E', value_name = "OPTIONS", action = ArgAction::Append)]
     pub extended: Vec<String>,
     /// Filesystem type; only ext4 is made.
@@ -138,6 +140,7 @@ fn options(args: &MkfsArgs) -> Result<MkfsOptions, String> {
         features.edit(spec)?;
     }
     let mut hash_seed = None;
+    let mut mmp_update_interval = None;
     let (uid, gid) = crate::write_cmds::caller();
     // mke2fs 1.43+ leaves the root directory 0:0; a user's own image is theirs.
     let mut root_owner = (uid != 0).then_some((uid, gid));
@@ -149,6 +152,16 @@ fn options(args: &MkfsArgs) -> Result<MkfsOptions, String> {
                         Some(mkfs::parse_uuid(v).ok_or_else(|| format!("invalid hash seed: {v}"))?);
                 }
                 None if opt == "root_owner" => root_owner = Some((uid, gid)),
+                Some(("mmp_update_interval", v)) => {
+                    mmp_update_interval = Some(
+                        v.parse::<u16>()
+                            .ok()
+                            .filter(|&n| n <= rext4::format::mmp::MAX_UPDATE_INTERVAL)
+                            .ok_or_else(|| {
+                                format!("invalid mmp_update_interval: {v} (0 to 300 seconds)")
+                            })?,
+                    );
+                }
                 Some(("root_owner", v)) => {
                     root_owner = Some(
                         parse_root_owner(v)
@@ -158,7 +171,7 @@ fn options(args: &MkfsArgs) -> Result<MkfsOptions, String> {
                 _ => {
                     return Err(format!(
                         "bad extended option: {opt} (valid: hash_seed=UUID, \
-                         root_owner[=UID:GID])"
+                         root_owner[=UID:GID], mmp_update_interval=SECONDS)"
                     ))
                 }
             }
@@ -187,6 +200,8 @@ fn options(args: &MkfsArgs) -> Result<MkfsOptions, String> {
         creation_time,
         root_owner,
         seed: args.seed.as_ref().map(|s| s.as_bytes().to_vec()),
+        mmp_update_interval,
+        device_path: Some(args.image.clone()),
         ..MkfsOptions::default()
     })
 }
@@ -635,6 +650,10 @@ mod tests {
         assert_eq!(o.features.remove.compat, 0x4);
         assert_eq!(o.features.add.compat, 0x1000);
         assert!(options(&parse(&["-E", "stride=4", "img"])).is_err());
+        let o = options(&parse(&["-O", "mmp", "-E", "mmp_update_interval=1", "img"]));
+        assert_eq!(o.expect("options").mmp_update_interval, Some(1));
+        assert!(options(&parse(&["-E", "mmp_update_interval=301", "img"])).is_err());
+        assert!(options(&parse(&["-E", "mmp_update_interval=x", "img"])).is_err());
         assert!(options(&parse(&["-E", "root_owner=1", "img"])).is_err());
         let o = options(&parse(&["-E", "root_owner=12:34,hash_seed=random", "img"]));
         assert!(o.is_err(), "hash_seed=random is not a UUID");

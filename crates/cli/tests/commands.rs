@@ -110,6 +110,20 @@ fn info_matches_dumpe2fs() {
     }
 }
 
+/// An image with multi-mount protection: the superblock's MMP fields and the MMP
+/// block section, as dumpe2fs -h prints them.
+#[test]
+fn info_matches_dumpe2fs_with_mmp() {
+    let img = mkfs(&MkfsOptions::new(4096, 32 << 20).arg("-O").arg("mmp")).expect("mkfs");
+    check_info(img.path(), "debian 4k mmp");
+    let r = rext4(&[OsStr::new("info"), img.path().as_os_str()]);
+    let text = r.stdout_str();
+    assert!(
+        text.contains("MMP block number:") && text.contains("    mmp_sequence: 0xff4d4d50"),
+        "{text}"
+    );
+}
+
 fn fixture_image(bs: u32) -> Image {
     let img = mkfs(&MkfsOptions::new(bs, 48 << 20)).expect("mkfs");
     populate_debugfs(img.path(), &Fixture::quick()).expect("populate");

@@ -1,7 +1,8 @@
 //! `rext4 mkfs` against `mkfs.ext4` through the command line: same UUID, hash seed and
 //! creation time give the same `dumpe2fs` output (full, with every group), except the
 //! two fields that must differ: "Lifetime writes" (mke2fs counts what its own write
-//! cache flushed) and the superblock "Checksum" (it covers that field).
+//! cache flushed) and the superblock "Checksum" (it covers that field), and with
+//! `-O mmp` the MMP block's update time and device name.
 
 use std::path::Path;
 use std::process::Command;
@@ -21,6 +22,17 @@ fn dumpe2fs(img: &std::path::Path) -> Vec<String> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|l| !l.starts_with("Lifetime writes:") && !l.starts_with("Checksum:"))
+        // An MMP block's time (mke2fs takes the real time, not the fake one) and device
+        // (each image's own path).
+        .filter(|l| {
+            ![
+                "    mmp_update_date:",
+                "    mmp_update_time:",
+                "    mmp_device_name:",
+            ]
+            .iter()
+            .any(|p| l.starts_with(p))
+        })
         .map(str::to_string)
         .collect()
 }
@@ -191,4 +203,6 @@ fn same_dumpe2fs_as_mkfs_ext4() {
         compare(size, &[]);
     }
     compare("64M", &["-b", "4096", "-N", "5000", "-L", "label"]);
+    compare("64M", &["-O", "mmp"]);
+    compare_with("16M", &["-O", "mmp"], ",mmp_update_interval=1");
 }

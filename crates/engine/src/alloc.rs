@@ -749,6 +749,141 @@ impl Fs {
         Ok(bitmap::test(&b, x))
     }
 
+    /// Mark `[start, start+len)`, free in the bitmaps, as used: blocks a journal
+    /// replay (fast commits) found mapped by a file. Every block is checked before any
+    /// bit is set: a block already in use refuses the whole run.
+    pub(crate) fn mark_blocks_used(&self, start: u64, len: u64) -> Result<()> {
+        self.check_writable()?;
+        let sb = &self.inner.sb;
+        let end = start.saturating_add(len);
+        if start < u64::from(sb.first_data_block) || end > sb.blocks_count {
+            return Err(Error::corrupted(
+                format!("blocks {start}+{len} are outside the filesystem"),
+                None,
+            ));
+        }
+        if self.in_system_zone(start, len) {
+            return Err(Error::corrupted(
+                format!("blocks {start}+{len} are the filesystem's own metadata"),
+                None,
+            ));
+        }
+        let mut blk = start;
+        while blk < end {
+            let g = self.group_of_block(blk);
+            let first = sb.group_first_block(g as u64);
+            let gend = (first + sb.blocks_in_group(g as u64)).min(end);
+            let mut grp = self.group(g)?;
+            let b = self.block_bitmap(g, &grp)?;
+            if let Some(x) = (blk..gend).find(|&x| bitmap::test(&b, x - first)) {
+                return Err(Error::corrupted(
+                    format!("block {x} is in use already"),
+                    Some(grp.desc.block_bitmap),
+                ));
+            }
+            drop(b);
+            let n = gend - blk;
+            let _c = crate::fs::space::claim_as(crate::fs::space::Claim::NoFail);
+            if self.inner.space.admit(n)? < n {
+                return Err(Error::NoSpace);
+            }
+            self.change_block_bitmap(g, &mut grp, |b| {
+                for x in blk..gend {
+                    bitmap::set(b, x - first, true);
+                }
+            })?;
+            grp.desc.free_blocks_count = grp.desc.free_blocks_count.saturating_sub(n as u32);
+            grp.longest_free = None;
+            drop(grp);
+            let mut live = self.live();
+            live.sb.free_blocks_count = live.sb.free_blocks_count.saturating_sub(n);
+            live.dirty = true;
+            blk = gend;
+        }
+        Ok(())
+    }
+
+    /// Whether block `blk` is in use in its group's bitmap.
+    pub(crate) fn block_in_use(&self, blk: u64) -> Result<bool> {
+        let g = self.group_of_block(blk);
+        let first = self.inner.sb.group_first_block(g as u64);
+        let grp = self.group(g)?;
+        let b = self.block_bitmap(g, &grp)?;
+        Ok(bitmap::test(&b, blk - first))
+    }
+
+    /// Mark inode `ino`, free in its bitmap, as used (a journal replay found it live):
+    /// counts, itable_unused and an uninitialized group's bitmaps as an allocation
+    /// there would leave them.
+    pub(crate) fn mark_inode_used(&self, ino: Ino, is_dir: bool) -> Result<()> {
+        self.check_writable()?;
+        let sb = &self.inner.sb;
+        let ipg = sb.inodes_per_group;
+        if ino.0 == 0 || ino.0 > sb.inodes_count {
+            return Err(Error::corrupted(
+                format!("inode number {} out of range", ino.0),
+                None,
+            ));
+        }
+        let g = ((ino.0 - 1) / ipg) as usize;
+        let x = u64::from((ino.0 - 1) % ipg);
+        let mut grp = self.group(g)?;
+        if grp.desc.has_flag(FLAG_BLOCK_UNINIT) {
+            self.store_block_bitmap(&mut grp, self.uninit_block_bitmap(g))?;
+        }
+        if grp.desc.has_flag(FLAG_INODE_UNINIT) {
+            let bs = self.inner.block_size as usize;
+            let mut b = vec![0u8; bs];
+            for k in u64::from(ipg)..(bs as u64 * 8) {
+                bitmap::set(&mut b, k, true);
+            }
+            bitmap::set(&mut b, x, true);
+            grp.desc.flags &= !FLAG_INODE_UNINIT;
+            self.store_inode_bitmap(&mut grp, b)?;
+        } else {
+            let b = self
+                .cache()
+                .read(grp.desc.inode_bitmap, Kind::Bitmap, |_| Ok(()))?;
+            if bitmap::test(&b, x) {
+                return Err(Error::corrupted(
+                    format!("inode {} is in use already", ino.0),
+                    Some(grp.desc.inode_bitmap),
+                ));
+            }
+            drop(b);
+            self.change_inode_bitmap(&mut grp, |b| bitmap::set(b, x, true))?;
+        }
+        grp.desc.free_inodes_count = grp.desc.free_inodes_count.saturating_sub(1);
+        if is_dir {
+            grp.desc.used_dirs_count = grp.desc.used_dirs_count.saturating_add(1);
+        }
+        let used = x as u32 + 1;
+        if ipg.saturating_sub(grp.desc.itable_unused) < used {
+            grp.desc.itable_unused = ipg - used;
+        }
+        self.group_changed(&mut grp);
+        drop(grp);
+        let mut live = self.live();
+        live.sb.free_inodes_count = live.sb.free_inodes_count.saturating_sub(1);
+        live.dirty = true;
+        Ok(())
+    }
+
+    /// A used inode became a directory (`1`) or stopped being one (`-1`): its group's
+    /// directory count follows.
+    pub(crate) fn count_dir(&self, ino: Ino, delta: i32) -> Result<()> {
+        let ipg = self.inner.sb.inodes_per_group;
+        let g = ((ino.0.max(1) - 1) / ipg) as usize;
+        let mut grp = self.group(g)?;
+        grp.desc.used_dirs_count = if delta > 0 {
+            grp.desc.used_dirs_count.saturating_add(1)
+        } else {
+            grp.desc.used_dirs_count.saturating_sub(1)
+        };
+        self.group_changed(&mut grp);
+        Ok(())
+    }
+
     /// Return inode `ino` to the free pool.
     pub(crate) fn free_inode(&self, ino: Ino, is_dir: bool) -> Result<()> {
         self.check_writable()?;

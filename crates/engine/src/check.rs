@@ -208,6 +208,15 @@ impl Fs {
         Ok(diffs)
     }
 
+    /// What the audit finds wrong with inode `ino` as its record is now: for a change
+    /// that checks what it built before it commits (fast-commit replay).
+    pub(crate) fn audit_one_inode(&self, ino: Ino) -> Result<Vec<Error>> {
+        let inode = self.read_inode(ino)?;
+        let mut a = Audit::default();
+        self.audit_inode(ino, &inode, &mut a);
+        Ok(a.problems)
+    }
+
     fn audit_inode(&self, ino: Ino, inode: &Inode, a: &mut Audit) {
         if inode.mode == 0 || (inode.links_count == 0 && inode.dtime != 0) {
             return; // reserved-but-unused or deleted

@@ -34,7 +34,7 @@ const _: () = assert!(DEBIAN.ro_compat == 0x46b);
 /// What rext4's mkfs knows how to lay out.
 const BUILDABLE: Features = Features {
     compat: DEBIAN.compat | COMPAT_ORPHAN_FILE,
-    incompat: DEBIAN.incompat | INCOMPAT_CSUM_SEED,
+    incompat: DEBIAN.incompat | INCOMPAT_CSUM_SEED | INCOMPAT_MMP,
     ro_compat: DEBIAN.ro_compat | RO_COMPAT_GDT_CSUM,
 };
 

@@ -5,8 +5,9 @@
 //! first: `create_lost_and_found`); reserved inodes 1, 3..10; the resize inode's DIND
 //! block (goal: after group 0's tables as if unpacked, `res_gdt.c`); the journal
 //! (inode 8, from the block returned by `get_midpoint_journal_block`, filling free
-//! runs in order, extents of at most 32768 blocks); the orphan file (inode 12, from
-//! the first free block). Then bitmaps, descriptors, backups and the superblock.
+//! runs in order, extents of at most 32768 blocks); the MMP block (feature mmp: the
+//! first free block, `ext2fs_mmp_init`); the orphan file (inode 12, from the first
+//! free block). Then bitmaps, descriptors, backups and the superblock.
 //!
 //! Must hold: inode records, directory blocks, extent blocks and orphan blocks carry
 //! their checksums when metadata_csum is on; reserved inodes 1..10 get zero records
@@ -50,6 +51,10 @@ pub(crate) struct Identity {
     pub now: i64,
     /// uid and gid of the root directory.
     pub root_owner: (u32, u32),
+    /// `s_mmp_update_interval` (mke2fs's default 5 with mmp, else 0 unless given).
+    pub mmp_update_interval: u16,
+    /// The device name the MMP block records (mke2fs: the path it was given).
+    pub device_name: Vec<u8>,
 }
 
 /// Device writes with a byte counter.
@@ -240,6 +245,8 @@ struct Files {
     journal_runs: Vec<(u64, u64)>,
     orphan: Option<Mapped>,
     orphan_runs: Vec<(u64, u64)>,
+    /// The MMP block (feature mmp).
+    mmp: Option<u64>,
     overhead: u64,
 }
 
@@ -307,6 +314,13 @@ fn allocate(alloc: &mut Alloc) -> Result<Files> {
     } else {
         None
     };
+    // The MMP block (`ext2fs_mmp_init`): the first free block, not counted as
+    // overhead.
+    let mmp = if geo.features.has_incompat(INCOMPAT_MMP) {
+        Some(alloc.take(0)?)
+    } else {
+        None
+    };
     // The orphan file: block by block from the first free block.
     let mut orphan_runs = Vec::new();
     let orphan = if geo.orphan_blocks > 0 {
@@ -329,6 +343,7 @@ fn allocate(alloc: &mut Alloc) -> Result<Files> {
         journal_runs,
         orphan,
         orphan_runs,
+        mmp,
         overhead,
     })
 }
@@ -562,6 +577,22 @@ pub(crate) fn build(
         rec.put(ORPHAN_INO, &oi);
     }
 
+    // The MMP block: clean, as `ext2fs_mmp_reset` leaves it (written at mkfs time,
+    // by this host, for this device).
+    if let Some(blk) = files.mmp {
+        let m = rext4_format::mmp::MmpBlock::new(
+            rext4_format::mmp::SEQ_CLEAN,
+            id.now.max(0) as u64,
+            &crate::mmp::nodename(),
+            &id.device_name,
+            id.mmp_update_interval
+                .max(rext4_format::mmp::MIN_CHECK_INTERVAL),
+        );
+        let mut b = vec![0u8; bsz];
+        m.encode_into(&mut b, csum_on.then_some(seed))?;
+        out.block(blk, &b)?;
+    }
+
     // Inode tables: the blocks holding records (plus, on a device that is not known
     // to be zero, every block lazy init would not zero later).
     let ipg = u64::from(geo.inodes_per_group);
@@ -694,6 +725,10 @@ pub(crate) fn build(
     }
     if files.orphan.is_some() {
         sb.orphan_file_inum = ORPHAN_INO;
+    }
+    sb.mmp_interval = id.mmp_update_interval;
+    if let Some(blk) = files.mmp {
+        sb.mmp_block = blk;
     }
     sb.kbytes_written = out.written >> 10;
 
