@@ -191,4 +191,6 @@ fn same_dumpe2fs_as_mkfs_ext4() {
         compare(size, &[]);
     }
     compare("64M", &["-b", "4096", "-N", "5000", "-L", "label"]);
+    // `rext4 mkfs -O ea_inode`: the feature as mke2fs sets it.
+    compare("64M", &["-O", "ea_inode"]);
 }
