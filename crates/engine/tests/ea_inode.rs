@@ -17,6 +17,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::process::Command;
 
+use rext4::format::superblock::{Superblock, SB_OFFSET};
 use rext4::format::xattr as fx;
 use rext4::{Error, Fs, FsOptions, Ino, XattrFlags};
 use rext4_testkit::{
@@ -377,4 +378,344 @@ fn count_value_inodes(fs: &Fs) -> usize {
             })
         })
         .count()
+}
+
+/// Write `/fill` in `chunk`-byte pieces until the filesystem says ENOSPC.
+fn fill(fs: &Fs, chunk: usize) {
+    let f = fs.create("/fill").expect("create fill");
+    let mut off = 0u64;
+    let buf = vec![0x5Au8; chunk];
+    loop {
+        match f.write_all_at(&buf, off) {
+            Ok(()) => off += chunk as u64,
+            Err(Error::NoSpace) => break,
+            Err(e) => panic!("fill: {e}"),
+        }
+        if chunk > 4096 && off.is_multiple_of(1 << 20) {
+            f.sync_all().expect("fsync fill");
+        }
+    }
+    f.sync_all().expect("fsync fill");
+}
+
+/// Out of blocks (none at all, or fewer than the value needs: the inode and the blocks
+/// it got are given back) and out of inodes: setting a value that needs an inode of
+/// its own is ENOSPC, counts are as before, nothing is leaked (e2fsck clean), and a
+/// small value still goes in.
+#[test]
+fn no_space_or_no_inode_for_a_value_inode_leaks_nothing() {
+    // Blocks.
+    let img = mkfs(&MkfsOptions::new(4096, 16 << 20).arg("-O").arg("ea_inode")).expect("mkfs");
+    let fs = Fs::open_with(img.path(), rw()).expect("open rw");
+    fs.write("/f", b"x").expect("create");
+    fill(&fs, 1 << 20);
+    fill_more(&fs);
+    for leave in [0u64, 3] {
+        if leave > 0 {
+            let len = fs.metadata("/fill").expect("stat").len();
+            fs.set_len("/fill", len - leave * 4096).expect("truncate");
+        }
+        fs.sync().expect("sync");
+        let before = fs.statfs();
+        let r = set(&fs, "/f", "user.big", &value(1, 30 << 10));
+        assert!(matches!(r, Err(Error::NoSpace)), "leave {leave}: {r:?}");
+        fs.sync().expect("sync");
+        let after = fs.statfs();
+        assert_eq!(
+            (after.blocks_free, after.blocks_available, after.inodes_free),
+            (
+                before.blocks_free,
+                before.blocks_available,
+                before.inodes_free
+            ),
+            "leave {leave}: a refused value left something taken"
+        );
+        assert_eq!(get(&fs, "/f", "user.big").expect("get"), None);
+    }
+    set(&fs, "/f", "user.small", b"fits in the inode").expect("small value");
+    // With the value's eight blocks free (and two more: the refusal above took them
+    // and gave them back), it goes in.
+    let len = fs.metadata("/fill").expect("stat").len();
+    fs.set_len("/fill", len - 7 * 4096).expect("truncate");
+    fs.sync().expect("sync");
+    set(&fs, "/f", "user.big", &value(1, 30 << 10)).expect("set with room");
+    fs.close().expect("close");
+    let fsck = e2fsck_fn(img.path());
+    assert!(fsck.clean, "after ENOSPC: {}", fsck.output);
+
+    // Inodes.
+    let img = mkfs(
+        &MkfsOptions::new(4096, 16 << 20)
+            .arg("-O")
+            .arg("ea_inode")
+            .arg("-N")
+            .arg("32"),
+    )
+    .expect("mkfs");
+    let fs = Fs::open_with(img.path(), rw()).expect("open rw");
+    fs.write("/f", b"x").expect("create");
+    let mut n = 0;
+    loop {
+        match fs.write(format!("/n{n}"), b"") {
+            Ok(()) => n += 1,
+            Err(Error::NoSpace) => break,
+            Err(e) => panic!("create: {e}"),
+        }
+    }
+    assert_eq!(fs.statfs().inodes_free, 0);
+    let before = fs.statfs();
+    let r = set(&fs, "/f", "user.big", &value(2, 30 << 10));
+    assert!(matches!(r, Err(Error::NoSpace)), "no inode left: {r:?}");
+    fs.sync().expect("sync");
+    let after = fs.statfs();
+    assert_eq!(
+        (after.blocks_free, after.inodes_free),
+        (before.blocks_free, before.inodes_free)
+    );
+    set(&fs, "/f", "user.small", b"fits").expect("small value");
+    // A name freed gives the value its inode.
+    fs.remove_file("/n0").expect("unlink");
+    fs.sync().expect("sync");
+    set(&fs, "/f", "user.big", &value(2, 30 << 10)).expect("set with an inode free");
+    fs.close().expect("close");
+    let fsck = e2fsck_fn(img.path());
+    assert!(fsck.clean, "after running out of inodes: {}", fsck.output);
+}
+
+/// After `fill` in large pieces: the last blocks in 4 KiB pieces.
+fn fill_more(fs: &Fs) {
+    let f = fs.open_file("/fill").expect("open fill");
+    let mut off = f.len().expect("len");
+    let buf = vec![0xA5u8; 4096];
+    while f.write_all_at(&buf, off).is_ok() {
+        off += 4096;
+    }
+    f.sync_all().expect("fsync fill");
+}
+
+/// Where inode `ino`'s record lives in the image file (debugfs imap).
+fn record_offset(img: &Path, ino: u32, bs: u64) -> u64 {
+    let out = rext4_testkit::debugfs_r(img, &format!("imap <{ino}>")).expect("imap");
+    let blk: u64 = out
+        .split("located at block ")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .and_then(|b| b.trim().parse().ok())
+        .unwrap_or_else(|| panic!("imap: {out}"));
+    let off = out
+        .split("offset 0x")
+        .nth(1)
+        .and_then(|r| u64::from_str_radix(r.trim(), 16).ok())
+        .unwrap_or_else(|| panic!("imap: {out}"));
+    blk * bs + off
+}
+
+/// A kernel image to damage: /p holds a 30 KiB value in an inode (the first in-inode
+/// entry), /other is an ordinary file.
+struct Damaged {
+    img: Image,
+    bytes: Vec<u8>,
+    seed: u32,
+    isz: usize,
+    bs: u64,
+    p: u32,
+    other: u32,
+    ea: u32,
+    /// Offset in the image of /p's first in-inode entry.
+    entry: usize,
+}
+
+fn damaged_base() -> Option<Damaged> {
+    let img = ea_mkfs(4096, true);
+    {
+        let m = match LoopMount::new(img.path(), false, "noatime") {
+            Ok(m) => m,
+            Err(why) => {
+                skip(&why);
+                return None;
+            }
+        };
+        std::fs::write(m.path().join("p"), b"parent").expect("create");
+        std::fs::write(m.path().join("other"), b"other").expect("create");
+        host_set(&m.path().join("p"), "user.big", &value(7, 30 << 10));
+        m.unmount().expect("unmount");
+    }
+    let fs = Fs::open(img.path()).expect("open");
+    let p = fs.resolve(b"/p", false).expect("p").0;
+    let other = fs.resolve(b"/other", false).expect("other").0;
+    let ea = value_inode_of(&fs, "/p", b"user.big")
+        .expect("value inode")
+        .inum;
+    let sb = fs.superblock();
+    let seed = sb.csum_seed();
+    let isz = usize::from(sb.inode_size);
+    let bs = u64::from(fs.block_size());
+    drop(fs);
+    let bytes = std::fs::read(img.path()).expect("read image");
+    let rec = record_offset(img.path(), p, bs) as usize;
+    let entry = rec + fx::GOOD_OLD_INODE_SIZE + 32 + fx::IBODY_HEADER_SIZE;
+    assert_eq!(&bytes[entry + 16..entry + 19], b"big", "first entry of /p");
+    Some(Damaged {
+        img,
+        bytes,
+        seed,
+        isz,
+        bs,
+        p,
+        other,
+        ea,
+        entry,
+    })
+}
+
+impl Damaged {
+    /// A copy of the image with `f` applied to inode `ino`'s record (checksum redone).
+    fn with_record(&self, ino: u32, f: impl FnOnce(&mut [u8])) -> Vec<u8> {
+        let mut b = self.bytes.clone();
+        let at = record_offset(self.img.path(), ino, self.bs) as usize;
+        let rec = &mut b[at..at + self.isz];
+        f(rec);
+        rext4::format::inode::set_csum(rec, ino, self.seed);
+        b
+    }
+
+    /// /p's record with its first entry's field at `field` set to `v`.
+    fn with_entry_field(&self, field: usize, v: u32) -> Vec<u8> {
+        let in_rec = self.entry - record_offset(self.img.path(), self.p, self.bs) as usize;
+        self.with_record(self.p, |rec| {
+            rec[in_rec + field..in_rec + field + 4].copy_from_slice(&v.to_le_bytes())
+        })
+    }
+}
+
+/// Damaged references to value inodes are `Corrupted` (naming what is wrong) for
+/// getxattr, listing and the audit, never a panic; the file can still be deleted.
+#[test]
+fn damaged_value_references_are_corruption() {
+    let Some(d) = damaged_base() else {
+        return;
+    };
+    const INUM: usize = 4;
+    const SIZE: usize = 8;
+    const HASH: usize = 12;
+    let fs = Fs::open(d.img.path()).expect("open");
+    let inodes_count = fs.superblock().inodes_count;
+    let e_hash = u32::from_le_bytes(
+        d.bytes[d.entry + HASH..d.entry + HASH + 4]
+            .try_into()
+            .expect("4"),
+    );
+    drop(fs);
+    let ea_data_block = {
+        let fs = Fs::open(d.img.path()).expect("open");
+        let ino = Ino(d.ea);
+        let (_, m) = fs.fiemap_ino(ino, 1).expect("map");
+        match m.first() {
+            Some((_, rext4::Mapping::Mapped { physical, .. })) => *physical,
+            other => panic!("value inode map: {other:?}"),
+        }
+    };
+    let mut cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("inode 0", d.with_entry_field(INUM, 0), ""),
+        ("inode 1", d.with_entry_field(INUM, 1), "out of range"),
+        (
+            "past the last inode",
+            d.with_entry_field(INUM, inodes_count + 1),
+            "out of range",
+        ),
+        (
+            "a directory",
+            d.with_entry_field(INUM, 11),
+            "not a regular file",
+        ),
+        (
+            "an ordinary file",
+            d.with_entry_field(INUM, d.other),
+            "no EA_INODE flag",
+        ),
+        (
+            "the file itself",
+            d.with_entry_field(INUM, d.p),
+            "the file itself",
+        ),
+        (
+            "the wrong size",
+            d.with_entry_field(SIZE, 30000),
+            "the entry says 30000",
+        ),
+        (
+            "the wrong hash",
+            d.with_entry_field(HASH, e_hash ^ 0x10),
+            "hash",
+        ),
+        (
+            "an inode not in use",
+            d.with_record(d.ea, |r| r[0x1A..0x1C].copy_from_slice(&0u16.to_le_bytes())),
+            "not in use",
+        ),
+        (
+            "a value inode naming its file back",
+            // In-inode xattrs of its own: one entry whose value is /p (a loop).
+            d.with_record(d.ea, |r| {
+                let mut area = vec![0u8; r.len() - fx::GOOD_OLD_INODE_SIZE - 32];
+                let back = fx::Xattr::in_inode(
+                    fx::INDEX_USER,
+                    b"loop",
+                    fx::ValueInode {
+                        inum: d.p,
+                        size: 6,
+                        hash: 0,
+                    },
+                );
+                fx::encode_inode_region(&mut area, &[back]).expect("fits");
+                r[fx::GOOD_OLD_INODE_SIZE + 32..].copy_from_slice(&area);
+            }),
+            "of its own",
+        ),
+    ];
+    let mut flipped = d.bytes.clone();
+    flipped[(ea_data_block * d.bs) as usize + 100] ^= 0x40;
+    cases.push(("a changed value", flipped, "does not match its value hash"));
+    let mut no_feature = d.bytes.clone();
+    {
+        let o = SB_OFFSET as usize;
+        let sb = &mut no_feature[o..o + 1024];
+        let inc = u32::from_le_bytes(sb[0x60..0x64].try_into().expect("4")) & !0x400;
+        sb[0x60..0x64].copy_from_slice(&inc.to_le_bytes());
+        let c = Superblock::compute_csum(sb);
+        sb[0x3FC..0x400].copy_from_slice(&c.to_le_bytes());
+    }
+    cases.push((
+        "no ea_inode feature",
+        no_feature,
+        "without the ea_inode feature",
+    ));
+    let dir = rext4_testkit::TempDir::new("ea-damaged").expect("tmp");
+    for (what, bytes, needle) in cases {
+        let path = dir.join("img");
+        std::fs::write(&path, &bytes).expect("write image");
+        let fs = Fs::open(&path).expect("opens read-only");
+        let p = Ino(d.p);
+        for r in [
+            fs.get_xattr_ino(p, b"user.big").map(drop),
+            fs.xattrs_ino(p).map(drop),
+        ] {
+            match r {
+                Err(Error::Corrupted { what: w, .. }) => {
+                    assert!(w.contains(needle), "{what}: {w:?} does not say {needle:?}")
+                }
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+        assert!(
+            !fs.audit().expect("audit").problems.is_empty(),
+            "{what}: the audit found nothing"
+        );
+        drop(fs);
+        // The file holding the broken reference can still be deleted.
+        let fs = Fs::open_with(&path, rw()).expect("opens read-write");
+        fs.remove_file("/p")
+            .unwrap_or_else(|e| panic!("{what}: unlink: {e}"));
+        fs.close().expect("close");
+    }
 }
