@@ -626,11 +626,6 @@ impl Fs {
             let (name, v) = &named[inum];
             self.value_inode(ino, &inode, name, *v)?;
         }
-        let old_charge: u64 = old
-            .iter()
-            .filter_map(|a| a.inode)
-            .map(|v| value_charge_512(v.size, bs as u32))
-            .sum();
 
         // What may fail for lack of space comes first, and is given back on failure:
         // the new block, then the new value inodes.
@@ -694,14 +689,7 @@ impl Fs {
             inode.file_acl = b;
             inode.blocks_raw += bs as u64 / 512;
         }
-        // The file is charged for each value in an inode it names (the quota hook:
-        // the kernel charges the same amount and one inode to the file's owner).
-        let new_charge: u64 = all
-            .iter()
-            .filter_map(|a| a.inode)
-            .map(|v| value_charge_512(v.size, bs as u32))
-            .sum();
-        inode.blocks_raw = (inode.blocks_raw + new_charge).saturating_sub(old_charge);
+        self.charge_values(&mut inode, &old, &all);
         inode.ctime = self.now();
         self.write_inode_raw(ino, &raw, &inode)?;
         let mut first_err = None;
@@ -716,6 +704,26 @@ impl Fs {
             }
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// The quota hook of values in inodes of their own. The kernel charges the owner of
+    /// a file naming such a value one inode and the value's size in clusters, however
+    /// many files share the value inode (`ext4_xattr_inode_alloc_quota`, given back by
+    /// `ext4_xattr_inode_free_quota`), and charges the value inode itself to nobody;
+    /// the charge shows in the file's i_blocks, which e2fsck checks. rext4 has no quota
+    /// yet: this moves i_blocks from what the file named (`before`) to what it names
+    /// (`after`); quota accounting belongs here too. (A file's final free takes its
+    /// charges with it: `release_xattrs`.)
+    fn charge_values(&self, inode: &mut Inode, before: &[fx::Xattr], after: &[fx::Xattr]) {
+        let bs = self.inner.block_size;
+        let charge = |attrs: &[fx::Xattr]| -> u64 {
+            attrs
+                .iter()
+                .filter_map(|a| a.inode)
+                .map(|v| value_charge_512(v.size, bs))
+                .sum()
+        };
+        inode.blocks_raw = (inode.blocks_raw + charge(after)).saturating_sub(charge(before));
     }
 
     /// A new value inode holding `value` for file `parent` (as the kernel's
@@ -828,6 +836,8 @@ impl Fs {
     /// on value inodes, and its xattr block (freed with its last reference, and then the
     /// block's references too). A broken reference does not stop the free (the kernel
     /// skips it as well): it is reported as an error of the filesystem, for e2fsck.
+    /// (Quota, once there, gives back the file's charges for every value it names here,
+    /// as `ext4_xattr_delete_inode` does: see `charge_values`.)
     pub(crate) fn release_xattrs(&self, ino: Ino, inode: &mut Inode) -> Result<()> {
         let mut values = Vec::new();
         if self.has_ea_inode() {
