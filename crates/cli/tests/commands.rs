@@ -96,6 +96,10 @@ fn info_matches_dumpe2fs() {
             "upstream 4k",
             MkfsOptions::new(4096, 64 << 20).upstream(true),
         ),
+        (
+            "debian 4k ea_inode",
+            MkfsOptions::new(4096, 32 << 20).arg("-O").arg("ea_inode"),
+        ),
     ];
     for (label, opts) in cases {
         let img = mkfs(&opts).expect("mkfs");

@@ -205,4 +205,6 @@ fn same_dumpe2fs_as_mkfs_ext4() {
     compare("64M", &["-b", "4096", "-N", "5000", "-L", "label"]);
     compare("64M", &["-O", "mmp"]);
     compare_with("16M", &["-O", "mmp"], ",mmp_update_interval=1");
+    // `rext4 mkfs -O ea_inode`: the feature as mke2fs sets it.
+    compare("64M", &["-O", "ea_inode"]);
 }

@@ -24,7 +24,6 @@ use rext4_format::extent::Extent;
 use rext4_format::inode::{flags, mode as m, Inode, Timestamp};
 use rext4_format::superblock::feature;
 
-use crate::cache::Kind;
 use crate::dir_write;
 use crate::error::{Error, Result};
 use crate::fs::inode_write::{now_ts, with_tree, FsDir};
@@ -856,7 +855,7 @@ impl Fs {
             inode.block = [0; 60];
             inode.blocks_raw = 0;
         }
-        self.release_xattr_block(&mut inode)?;
+        self.release_xattrs(ino, &mut inode)?;
         inode.links_count = 0;
         inode.size = 0;
         inode.dtime = self.now().sec as u32;
@@ -2229,33 +2228,6 @@ impl Fs {
             inodes_free: u64::from(sb.free_inodes_count),
             name_max: NAME_MAX as u32,
         }
-    }
-
-    /// Drop this inode's reference to its xattr block (freeing it with the last one).
-    pub(crate) fn release_xattr_block(&self, inode: &mut Inode) -> Result<()> {
-        let blk = inode.file_acl;
-        if blk == 0 {
-            return Ok(());
-        }
-        // A shared block's count is changed by each of its inodes' writers.
-        let _b = self.block_lock(blk);
-        let data = self.cache().read(blk, Kind::Xattr, |_| Ok(()))?.to_vec();
-        let refs = u32::from_le_bytes([data[4], data[5], data[6], data[7]]);
-        if refs <= 1 {
-            self.free_blocks(blk, 1)?;
-        } else {
-            let mut d = data;
-            d[4..8].copy_from_slice(&(refs - 1).to_le_bytes());
-            if self.inner.metadata_csum {
-                rext4_format::xattr::set_block_csum(&mut d, self.inner.csum_seed, blk);
-            }
-            self.cache().write(blk, Kind::Xattr, d, |_| Ok(()))?;
-        }
-        inode.file_acl = 0;
-        inode.blocks_raw = inode
-            .blocks_raw
-            .saturating_sub(u64::from(self.inner.block_size) / 512);
-        Ok(())
     }
 }
 

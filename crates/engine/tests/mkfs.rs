@@ -439,6 +439,8 @@ fn same_as_mke2fs_with_options() {
         "^metadata_csum,uninit_bg",
         "^sparse_super,^resize_inode",
         "metadata_csum_seed",
+        "ea_inode",
+        "ea_inode,^metadata_csum",
     ] {
         compare(&Case::new(64 * M, false).features(spec));
         compare(&Case::new(G, true).features(spec));

@@ -1710,17 +1710,18 @@ impl Filesystem for Adapter {
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let s = &self.s;
+        // The names alone: values kept in inodes of their own are not read.
         let all = tri!(
             reply,
-            s.fs.xattrs_ino(to_ext4(ino))
+            s.fs.xattr_names_ino(to_ext4(ino))
                 .map_err(|e| s.fail("listxattr", &e))
         );
         let mut names = Vec::new();
         // As ext4: trusted.* names are listed only to privileged callers.
         let privileged = req.uid() == 0;
-        for (n, _) in all
+        for n in all
             .into_iter()
-            .filter(|(n, _)| privileged || !n.starts_with(b"trusted."))
+            .filter(|n| privileged || !n.starts_with(b"trusted."))
         {
             names.extend_from_slice(&n);
             names.push(0);

@@ -31,10 +31,11 @@ const DEBIAN: Features = Features {
 const _: () = assert!(DEBIAN.compat == 0x3c && DEBIAN.incompat == 0x2c2);
 const _: () = assert!(DEBIAN.ro_compat == 0x46b);
 
-/// What rext4's mkfs knows how to lay out.
+/// What rext4's mkfs knows how to lay out (ea_inode is a bit in the superblock alone,
+/// as mke2fs sets it).
 const BUILDABLE: Features = Features {
     compat: DEBIAN.compat | COMPAT_ORPHAN_FILE,
-    incompat: DEBIAN.incompat | INCOMPAT_CSUM_SEED | INCOMPAT_MMP,
+    incompat: DEBIAN.incompat | INCOMPAT_CSUM_SEED | INCOMPAT_MMP | INCOMPAT_EA_INODE,
     ro_compat: DEBIAN.ro_compat | RO_COMPAT_GDT_CSUM,
 };
 
