@@ -297,7 +297,8 @@ impl Qcow2 {
         for ti in 0..rc_table.len() as u64 {
             let range = ti * per..(ti + 1) * per;
             let Some(boff) = self.rc_block(&mut m, ti)? else {
-                if let Some(c) = range.clone().find(|&c| c < nclusters && wanted(c) > 0) {
+                let inside = range.start.min(nclusters)..range.end.min(nclusters);
+                if let Some(c) = inside.clone().find(|&c| wanted(c) > 0) {
                     return Err(low_refcount(path, c, 0, wanted(c)));
                 }
                 hint.get_or_insert(range.start.max(1));
