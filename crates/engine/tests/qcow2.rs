@@ -552,3 +552,198 @@ fn rext4_writes_into_qcow2_reach_qemu_and_the_kernel() {
         "the backing file changed"
     );
 }
+
+/// A qcow2 whose refcount table or blocks point past the end or at other metadata
+/// (a cluster referenced twice), whose L2 tables point into metadata, or whose
+/// refcounts are below the references, is refused for writing with an error naming
+/// what is wrong — and the file is not touched. Dirty images and images with
+/// snapshots are refused by name too; read-only access still works for those.
+#[test]
+fn damaged_qcow2_images_are_not_written() {
+    let dir = TempDir::new("qcow2badw").expect("tmp");
+    let raw = dir.join("base.img");
+    rext4_testkit::mkfs_at(&raw, &MkfsOptions::new(4096, 16 << 20)).expect("mkfs");
+    let q = dir.join("q.qcow2");
+    if !qemu_img(&[
+        "convert",
+        "-O",
+        "qcow2",
+        &raw.display().to_string(),
+        &q.display().to_string(),
+    ]) {
+        return;
+    }
+    let good = std::fs::read(&q).expect("read");
+    let cs = 1usize << u32::from_be_bytes(good[20..24].try_into().expect("4"));
+    let l1 = be64(&good, L1_OFFSET) as usize;
+    let rt = be64(&good, 48) as usize;
+    let block0 = be64(&good, rt) as usize;
+    let l2 = (be64(&good, l1) & 0x00ff_ffff_ffff_fe00) as usize;
+    let data0 = be64(&good, l2) & 0x00ff_ffff_ffff_fe00;
+    assert!(data0 != 0, "guest cluster 0 is not allocated");
+    let put = |b: &mut Vec<u8>, at: usize, v: u64| b[at..at + 8].copy_from_slice(&v.to_be_bytes());
+    let p = dir.join("m.qcow2");
+    let refused = |bytes: &[u8], want: &str| {
+        std::fs::write(&p, bytes).expect("write");
+        let e = Qcow2::open(&p, false)
+            .map(|_| ())
+            .expect_err(want)
+            .to_string();
+        assert!(e.contains(want), "expected '{want}', got: {e}");
+        assert!(
+            std::fs::read(&p).expect("read") == bytes,
+            "a refused open changed the file ({want})"
+        );
+        // Through the filesystem too, and read-only still opens.
+        let opts = FsOptions {
+            read_only: false,
+            ..FsOptions::default()
+        };
+        assert!(Fs::open_spec(&ImageSpec::file(&p), opts).is_err());
+        e
+    };
+    let copied = 1u64 << 63;
+
+    // The refcount table points past the end of the file.
+    let mut b = good.clone();
+    put(&mut b, rt, 1 << 40);
+    refused(&b, "refcount table entry 0 points at");
+    // A refcount table entry at the L1 table: a cluster referenced twice.
+    let mut b = good.clone();
+    put(&mut b, rt + 8, l1 as u64);
+    refused(&b, "which something else uses too");
+    // Two entries at the same refcount block (a loop in the refcounts).
+    let mut b = good.clone();
+    put(&mut b, rt + 8, block0 as u64);
+    refused(&b, "which something else uses too");
+    // An L2 entry pointing at the header cluster's neighbour metadata: the refcount
+    // table, the refcount block, the L1 table, the L2 table itself.
+    for (at, what) in [
+        (rt, "table"),
+        (block0, "block"),
+        (l1, "L1"),
+        (l2, "L2 self"),
+    ] {
+        let mut b = good.clone();
+        put(&mut b, l2 + 8, at as u64 | copied);
+        let e = refused(&b, "which something else uses too");
+        assert!(e.contains("guest cluster 1"), "[{what}] {e}");
+    }
+    // An L2 entry with the COPIED flag and no cluster (host offset 0: the header).
+    let mut b = good.clone();
+    put(&mut b, l2 + 8, copied);
+    refused(&b, "no host cluster");
+    // The data cluster's refcount is 0: a write could reuse it.
+    let mut b = good.clone();
+    let c = data0 as usize / cs;
+    b[block0 + 2 * c..block0 + 2 * c + 2].copy_from_slice(&[0, 0]);
+    refused(&b, "its refcount is 0");
+    // Dirty (lazy refcounts left stale): refused for writing, readable.
+    let mut b = good.clone();
+    b[79] |= 1;
+    refused(&b, "marked dirty");
+    assert!(Qcow2::open(&p, true).is_ok(), "a dirty image reads");
+
+    // Internal snapshots: refused for writing, readable.
+    std::fs::write(&p, &good).expect("write");
+    qemu_img(&["snapshot", "-c", "s1", &p.display().to_string()]);
+    let snap = std::fs::read(&p).expect("read");
+    refused(&snap, "internal snapshots");
+    let fs = Fs::open(&p).expect("read-only open of a snapshotted image");
+    common::snapshot(&fs).expect("walk");
+}
+
+/// Random mutations of a qcow2's header, L1, refcount table and block and first L2
+/// table, opened read-write: refused, or opened, written, flushed and closed — never
+/// a panic or a hang; an image qemu-img found no corruption in before stays so after
+/// rext4 accepted and wrote it (no write landed in metadata).
+#[test]
+fn mutated_qcow2_images_opened_for_writing() {
+    let dir = TempDir::new("qcow2fuzzw").expect("tmp");
+    let raw = dir.join("base.img");
+    rext4_testkit::mkfs_at(&raw, &MkfsOptions::new(4096, 16 << 20)).expect("mkfs");
+    let q = dir.join("q.qcow2");
+    if !qemu_img(&[
+        "convert",
+        "-O",
+        "qcow2",
+        "-o",
+        "cluster_size=4096",
+        &raw.display().to_string(),
+        &q.display().to_string(),
+    ]) {
+        return;
+    }
+    let good = std::fs::read(&q).expect("read");
+    let l1 = be64(&good, L1_OFFSET);
+    let rt = be64(&good, 48);
+    let block0 = be64(&good, rt as usize);
+    let l2 = be64(&good, l1 as usize) & 0x00ff_ffff_ffff_fe00;
+    let ranges = [
+        (0u64, 112u64),
+        (l1, 64),
+        (rt, 64),
+        (block0, 256),
+        (l2, 4096),
+    ];
+    let mut rng = rext4_testkit::crash::Rng(0xf022_1234_5678_9abc);
+    let p = dir.join("m.qcow2");
+    let (mut opened, mut refused, mut sound) = (0, 0, 0);
+    let runs = common::env_u64("REXT4_QCOW2_FUZZ_RUNS", 300);
+    for run in 0..runs {
+        let mut b = good.clone();
+        for (k, v) in common::mutations(&mut rng, &good, &ranges, 2) {
+            if let Some(x) = b.get_mut(k as usize) {
+                *x = v;
+            }
+        }
+        std::fs::write(&p, &b).expect("write");
+        let dev = match Qcow2::open(&p, false) {
+            Ok(d) => d,
+            Err(_) => {
+                refused += 1;
+                continue;
+            }
+        };
+        opened += 1;
+        // What qemu-img thought of the image before rext4 wrote to it.
+        let before = dir.join("before.qcow2");
+        std::fs::write(&before, &b).expect("write");
+        let (code_before, _) = qemu_check(&before);
+        let size = dev.size_bytes();
+        let mut ok = true;
+        for i in 0..8u64 {
+            let len = (1 + rng.below(20_000)).min(size);
+            let off = rng.below(size - len + 1);
+            if dev
+                .write_at(&vec![i as u8 | 0x10; len as usize], off)
+                .is_err()
+            {
+                ok = false;
+                break;
+            }
+            if i == 4 {
+                let _ = dev.discard(0, size / 2);
+            }
+        }
+        ok &= dev.flush().is_ok();
+        drop(dev);
+        if ok && (code_before == 0 || code_before == 3) {
+            let (code, text) = qemu_check(&p);
+            assert!(
+                code == 0 || code == 3,
+                "run {run}: rext4 opened and wrote a mutated image qemu-img found sound, \
+                 and qemu-img now calls it corrupt (exit {code}):\n{text}"
+            );
+            sound += 1;
+        }
+    }
+    eprintln!(
+        "{opened} mutated images opened read-write ({sound} sound to qemu-img before, \
+         checked after the writes), {refused} refused"
+    );
+    assert!(
+        sound > 0 && refused > 0,
+        "{opened} opened ({sound} checked), {refused} refused"
+    );
+}

@@ -17,6 +17,8 @@ const MAX_ALLOC_RUN: u64 = 64;
 /// Past this many bytes of dirty tables, a write flushes them.
 const DIRTY_LIMIT_BYTES: u64 = 64 << 20;
 const SECTOR: u64 = 512;
+/// Bits 1-8 and 56-61 of a standard L2 entry (reserved, 0).
+const L2_RESERVED: u64 = 0x3f00_0000_0000_01fe;
 
 /// The host cluster a write into L2 entry `e` may go to in place.
 fn in_place(e: u64) -> Option<u64> {
@@ -192,6 +194,12 @@ impl Qcow2 {
         let l1 = m.l1.clone();
         for (l1i, &l1e) in l1.iter().enumerate() {
             let off = l1e & OFFSET_MASK;
+            if l1e & !(OFFSET_MASK | COPIED) != 0 {
+                return Err(bad(
+                    path,
+                    format!("L1 entry {l1i} ({l1e:#x}) has reserved bits set"),
+                ));
+            }
             if off == 0 {
                 continue;
             }
@@ -244,6 +252,12 @@ impl Qcow2 {
                     }
                     continue;
                 }
+                if e & L2_RESERVED != 0 {
+                    return Err(bad(
+                        path,
+                        format!("guest cluster {gc}'s L2 entry ({e:#x}) has reserved bits set"),
+                    ));
+                }
                 if e & ZERO_FLAG != 0 && self.version < 3 {
                     return Err(bad(
                         path,
@@ -252,6 +266,14 @@ impl Qcow2 {
                 }
                 let host = e & OFFSET_MASK;
                 if host == 0 {
+                    if e & COPIED != 0 {
+                        return Err(bad(
+                            path,
+                            format!(
+                                "guest cluster {gc} has the COPIED flag but no host cluster                                  (an entry of an image with an external data file)"
+                            ),
+                        ));
+                    }
                     continue;
                 }
                 if !host.is_multiple_of(cs) || host >= file_len {
