@@ -8,8 +8,9 @@
 //! defaults to the file's current size), a block device (SIZE defaults to the whole
 //! device), or an existing image through a spec (`disk.img?partition=2`, `?offset=`)
 //! or a qcow2 image (`qemu-img create -f qcow2`): formatted where the spec points, the
-//! qcow2's guest disk, SIZE defaulting to all of it. SIZE takes mke2fs's suffixes k/m/g/t (KiB..TiB) and s (512-byte sectors);
-//! without a suffix it counts blocks of `-b` bytes, or KiB when `-b` is not given.
+//! qcow2's guest disk, SIZE defaulting to all of it. SIZE takes mke2fs's suffixes
+//! k/m/g/t (KiB..TiB) and s (512-byte sectors); without a suffix it counts blocks of
+//! `-b` bytes, or KiB when `-b` is not given.
 //! `E2FSPROGS_FAKE_TIME` fixes every timestamp, as it does for mke2fs.
 //!
 //! As mke2fs: an IMAGE that already holds a filesystem is named and the user asked
