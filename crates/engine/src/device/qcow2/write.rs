@@ -17,6 +17,9 @@ const MAX_ALLOC_RUN: u64 = 64;
 /// Past this many bytes of dirty tables, a write flushes them.
 const DIRTY_LIMIT_BYTES: u64 = 64 << 20;
 const SECTOR: u64 = 512;
+/// The most host clusters a read-write open checks (a bit each: 128 MiB; 64 TiB of
+/// file with 64 KiB clusters).
+const MAX_CHECKED_CLUSTERS: u64 = 1 << 30;
 /// Bits 1-8 and 56-61 of a standard L2 entry (reserved, 0).
 const L2_RESERVED: u64 = 0x3f00_0000_0000_01fe;
 
@@ -89,6 +92,20 @@ impl Bits {
             .get((c / 64) as usize)
             .is_some_and(|w| w & (1 << (c % 64)) != 0)
     }
+    /// The first cluster of the set in `[from, to)`.
+    fn next_set(&self, from: u64, to: u64) -> Option<u64> {
+        let mut c = from;
+        while c < to {
+            let w = self.0.get((c / 64) as usize).copied().unwrap_or(0) >> (c % 64);
+            if w == 0 {
+                c = (c / 64 + 1) * 64;
+                continue;
+            }
+            let at = c + u64::from(w.trailing_zeros());
+            return (at < to).then_some(at);
+        }
+        None
+    }
     fn set(&mut self, c: u64) {
         if let Some(w) = self.0.get_mut((c / 64) as usize) {
             *w |= 1 << (c % 64);
@@ -105,6 +122,13 @@ impl Qcow2 {
         let mut m = self.lock();
         let file_len = m.file_len;
         let nclusters = file_len.div_ceil(cs);
+        if nclusters > MAX_CHECKED_CLUSTERS {
+            return Err(Error::Unsupported(format!(
+                "{}: the qcow2 file holds {nclusters} clusters, more than rext4 checks before \
+                 writing ({MAX_CHECKED_CLUSTERS}); read-only access works",
+                path.display()
+            )));
+        }
         let (toff, tclusters) = (h.refcount_table_off, h.refcount_table_clusters);
         if toff == 0
             || !toff.is_multiple_of(cs)
@@ -300,12 +324,17 @@ impl Qcow2 {
             }
         }
 
-        // Refcounts against references: too low is damage, too high a leak.
+        // Refcounts against references: too low is damage, too high a leak. Only the
+        // clusters inside the file are compared (as qemu-img check does), so the work
+        // is bounded by the file's size whatever the table says.
         let order = h.refcount_order;
         let per = self.rc_entries(order);
         let wanted = |c: u64| u64::from(refs.test(c)) + shared.get(&c).copied().unwrap_or(0);
         let covered = rc_table.len() as u64 * per;
-        if let Some(c) = (covered..nclusters).find(|&c| wanted(c) > 0) {
+        let past = refs
+            .next_set(covered, nclusters)
+            .or_else(|| shared.keys().copied().filter(|&c| c >= covered).min());
+        if let Some(c) = past {
             return Err(bad(
                 path,
                 format!(
@@ -317,20 +346,25 @@ impl Qcow2 {
         let mut leaks = Vec::new();
         let mut hint = None;
         for ti in 0..rc_table.len() as u64 {
-            let range = ti * per..(ti + 1) * per;
+            let inside = (ti * per).min(nclusters)..((ti + 1) * per).min(nclusters);
+            if inside.is_empty() {
+                break;
+            }
             let Some(boff) = self.rc_block(&mut m, ti)? else {
-                let inside = range.start.min(nclusters)..range.end.min(nclusters);
-                if let Some(c) = inside.clone().find(|&c| wanted(c) > 0) {
+                let used = refs
+                    .next_set(inside.start, inside.end)
+                    .or_else(|| inside.clone().find(|c| shared.contains_key(c)));
+                if let Some(c) = used {
                     return Err(low_refcount(path, c, 0, wanted(c)));
                 }
-                hint.get_or_insert(range.start.max(1));
+                hint.get_or_insert(inside.start.max(1));
                 continue;
             };
             let b = match m.rc.as_ref().and_then(|r| r.blocks.get(&boff)) {
                 Some(b) => b.b.clone(),
                 None => continue,
             };
-            for c in range {
+            for c in inside {
                 let have = refcount::get(&b, order, (c - ti * per) as usize);
                 let want = wanted(c);
                 if have < want {
@@ -352,7 +386,7 @@ impl Qcow2 {
             }
         }
         if let Some(r) = m.rc.as_mut() {
-            r.hint = hint.unwrap_or(covered);
+            r.hint = hint.unwrap_or(nclusters.max(1));
         }
         self.punch_clusters(&punch)?;
         Ok(())
