@@ -32,7 +32,9 @@
 //! one), with a refcount at least its references and the COPIED flag set on every
 //! L1 and standard L2 entry; else the open is refused as damaged. Leaks (refcount
 //! above references: what a crash mid-allocation leaves) are given back. From then
-//! on refcount 0 means free, so no write of ours can land in metadata. Lazy refcounts
+//! on refcount 0 means free, so no write of ours can land in metadata. The check
+//! reads every L2 table and refcount block once (a fully allocated 1 TiB guest with
+//! 64 KiB clusters: 160 MiB) and keeps a bit per host cluster while it runs. Lazy refcounts
 //! are never used and the dirty bit never set.
 //!
 //! A write into a cluster whose L2 entry is standard with COPIED (refcount 1) goes in
