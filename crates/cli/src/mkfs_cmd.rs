@@ -5,9 +5,12 @@
 //! progress bar on a terminal unless `-q`, and its handling of SIGINT/SIGTERM/SIGHUP).
 //!
 //! IMAGE is a regular file (created or truncated to a sparse image of SIZE, which
-//! defaults to the file's current size) or a block device (SIZE defaults to the whole
-//! device). SIZE takes mke2fs's suffixes k/m/g/t (KiB..TiB) and s (512-byte sectors);
-//! without a suffix it counts blocks of `-b` bytes, or KiB when `-b` is not given.
+//! defaults to the file's current size), a block device (SIZE defaults to the whole
+//! device), or an existing image through a spec (`disk.img?partition=2`, `?offset=`)
+//! or a qcow2 image (`qemu-img create -f qcow2`): formatted where the spec points, the
+//! qcow2's guest disk, SIZE defaulting to all of it. SIZE takes mke2fs's suffixes
+//! k/m/g/t (KiB..TiB) and s (512-byte sectors); without a suffix it counts blocks of
+//! `-b` bytes, or KiB when `-b` is not given.
 //! `E2FSPROGS_FAKE_TIME` fixes every timestamp, as it does for mke2fs.
 //!
 //! Reproducible builds: with `SOURCE_DATE_EPOCH` set, every time the image holds is
@@ -336,6 +339,33 @@ fn summary(r: &MkfsReport) -> String {
     s
 }
 
+/// mkfs onto what a spec names (a partition, a byte range, a qcow2 image's guest
+/// disk), claimed whole for the time of the format; SIZE defaults to the device's.
+fn mkfs_spec(
+    args: &MkfsArgs,
+    fill_with: (&Extras, bool),
+    spec: &rext4::ImageSpec,
+    opts: MkfsOptions,
+    size: Option<u64>,
+) -> Result<(), Failure> {
+    let failed = |e: rext4::Error| (1, format!("{}: {}", args.image.display(), reason(&e)));
+    let report = {
+        let _claim = rext4::Claim::write(spec.path()).map_err(failed)?;
+        if !confirm_overwrite(args) {
+            return Err((1, String::new()));
+        }
+        let dev = rext4::image::open_device(spec, false, false).map_err(failed)?;
+        let opts = MkfsOptions {
+            size_bytes: size,
+            ..opts
+        };
+        let r = mkfs::mkfs(&*dev, &opts).map_err(failed)?;
+        dev.flush().map_err(|e| failed(e.into()))?;
+        r
+    };
+    finish(args, fill_with, &report)
+}
+
 pub fn run(args: MkfsArgs) -> Result<(), Failure> {
     let opts = options(&args).map_err(|e| (2, e))?;
     let extras = extras(&args)?;
@@ -359,6 +389,30 @@ pub fn run(args: MkfsArgs) -> Result<(), Failure> {
     for l in &args.layers {
         if let Err(e) = std::fs::metadata(l) {
             return Err((1, format!("{}: {}", l.display(), term::io_reason(&e))));
+        }
+    }
+    // A spec (`disk.img?partition=2`) or a qcow2 image: formatted through the device
+    // the spec opens (its partition, the qcow2's guest disk), which must exist. A new
+    // file's name may hold '?': a bad spec is an error only over an existing file.
+    match crate::spec::image_spec(image) {
+        Ok(spec) => {
+            let is_qcow2 = || {
+                let mut m = [0u8; 4];
+                std::fs::File::open(spec.path()).is_ok_and(|f| f.read_exact_at(&mut m, 0).is_ok())
+                    && m == rext4::image::QCOW2_MAGIC
+            };
+            if !spec.is_plain() || is_qcow2() {
+                return mkfs_spec(&args, (&extras, from_dir), &spec, opts, size);
+            }
+        }
+        Err(e) => {
+            let text = image.to_string_lossy();
+            if text
+                .rfind('?')
+                .is_some_and(|i| Path::new(&text[..i]).exists())
+            {
+                return Err((1, e));
+            }
         }
     }
     let meta = std::fs::metadata(image).ok();
@@ -415,15 +469,26 @@ pub fn run(args: MkfsArgs) -> Result<(), Failure> {
         mkfs::mkfs_file(image, size, &opts).map_err(failed)?
     };
     drop(lock);
+    finish(&args, (&extras, from_dir), &report)
+}
+
+/// After the format: warnings, mke2fs's summary, and the -d copy-in (`fill_with`: the
+/// extras and whether the source is a directory).
+fn finish(
+    args: &MkfsArgs,
+    (extras, from_dir): (&Extras, bool),
+    report: &MkfsReport,
+) -> Result<(), Failure> {
+    let image = &args.image;
     for w in &report.warnings {
         errln!("warning: {w}");
     }
     if !args.quiet {
-        term::out(&summary(&report));
+        term::out(&summary(report));
     }
     fill(
-        &args,
-        &extras,
+        args,
+        extras,
         image,
         args.populate.as_deref(),
         from_dir,

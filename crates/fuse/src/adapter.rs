@@ -1969,9 +1969,13 @@ impl Filesystem for Adapter {
                     u64::from_ne_bytes(a)
                 };
                 let (start, len, minlen) = (word(0), word(8), word(16));
+                // Blocks freed by the running transaction are busy, which the trim
+                // skips: committed first, what was deleted before `fstrim` (the
+                // kernel's FUSE sends no syncfs) is given back too.
                 let done = tri!(
                     reply,
-                    s.fs.trim(start, len, minlen)
+                    s.fs.sync_metadata()
+                        .and_then(|()| s.fs.trim(start, len, minlen))
                         .map_err(|e| s.fail("fitrim", &e))
                 );
                 let mut out = [0u8; 24];
