@@ -303,6 +303,71 @@ pub fn lookup_with<R: AsRef<[u8]>>(
     Err(Error::corrupted("block map walk past its depth", None))
 }
 
+/// The identity of an indirect block of a map: (levels of pointers below it, 1 for an
+/// IND; the first logical block it maps).
+pub type IndirectKey = (u8, u64);
+
+/// The indirect block that holds the data pointer of logical block `lblk` (`None`
+/// for a direct block or one past the map): blocks with the same key share their
+/// whole route.
+pub fn leaf_key(lblk: u64, bs: u32) -> Option<IndirectKey> {
+    let r = Route::of(lblk, bs).filter(|_| lblk < addressable_blocks(bs))?;
+    if r.depth == 0 {
+        return None;
+    }
+    Some((1, lblk - r.idx[r.depth - 1] as u64))
+}
+
+/// The indirect blocks missing on the route to logical block `lblk` (what mapping it
+/// would allocate besides the data block), read as [`lookup_with`] reads.
+pub fn missing_with<R: AsRef<[u8]>>(
+    root: &[u8; 60],
+    bs: u32,
+    valid: (u64, u64),
+    lblk: u64,
+    read: impl Fn(u64) -> Result<R>,
+) -> Result<Vec<IndirectKey>> {
+    let apb = u64::from(addr_per_block(bs));
+    let Some(r) = Route::of(lblk, bs).filter(|_| lblk < addressable_blocks(bs)) else {
+        return Ok(Vec::new());
+    };
+    // First logical block under the indirect block at level k (1..=depth).
+    let base_at = |k: usize| -> u64 {
+        let mut b = slot_base(r.slot, apb);
+        for j in 1..k {
+            b += r.index(j) as u64 * span(apb, r.depth, j);
+        }
+        b
+    };
+    let missing_from = |k: usize| -> Vec<IndirectKey> {
+        (k..=r.depth)
+            .map(|j| ((r.depth - j + 1) as u8, base_at(j)))
+            .collect()
+    };
+    let mut held: Option<R> = None;
+    for k in 0..r.depth {
+        let arr: &[u8] = match &held {
+            None => &root[..],
+            Some(b) => b.as_ref(),
+        };
+        let p = le32(arr, r.index(k));
+        if p == 0 {
+            return Ok(missing_from(k + 1));
+        }
+        if p < valid.0 || p >= valid.1 {
+            return Err(bad_pointer(p, Home::Root));
+        }
+        held = Some(read(p)?);
+        if held
+            .as_ref()
+            .is_some_and(|b| b.as_ref().len() < bs as usize)
+        {
+            return Err(Error::corrupted("short indirect block", Some(p)));
+        }
+    }
+    Ok(Vec::new())
+}
+
 /// One level of a route as walked: the array holding the pointer and where it lives.
 struct Link {
     home: Home,
@@ -1245,6 +1310,45 @@ mod tests {
         h.remove(0, u64::MAX);
         h.verify();
         assert!(h.store.used().is_empty());
+    }
+
+    #[test]
+    fn missing_indirect_blocks_are_named_by_their_range() {
+        let apb = 256u64;
+        let mut h = Harness::new(1024, 1 << 20);
+        let n = h.store.nblocks;
+        let read = |s: &MemStore, b: u64| s.read_meta(b);
+        let deep = 12 + apb + apb * apb + 2 * apb * apb + 3 * apb + 4;
+        let tb = 12 + apb + apb * apb;
+        let miss = |h: &Harness, l: u64| {
+            missing_with(&h.root, 1024, (1, n), l, |b| read(&h.store, b)).expect("walk")
+        };
+        assert!(miss(&h, 3).is_empty());
+        assert_eq!(miss(&h, 20), vec![(1, 12)]);
+        assert_eq!(
+            miss(&h, deep),
+            vec![
+                (3, tb),
+                (2, tb + 2 * apb * apb),
+                (1, tb + 2 * apb * apb + 3 * apb)
+            ]
+        );
+        assert_eq!(
+            leaf_key(deep, 1024),
+            Some((1, tb + 2 * apb * apb + 3 * apb))
+        );
+        assert_eq!(leaf_key(5, 1024), None);
+        h.fill(deep + 100, 1);
+        assert!(miss(&h, deep).is_empty(), "same IND");
+        assert_eq!(
+            miss(&h, deep + apb),
+            vec![(1, tb + 2 * apb * apb + 4 * apb)]
+        );
+        assert_eq!(
+            miss(&h, tb + 5),
+            vec![(2, tb), (1, tb)],
+            "TIND there, its first DIND not"
+        );
     }
 
     #[test]

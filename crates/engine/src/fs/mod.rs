@@ -521,16 +521,6 @@ impl Fs {
             ));
             read_only = true;
         }
-        if !sb.has_incompat(feature::INCOMPAT_EXTENTS) && !read_only {
-            // New files and directories would need block maps, which rext4 reads but
-            // does not write.
-            warnings.push(
-                "read-only: the image has no extent feature (ext2/ext3 layout); rext4 \
-                 writes extent-mapped files only"
-                    .to_string(),
-            );
-            read_only = true;
-        }
         let mut sb = sb;
         let boot_id = opts.boot_id.or_else(crate::journal::current_boot_id);
         if sb.has_incompat(feature::INCOMPAT_RECOVER) && sb.has_compat(feature::COMPAT_HAS_JOURNAL)
