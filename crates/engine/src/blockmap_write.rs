@@ -303,6 +303,16 @@ pub fn lookup_with<R: AsRef<[u8]>>(
     Err(Error::corrupted("block map walk past its depth", None))
 }
 
+/// Blocks from logical block `lblk` to the end of the pointer array that holds its
+/// pointer (the kernel's "boundary"): the most one [`BlockMap::alloc`] maps. 0 past
+/// the map.
+pub fn to_boundary(lblk: u64, bs: u32) -> u64 {
+    let apb = addr_per_block(bs) as usize;
+    Route::of(lblk, bs)
+        .filter(|_| lblk < addressable_blocks(bs))
+        .map_or(0, |r| (r.array_len(r.depth, apb) - r.index(r.depth)) as u64)
+}
+
 /// The identity of an indirect block of a map: (levels of pointers below it, 1 for an
 /// IND; the first logical block it maps).
 pub type IndirectKey = (u8, u64);
@@ -1338,6 +1348,10 @@ mod tests {
             Some((1, tb + 2 * apb * apb + 3 * apb))
         );
         assert_eq!(leaf_key(5, 1024), None);
+        assert_eq!(to_boundary(5, 1024), 7);
+        assert_eq!(to_boundary(12 + 3, 1024), apb - 3);
+        assert_eq!(to_boundary(deep, 1024), apb - 4);
+        assert_eq!(to_boundary(addressable_blocks(1024), 1024), 0);
         h.fill(deep + 100, 1);
         assert!(miss(&h, deep).is_empty(), "same IND");
         assert_eq!(

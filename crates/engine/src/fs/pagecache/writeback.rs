@@ -497,8 +497,14 @@ impl Fs {
                 None,
             ),
             Mapping::Hole { len } => {
-                // Unwritten extents hold at most 32767 blocks.
+                // Unwritten extents hold at most 32767 blocks; one allocation in a
+                // block map reaches the end of its pointer array at most (pages past
+                // it would take their promises only to give them back).
                 let mut want = len.min(max).min(32767);
+                if uses_block_map(&inode) {
+                    let bs = self.inner.block_size;
+                    want = want.min(crate::blockmap_write::to_boundary(lblk, bs).max(1));
+                }
                 // Pages holding promised blocks spend them on this allocation (their
                 // flags cleared first, so a truncate that drops one meanwhile gives
                 // nothing back); a run of pages without (a write going out at once, or
