@@ -21,9 +21,25 @@
 //!    leaves its page dirty for the next one), release their reservations, wake
 //!    waiters.
 //!
+//! Block-mapped files (ext2/ext3 maps, `blockmap_write`) have no unwritten state, so
+//! step 2 cannot park their new blocks until the data is there. Such a hole is a
+//! *fresh* piece: the tree lock, the handle and the inode lock taken to map it are
+//! kept ([`Hold`]) while its data is written (or journaled, for an fsync's small pass)
+//! and while the on-disk size is raised over it (`size_over_fresh`), then released.
+//! The open handle keeps the running transaction from closing — a commit waits for
+//! it as for any handle (jbd2's t_updates) — so no commit holds the mapping without
+//! its data (ordered mode) or a written block past i_size (which e2fsck refuses).
+//! Chosen over jbd2's ordered-data list (a commit waiting for the data writes of the
+//! transaction it closed) because it adds no state to the commit protocol
+//! (`group_commit`); the cost is that a commit starting meanwhile waits for one
+//! piece's write (at most an indirect block's span), and handles behind it for that
+//! commit. The size goes up to the in-memory size only; dirty pages below it still to
+//! be written show the device's bytes (zeros over holes) until their own writeback.
+//!
 //! Space: a dirty page over a hole holds a promised block (`space`), spent when step 2
-//! allocates it (`Claim::Reserved`); the tree blocks step 2 and 3 need come from the
-//! file's tree promise, then the pool (`Claim::Writeback`). The pages a chunk has
+//! allocates it (`Claim::Reserved`); the tree blocks step 2 and 3 need (a block map's
+//! indirect blocks, which its pages promised by name) come from the file's tree
+//! promise, then the pool (`Claim::Writeback`; a filesystem without extents has none). The pages a chunk has
 //! allocated for still count toward the tree promise until the chunk is done
 //! (`FileState::inflight`): given back at the allocation, it would be gone before the
 //! insert and the conversion that need it. So writeback does not run
