@@ -1,6 +1,7 @@
 //! `rext4 mkfs [-b BLOCKSIZE] [-N INODES] [-L LABEL] [-U UUID] [-O FEATURES]
-//! [-E EXTENDED] [-t ext4] [--upstream] [-q] [-F] [-d SRCDIR] IMAGE [SIZE]`: make an
-//! ext4 filesystem the way `mkfs.ext4` 1.47.0 does (see `rext4::mkfs`), and with `-d`
+//! [-E EXTENDED] [-t ext2|ext3|ext4] [--upstream] [-q] [-F] [-d SRCDIR] IMAGE [SIZE]`:
+//! make an ext4 filesystem (or with `-t` an ext2 or ext3 one: block-mapped files, ext3
+//! with a journal) the way `mke2fs` 1.47.0 does (see `rext4::mkfs`), and with `-d`
 //! fill it from a directory (through the same copy-in as `rext4 cp -r`, with its
 //! progress bar on a terminal unless `-q`, and its handling of SIGINT/SIGTERM/SIGHUP).
 //!
@@ -69,7 +70,8 @@ pub struct MkfsArgs {
     /// -O mmp; default 5).
     #[arg(short = 'E', value_name = "OPTIONS", action = ArgAction::Append)]
     pub extended: Vec<String>,
-    /// Filesystem type; only ext4 is made.
+    /// Filesystem type: ext4 (the default), ext3 or ext2, with mke2fs.conf's defaults
+    /// for it (ext2 and ext3: block-mapped files, no flex_bg; ext3 with a journal).
     #[arg(short = 't', value_name = "TYPE")]
     pub fs_type: Option<String>,
     /// Start from e2fsprogs 1.47.0's own defaults (adds orphan_file and
@@ -133,11 +135,11 @@ fn parse_root_owner(v: &str) -> Option<(u32, u32)> {
 
 /// The mkfs options the arguments ask for; an error here is a usage error.
 fn options(args: &MkfsArgs) -> Result<MkfsOptions, String> {
-    if let Some(t) = &args.fs_type {
-        if t != "ext4" {
-            return Err(format!("only ext4 filesystems can be made, not {t}"));
-        }
-    }
+    let fs_type = match &args.fs_type {
+        None => mkfs::FsType::Ext4,
+        Some(t) => mkfs::FsType::parse(t)
+            .ok_or_else(|| format!("filesystem type {t} is not ext2, ext3 or ext4"))?,
+    };
     let mut features = FeatureSet::default();
     for spec in &args.features {
         features.edit(spec)?;
@@ -200,6 +202,7 @@ fn options(args: &MkfsArgs) -> Result<MkfsOptions, String> {
         hash_seed,
         features,
         upstream_defaults: args.upstream,
+        fs_type,
         creation_time,
         root_owner,
         seed: args.seed.as_ref().map(|s| s.as_bytes().to_vec()),
@@ -725,7 +728,9 @@ mod tests {
         let o = options(&parse(&["-E", "root_owner=12:34", "img"])).expect("options");
         assert_eq!(o.root_owner, Some((12, 34)));
         assert!(options(&parse(&["-U", "nope", "img"])).is_err());
-        assert!(options(&parse(&["-t", "ext3", "img"])).is_err());
+        let o = options(&parse(&["-t", "ext3", "img"])).expect("options");
+        assert_eq!(o.fs_type, mkfs::FsType::Ext3);
+        assert!(options(&parse(&["-t", "xfs", "img"])).is_err());
     }
 
     #[test]

@@ -208,3 +208,49 @@ fn same_dumpe2fs_as_mkfs_ext4() {
     // `rext4 mkfs -O ea_inode`: the feature as mke2fs sets it.
     compare("64M", &["-O", "ea_inode"]);
 }
+
+/// `rext4 mkfs -t ext2|ext3` against `mkfs.ext4 -t ext2|ext3`, and `rext4 info` in
+/// dumpe2fs -h's words on them.
+#[test]
+fn same_dumpe2fs_as_mke2fs_for_ext2_and_ext3() {
+    if Command::new("mkfs.ext4").arg("-V").output().is_err() {
+        return skip("mkfs.ext4 not installed");
+    }
+    for t in ["ext2", "ext3"] {
+        for size in ["4M", "64M", "1G"] {
+            let d = compare_with(size, &["-t", t], "");
+            let img = d.join("ours.img");
+            let info = Command::new(env!("CARGO_BIN_EXE_rext4"))
+                .arg("info")
+                .arg(&img)
+                .env("TZ", "UTC")
+                .output()
+                .expect("rext4 info");
+            assert!(info.status.success());
+            let info = String::from_utf8_lossy(&info.stdout).into_owned();
+            let head = Command::new("dumpe2fs")
+                .arg("-h")
+                .arg(&img)
+                .env("TZ", "UTC")
+                .output()
+                .expect("dumpe2fs -h");
+            let head = String::from_utf8_lossy(&head.stdout).into_owned();
+            for l in info.lines().filter(|l| !l.trim().is_empty()) {
+                assert!(
+                    head.lines().any(|h| h == l),
+                    "{t} {size}: rext4 info says {l:?}, dumpe2fs -h does not:\n{head}"
+                );
+            }
+            let want = if t == "ext3" {
+                "has_journal ext_attr resize_inode dir_index filetype sparse_super large_file"
+            } else {
+                "ext_attr resize_inode dir_index filetype sparse_super large_file"
+            };
+            assert!(
+                info.lines()
+                    .any(|l| l == format!("Filesystem features:      {want}")),
+                "{t}: {info}"
+            );
+        }
+    }
+}

@@ -43,6 +43,7 @@
 mod acl;
 pub mod alloc;
 pub mod atime;
+pub mod blockmap_write;
 pub mod cache;
 pub mod check;
 pub mod claim;

@@ -331,11 +331,13 @@ impl Fs {
                 // A truncate in progress: drop blocks past i_size.
                 let bs = u64::from(self.inner.block_size);
                 let first_gone = inode.size.div_ceil(bs);
-                if inode.has_flag(rext4_format::inode::flags::EXTENTS) && first_gone < MAX_LOGICAL {
-                    crate::fs::inode_write::with_tree(self, ino, &mut inode, |t| {
-                        t.remove(first_gone as u32, MAX_LOGICAL).map(|_| ())
-                    })?;
-                }
+                crate::fs::inode_write::unmap_range(
+                    self,
+                    ino,
+                    &mut inode,
+                    first_gone,
+                    MAX_LOGICAL,
+                )?;
                 self.write_inode(ino, &inode)?;
             } else {
                 self.write_inode(ino, &inode)?;

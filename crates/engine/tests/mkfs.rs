@@ -102,6 +102,12 @@ impl Case {
         self.opts.inodes = Some(n);
         self
     }
+    fn fs_type(mut self, t: &str) -> Case {
+        self.args.push("-t".into());
+        self.args.push(t.into());
+        self.opts.fs_type = rext4::mkfs::FsType::parse(t).expect("fs type");
+        self
+    }
     fn label(mut self, l: &str) -> Case {
         self.args.push("-L".into());
         self.args.push(l.into());
@@ -413,6 +419,29 @@ fn same_as_mke2fs_other_sizes() {
     c.from_device = true;
     let (_d, r) = compare(&c);
     assert_eq!(r.blocks_count, 20000);
+}
+
+/// `-t ext2` and `-t ext3`: the base features, no flex_bg, block-mapped root,
+/// lost+found and (ext3) journal, its indirect blocks where libext2fs puts them.
+#[test]
+fn same_as_mke2fs_ext2_ext3() {
+    for t in ["ext2", "ext3"] {
+        for size in [4 * M, 64 * M, G] {
+            compare(&Case::new(size, false).fs_type(t));
+        }
+        compare(&Case::new(256 * M, true).fs_type(t));
+        compare(&Case::new(512 * M, false).fs_type(t).block_size(1024));
+        compare(
+            &Case::new(64 * M, false)
+                .fs_type(t)
+                .features("^resize_inode"),
+        );
+    }
+    compare(
+        &Case::new(64 * M, false)
+            .fs_type("ext3")
+            .features("extent,uninit_bg"),
+    );
 }
 
 #[test]

@@ -1431,7 +1431,10 @@ impl Filesystem for Adapter {
         let cached = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         let r = match r {
             Ok(n) if cached && n < data.len() => {
-                if offset.saturating_add(data.len() as u64) > s.fs.max_file_size() {
+                let max =
+                    s.fs.max_size_of_ino(ino)
+                        .unwrap_or_else(|_| s.fs.max_file_size());
+                if offset.saturating_add(data.len() as u64) > max {
                     Err(Error::FileTooLarge)
                 } else {
                     Err(Error::NoSpace)

@@ -599,16 +599,6 @@ impl Fs {
             ));
             read_only = true;
         }
-        if !sb.has_incompat(feature::INCOMPAT_EXTENTS) && !read_only {
-            // New files and directories would need block maps, which rext4 reads but
-            // does not write.
-            warnings.push(
-                "read-only: the image has no extent feature (ext2/ext3 layout); rext4 \
-                 writes extent-mapped files only"
-                    .to_string(),
-            );
-            read_only = true;
-        }
         if !read_only && dev.is_read_only() {
             read_only = true;
         }

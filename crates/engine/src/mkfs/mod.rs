@@ -29,7 +29,7 @@ mod write;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub use features::{FeatureSet, Features};
+pub use features::{FeatureSet, Features, FsType};
 
 use crate::device::{BlockDevice, FileDevice};
 use crate::error::{Error, Result};
@@ -54,6 +54,9 @@ pub struct MkfsOptions {
     /// Start from e2fsprogs 1.47.0's own mke2fs.conf (adds orphan_file and
     /// metadata_csum_seed) instead of Debian's.
     pub upstream_defaults: bool,
+    /// `-t`: the defaults of ext2 (block maps, no journal), ext3 (block maps, a
+    /// journal) or ext4.
+    pub fs_type: FsType,
     /// Creation time (seconds since the epoch) for every timestamp mkfs writes, like
     /// `E2FSPROGS_FAKE_TIME`; when `None`, `SOURCE_DATE_EPOCH` from the environment
     /// if set (see [`crate::repro`]), else now.
@@ -201,7 +204,7 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<MkfsReport> {
 fn plan(size: u64, opts: &MkfsOptions) -> Result<(Features, geometry::Geometry)> {
     let features = opts
         .features
-        .apply(Features::defaults(opts.upstream_defaults))
+        .apply(Features::defaults_for(opts.fs_type, opts.upstream_defaults))
         .normalized();
     features.check_buildable().map_err(Error::Unsupported)?;
     if opts.mmp_update_interval.unwrap_or(0) > rext4_format::mmp::MAX_UPDATE_INTERVAL {

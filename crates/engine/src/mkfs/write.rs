@@ -119,10 +119,15 @@ fn extents_of(runs: &[(u64, u64)]) -> Vec<Extent> {
     out
 }
 
-/// A file's block map: the 60-byte i_block and, beyond 4 extents, one leaf block.
+/// A file's block map: the 60-byte i_block and, beyond 4 extents, one leaf block; or,
+/// without the extent feature, an ext2/3 block map and its indirect blocks.
 struct Mapped {
     i_block: [u8; 60],
     leaf: Option<(u64, Vec<Extent>)>,
+    /// A block map's indirect blocks and their contents.
+    indirect: Vec<(u64, Vec<u8>)>,
+    /// EXTENTS_FL, or 0 for a block map.
+    flags: u32,
     /// Blocks used, data and tree.
     blocks: u64,
 }
@@ -148,6 +153,8 @@ fn map_extents(alloc: &mut Alloc, runs: &[(u64, u64)]) -> Result<Mapped> {
         return Ok(Mapped {
             i_block,
             leaf: None,
+            indirect: Vec::new(),
+            flags: flags::EXTENTS,
             blocks: data,
         });
     }
@@ -195,8 +202,101 @@ fn map_extents(alloc: &mut Alloc, runs: &[(u64, u64)]) -> Result<Mapped> {
     Ok(Mapped {
         i_block,
         leaf: Some((leaf, exts)),
+        indirect: Vec::new(),
+        flags: flags::EXTENTS,
         blocks: data + 1,
     })
+}
+
+/// The block store of a file mkfs maps without extents: indirect blocks from the
+/// allocator (first free at or after the goal, as `ext2fs_alloc_block`), kept in
+/// memory until written.
+struct MapStore<'a, 'g> {
+    alloc: &'a std::cell::RefCell<&'a mut Alloc<'g>>,
+    meta: BTreeMap<u64, Vec<u8>>,
+    bs: usize,
+}
+
+impl crate::store::BlockStore for MapStore<'_, '_> {
+    fn block_size(&self) -> usize {
+        self.bs
+    }
+    fn read_meta(&self, blk: u64) -> Result<Vec<u8>> {
+        self.meta.get(&blk).cloned().ok_or_else(|| {
+            Error::corrupted("mkfs: an indirect block read before written", Some(blk))
+        })
+    }
+    fn write_meta(&mut self, blk: u64, data: &[u8]) -> Result<()> {
+        self.meta.insert(blk, data.to_vec());
+        Ok(())
+    }
+    fn alloc(&mut self, goal: u64, _max_len: u32) -> Result<(u64, u32)> {
+        Ok((self.alloc.borrow_mut().take(goal)?, 1))
+    }
+    fn free(&mut self, start: u64, _len: u64) -> Result<()> {
+        Err(Error::corrupted("mkfs frees no block", Some(start)))
+    }
+}
+
+/// Map `len` new blocks of inode `ino` with an ext2/3 block map, allocated as
+/// libext2fs's `ext2fs_bmap2(BMAP_ALLOC)` does one block after the other (what
+/// `ext2fs_fallocate` does for a file without extents): the first data block at the
+/// start of the inode's group, each next one after the previous, and each indirect
+/// block, when its range is reached, just after the last block taken — the goals the
+/// kernel's allocator uses too (`blockmap_write`). Returns the map and the data runs.
+fn map_blocks(alloc: &mut Alloc, ino: u32, len: u64) -> Result<(Mapped, Vec<(u64, u64)>)> {
+    let geo = alloc.geo;
+    let home = alloc.inode_goal(ino);
+    let valid = (geo.first_data_block, geo.blocks_count);
+    let cell = std::cell::RefCell::new(alloc);
+    let mut store = MapStore {
+        alloc: &cell,
+        meta: BTreeMap::new(),
+        bs: geo.block_size as usize,
+    };
+    let mut i_block = [0u8; 60];
+    let mut sectors = 0u64;
+    let mut runs = Vec::new();
+    {
+        let mut map = crate::blockmap_write::BlockMap::new(
+            &mut store,
+            &mut i_block,
+            &mut sectors,
+            home,
+            valid,
+        );
+        let mut l = 0;
+        while l < len {
+            let mut data = |goal: u64, n: u32| {
+                let (s, got) = cell.borrow_mut().take_range(goal, u64::from(n))?;
+                Ok((s, got as u32))
+            };
+            let (p, got) = map.alloc(l, len - l, &mut data)?;
+            push_run(&mut runs, p, got);
+            l += got;
+        }
+    }
+    let blocks = sectors / (u64::from(geo.block_size) / 512);
+    let indirect = store.meta.into_iter().collect();
+    Ok((
+        Mapped {
+            i_block,
+            leaf: None,
+            indirect,
+            flags: 0,
+            blocks,
+        },
+        runs,
+    ))
+}
+
+/// i_block pointing at `blocks` directly (a block-mapped directory of at most 12).
+fn direct_map(blocks: &[u64]) -> [u8; 60] {
+    let mut ib = [0u8; 60];
+    for (i, b) in blocks.iter().enumerate().take(12) {
+        ib[i * 4..i * 4 + 4].copy_from_slice(&(*b as u32).to_le_bytes());
+    }
+    ib
 }
 
 /// `get_midpoint_journal_block` of mkjournal.c.
@@ -302,15 +402,23 @@ fn allocate(alloc: &mut Alloc) -> Result<Files> {
     let journal = if geo.journal_blocks > 0 {
         let want = u64::from(geo.journal_blocks);
         overhead += want;
-        let mut goal = midpoint_journal_goal(alloc);
-        let mut got = 0;
-        while got < want {
-            let (start, n) = alloc.take_range(goal, want - got)?;
-            push_run(&mut journal_runs, start, n);
-            got += n;
-            goal = start + n;
+        if geo.features.has_incompat(INCOMPAT_EXTENTS) {
+            let mut goal = midpoint_journal_goal(alloc);
+            let mut got = 0;
+            while got < want {
+                let (start, n) = alloc.take_range(goal, want - got)?;
+                push_run(&mut journal_runs, start, n);
+                got += n;
+                goal = start + n;
+            }
+            Some(map_extents(alloc, &journal_runs)?)
+        } else {
+            // ext2fs_fallocate of a file without extents ignores the midpoint goal:
+            // block by block from the start of the inode's group.
+            let (m, runs) = map_blocks(alloc, JOURNAL_INO, want)?;
+            journal_runs = runs;
+            Some(m)
         }
-        Some(map_extents(alloc, &journal_runs)?)
     } else {
         None
     };
@@ -397,6 +505,7 @@ pub(crate) fn build(
     let bsz = geo.block_size as usize;
     let csum_on = geo.metadata_csum();
     let group_csum = geo.group_csum();
+    let extents = geo.features.has_incompat(INCOMPAT_EXTENTS);
     let mut alloc = Alloc::new(geo);
     let files = allocate(&mut alloc)?;
     alloc.finish_group_csum();
@@ -471,8 +580,12 @@ pub(crate) fn build(
     }
     out.block(files.root_blk, &blk)?;
     let mut root = rec.new_file(mode::S_IFDIR | 0o755, 3, bs, 1)?;
-    root.flags = flags::EXTENTS;
-    root.block = ext_root(files.root_blk, 1);
+    if extents {
+        root.flags = flags::EXTENTS;
+        root.block = ext_root(files.root_blk, 1);
+    } else {
+        root.block = direct_map(&[files.root_blk]);
+    }
     (root.uid, root.gid) = id.root_owner;
     rec.put(ROOT_INO, &root);
 
@@ -490,13 +603,16 @@ pub(crate) fn build(
     }
     let n = files.lpf_blks.len() as u64;
     let mut lpf = rec.new_file(mode::S_IFDIR | 0o700, 2, n * bs, n)?;
-    lpf.flags = flags::EXTENTS;
-    let mut runs = Vec::new();
-    for &b in &files.lpf_blks {
-        push_run(&mut runs, b, 1);
+    if extents {
+        lpf.flags = flags::EXTENTS;
+        let mut runs = Vec::new();
+        for &b in &files.lpf_blks {
+            push_run(&mut runs, b, 1);
+        }
+        lpf.block = map_extents_fixed(&runs)?;
+    } else {
+        lpf.block = direct_map(&files.lpf_blks);
     }
-    let m = map_extents_fixed(&runs)?;
-    lpf.block = m;
     rec.put(LPF_INO, &lpf);
 
     // Resize inode 7: DIND + the primary reserved GDT blocks as IND blocks.
@@ -544,8 +660,11 @@ pub(crate) fn build(
             }
         }
         write_leaf(&mut out, geo, j, csum::inode_seed(seed, JOURNAL_INO, 0))?;
+        for (b, d) in &j.indirect {
+            out.block(*b, d)?;
+        }
         let mut ji = rec.new_file(mode::S_IFREG | 0o600, 1, len * bs, j.blocks)?;
-        ji.flags = flags::EXTENTS;
+        ji.flags = j.flags;
         ji.block = j.i_block;
         rec.put(JOURNAL_INO, &ji);
         for (k, w) in j.i_block.chunks_exact(4).enumerate() {
@@ -572,7 +691,7 @@ pub(crate) fn build(
         write_leaf(&mut out, geo, o, fseed)?;
         let len = u64::from(geo.orphan_blocks);
         let mut oi = rec.new_file(mode::S_IFREG | 0o600, 1, len * bs, o.blocks)?;
-        oi.flags = flags::EXTENTS;
+        oi.flags = o.flags;
         oi.block = o.i_block;
         rec.put(ORPHAN_INO, &oi);
     }
