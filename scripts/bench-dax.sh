@@ -6,7 +6,7 @@
 #   RUNS=5 SIZE=512m CHUNKS="1m 16k" ./scripts/bench-dax.sh
 #
 # What it does:
-#   1. builds target/release/rext4, and ../shared/bench/src/daxcopy.c into WORK_DIR;
+#   1. builds target/release/rext4, and scripts/bench-helpers/daxcopy.c;
 #   2. makes an ext4 image (4 KiB blocks, IMG_MB MiB) on WORK_DIR (tmpfs);
 #   3. RUNS times, back to back: `daxcopy WORK_DIR/daxcopy.tmp 4 1024` (16 KiB chunks
 #      over a 1 GiB region: cached, cached+clwb, cached+clflushopt, nt) and, for each
@@ -21,14 +21,12 @@ SIZE=${SIZE:-1g}
 CHUNKS=${CHUNKS:-"1m 16k"}
 WORK_DIR=${WORK_DIR:-/dev/shm}
 IMG_MB=${IMG_MB:-2560}
-shared=${REXT4_SHARED:-$here/../shared}
 echo "+ cargo build --release -p rext4-cli" >&2
 (cd "$here" && cargo build --release -q -p rext4-cli)
 rext4="$here/target/release/rext4"
 dir=$(mktemp -d "$WORK_DIR/rext4-bench-dax.XXXXXX")
 trap 'rm -rf "$dir"' EXIT
-echo "+ gcc -O2 -o $dir/daxcopy $shared/bench/src/daxcopy.c" >&2
-gcc -O2 -o "$dir/daxcopy" "$shared/bench/src/daxcopy.c"
+daxcopy="$("$here/scripts/bench-helpers/build.sh")/daxcopy"
 img="$dir/dax.img"
 truncate -s "${IMG_MB}M" "$img"
 echo "+ mkfs.ext4 -q -F -b 4096 -E lazy_itable_init=0,lazy_journal_init=0 $img" >&2
@@ -36,8 +34,8 @@ mkfs.ext4 -q -F -b 4096 -E lazy_itable_init=0,lazy_journal_init=0 "$img"
 all="$dir/results"
 : > "$all"
 for r in $(seq "$RUNS"); do
-    echo "+ $dir/daxcopy $dir/daxcopy.tmp 4 1024" >&2
-    "$dir/daxcopy" "$dir/daxcopy.tmp" 4 1024 | tee -a "$all"
+    echo "+ $daxcopy $dir/daxcopy.tmp 4 1024" >&2
+    "$daxcopy" "$dir/daxcopy.tmp" 4 1024 | tee -a "$all"
     for c in $CHUNKS; do
         echo "+ rext4 bench dax $img -s $SIZE --chunk $c --label rext4-$c" >&2
         "$rext4" bench dax "$img" -s "$SIZE" --chunk "$c" --label "rext4-$c" | tee -a "$all"

@@ -20,7 +20,6 @@
 # Usage (root): scripts/bench-firstwrite.sh [SIZE ...]        (default: 1T 16T)
 # Env: FW_DIR=/dev/shm FW_LATENCY_MS=5 FW_FILL_PCT=90 FW_FILES=8 FW_PUNCH_STRIDE=64M
 #      FW_PUNCH_HOLE=256K FW_LARGE=64M REXT4=target/release/rext4 FW_KEEP=0
-#      REXT4_SHARED (default ../shared: its bench/ has the C helpers firstwrite, punchholes)
 #      FW_SETTLE_S=0: if > 0, the kernel's first trial stays mounted that many seconds after
 #      its first write and counts the reads meanwhile (ext4's background block-bitmap
 #      prefetch, prefetch_block_bitmaps, starts a few seconds after mount)
@@ -32,9 +31,8 @@
 set -Eeuo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-SHARED=${REXT4_SHARED:-$(cd .. && pwd)/shared}
-# shellcheck source=/dev/null
-source "$SHARED/bench/lib/common.sh"   # BIN, ensure_built, runc, shq, kv, now, ms_between, calc, die, log
+# shellcheck source=lib/bench.sh
+source scripts/lib/bench.sh   # BIN (scripts/bench-helpers' firstwrite, punchholes), ensure_built, runc, ...
 
 [[ $(id -u) -eq 0 ]] || die "$0 needs root (loop devices, mount, drop_caches, dmsetup)"
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A cold mount, started directly: drop caches, start the mount, wait until statfs on
-# it answers (../shared/bench's mountwait); the kernel's ext4 on a loop device and
+# it answers (scripts/bench-helpers/mountwait.c); the kernel's ext4 on a loop device and
 # rext4's mount of the same image, alternating, N rounds, medians. Root.
-# Usage: scripts/bench-mount-start.sh IMAGE [MOUNTPOINT]   env: N=8, REXT4, SHARED
+# Usage: scripts/bench-mount-start.sh IMAGE [MOUNTPOINT]   env: N=8, REXT4
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "needs root (loop devices, drop_caches)" >&2; exit 1; }
@@ -10,9 +10,7 @@ IMG=$(realpath "$1")
 MNT=${2:-/mnt/rext4-start}
 N=${N:-8}
 REXT4=$(realpath "${REXT4:-target/release/rext4}")
-SHARED=$(realpath "${SHARED:-../shared}")
-WAIT="$SHARED/bench/bin/mountwait"
-[ -x "$WAIT" ] || bash "$SHARED/bench/build.sh" >/dev/null
+WAIT="$(scripts/bench-helpers/build.sh)/mountwait"
 mkdir -p "$MNT"
 LOOP=""; PID=""
 cleanup() {

@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
-# SEEDS lesson D over the mount: ../shared/bench/seedD_mount_latency.sh for the kernel's
-# ext4 and for rext4 (KIND=custom, MOUNT_CMD), alternating, N rounds each, then the
-# median of every metric and rext4's ratio to the kernel. Root (loop devices, drop
-# caches). Usage: scripts/bench-seedD.sh [MOUNTPOINT]   env: N=8, REXT4, SHARED
+# SEEDS lesson D over the mount: scripts/seedD.sh for the kernel's ext4 and for rext4's
+# mount, alternating, N rounds each, then the median of every metric and rext4's ratio
+# to the kernel. Root (loop devices, drop caches).
+# Usage: scripts/bench-seedD.sh [MOUNTPOINT]   env: N=8, REXT4, and seedD.sh's D_* knobs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "needs root (loop devices, drop_caches)" >&2; exit 1; }
 MNT=${1:-/mnt/rext4-seedD}
 N=${N:-8}
 REXT4=$(realpath "${REXT4:-target/release/rext4}")
-SHARED=$(realpath "${SHARED:-../shared}")
 mkdir -p "$MNT"
 out=$(mktemp -d)
 cleanup() {
@@ -18,10 +17,9 @@ cleanup() {
 }
 trap cleanup EXIT
 for i in $(seq "$N"); do
-  echo "+ round $i/$N: seedD_mount_latency.sh $MNT ext4, then custom (rext4)"
-  bash "$SHARED/bench/seedD_mount_latency.sh" "$MNT" ext4 2>&1 | grep '^RESULT' >>"$out/kernel"
-  MOUNT_CMD="exec $REXT4 mount -f {IMG} {MNT}" \
-    bash "$SHARED/bench/seedD_mount_latency.sh" "$MNT" custom 2>&1 | grep '^RESULT' >>"$out/rext4"
+  echo "+ round $i/$N: scripts/seedD.sh $MNT ext4, then rext4"
+  bash scripts/seedD.sh "$MNT" ext4 2>&1 | grep '^RESULT' >>"$out/kernel"
+  REXT4=$REXT4 bash scripts/seedD.sh "$MNT" rext4 2>&1 | grep '^RESULT' >>"$out/rext4"
 done
 python3 - "$out/kernel" "$out/rext4" <<'PY'
 import statistics, sys

@@ -2,14 +2,18 @@
 # Write-path benchmarks (not tests), each compared in the same run with the kernel:
 #   1. mkfs -d: `rext4 mkfs -d SRC` vs `mkfs.ext4 -d SRC` (SRC default /usr/share/doc)
 #   2. create/stat/unlink of N files (default 100000): `rext4 bench mdtest` (API, no
-#      mount) vs the anchors' mdtest.c on a kernel ext4 loop mount of the same-size image
+#      mount) vs scripts/bench-helpers/mdtest.c on a kernel ext4 loop mount of the
+#      same-size image
 #   3. sequential write of SIZE (default 1g) in 1 MiB requests + fsync: `rext4 bench
 #      seqwrite` vs `dd bs=1M conv=fsync` on the kernel loop mount
 #   4. journaling on/off; 5. small fsynced files
 #   6. SEEDS lesson B: pwrite 4 KiB + ftruncate 2 KiB loop (plain and with fallocate):
-#      `rext4 bench pwtrunc` vs the anchors' pwrite_trunc on the kernel loop mount
+#      `rext4 bench pwtrunc` vs scripts/bench-helpers/pwrite_trunc.c on the kernel loop mount
 #   7. SEEDS lesson C: create+unlink of one name alone and while a thread stats a
-#      16-deep path and a symlink: `rext4 bench churn` vs the anchors' seedC binaries
+#      16-deep path and a symlink: `rext4 bench churn` vs scripts/bench-helpers/churn.c
+#      (the same phases, through the kernel's system calls) on the kernel loop mount
+# Everything it runs is in this repository (the C helpers are built into
+# target/bench-helpers by scripts/bench-helpers/build.sh).
 # Usage (root, for the loop mount): scripts/bench-write.sh [RUNS]
 # Env: SRC=/usr/share/doc N=100000 SIZE=1g IMG_SIZE=4G
 set -euo pipefail
@@ -19,16 +23,16 @@ SRC=${SRC:-/usr/share/doc}
 N=${N:-100000}
 SIZE=${SIZE:-1g}
 IMG_SIZE=${IMG_SIZE:-4G}
-SHARED=${REXT4_SHARED:-$(cd .. && pwd)/shared}
 [ "$(id -u)" = 0 ] || { echo "run as root (loop mounts, drop_caches)"; exit 1; }
+source scripts/lib/bench.sh
 cargo build --release -q -p rext4-cli
 R=$PWD/target/release/rext4
+ensure_built
 W=$(mktemp -d /tmp/rext4-bench-write.XXXXXX)
 MNT=$W/mnt; mkdir -p "$MNT"
 cleanup() { mountpoint -q "$MNT" && umount "$MNT"; rm -rf "$W"; }
 trap cleanup EXIT INT TERM
-"$SHARED/bench/build.sh" >/dev/null
-MDTEST=$SHARED/bench/bin/mdtest
+MDTEST=$BIN/mdtest
 med() { sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
 t() { local s=$EPOCHREALTIME; "$@" >/dev/null 2>&1; awk -v a="$s" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.3f\n", b-a}'; }
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
@@ -118,7 +122,7 @@ for who in rext4 kernel; do
 done
 
 echo "## 6. SEEDS B: pwrite 4 KiB + ftruncate 2 KiB, $N iterations (plain, falloc), median of $RUNS"
-PWT=$SHARED/bench/bin/pwrite_trunc
+PWT=$BIN/pwrite_trunc
 for i in $(seq "$RUNS"); do
   rm -f "$W/b.img"; mkfs.ext4 -q -F "$W/b.img" "$IMG_SIZE" >/dev/null; drop
   "$R" bench pwtrunc -n "$N" "$W/b.img" | grep '^phase=' | sed 's/^/rext4 /'
@@ -140,11 +144,13 @@ echo "## 7. SEEDS C: create+unlink alone / with a lookup thread, 5 s phases, med
 for i in $(seq "$RUNS"); do
   rm -f "$W/c.img"; mkfs.ext4 -q -F "$W/c.img" "$IMG_SIZE" >/dev/null; drop
   "$R" bench churn --secs 5 --threads 1 "$W/c.img" | grep '^phase=' | sed 's/^/rext4 /'
+  mount -o loop "$W/c.img" "$MNT"; drop
+  "$BIN/churn" "$MNT" 5 1 | sed 's/^/kernel /'
+  umount "$MNT"
 done > "$W/c.txt"
-for ph in create_unlink_alone lookups_alone create_unlink_with_lookups lookups_with_create_unlink; do
-  v=$(grep "^rext4 phase=$ph " "$W/c.txt" | sed 's/.*ops_per_s=//' | med)
-  echo "RESULT|rext4|churn|${ph}_per_s|$v|ops/s"
+for who in rext4 kernel; do
+  for ph in create_unlink_alone lookups_alone create_unlink_with_lookups lookups_with_create_unlink; do
+    v=$(grep "^$who phase=$ph " "$W/c.txt" | sed 's/.*ops_per_s=//' | med)
+    echo "RESULT|$who|churn|${ph}_per_s|$v|ops/s"
+  done
 done
-mount -o loop "$W/c.img" "$MNT"
-C_SECONDS=5 BENCH_LABEL=kernel "$SHARED/bench/seedC_create_unlink_lookup.sh" "$MNT" 2>&1 | grep '^RESULT' || true
-umount "$MNT"

@@ -29,7 +29,8 @@ trap skip_summary EXIT
 need=()
 for cmd_pkg in mkfs.ext4:e2fsprogs fuse2fs:fuse2fs setfacl:acl setfattr:attr xfs_io:xfsprogs fusermount3:fuse3 \
     fio:fio rsync:rsync git:git cc:gcc make:make setpriv:util-linux bc:bc jq:jq python3:python3 \
-    valgrind:valgrind; do
+    valgrind:valgrind sfdisk:fdisk qemu-img:qemu-utils zstd:zstd xz:xz-utils tar:tar gzip:gzip \
+    sha256sum:coreutils; do
   cmd=${cmd_pkg%%:*} pkg=${cmd_pkg##*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done
@@ -66,6 +67,14 @@ if [ "$(cbindgen --version 2>/dev/null)" != "cbindgen $cbindgen_version" ]; then
   cargo install -q cbindgen --version "$cbindgen_version" --locked --force
 fi
 case ":$PATH:" in *":${CARGO_HOME:-$HOME/.cargo}/bin:"*) ;; *) PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH" ;; esac
+
+# The repository stands alone (a clone with nothing beside it): no test, fixture or
+# script may reach outside it for what it needs.
+echo "+ no reference to a ../shared checkout"
+if grep -rnI --exclude-dir=target --exclude=test.sh -e '\.\./shared' crates bindings scripts .ci; then
+  echo "the lines above reach outside the repository (../shared): bring what they need in" >&2
+  exit 1
+fi
 
 # The vendored fuser (vendor/fuser) is a workspace member: these three cover it too.
 echo "+ cargo fmt --check"

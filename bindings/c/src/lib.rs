@@ -187,7 +187,9 @@ pub unsafe extern "C" fn rext4_mkfs(
 }
 
 /// Open the image file or block device `path`, read-only unless `writable` is
-/// nonzero; `*out` receives the handle (NULL on failure). A writable open refuses an
+/// nonzero. `path` may be an image spec (`disk.img?partition=2`,
+/// `disk.img?offset=BYTES[&size=BYTES]`); a path that exists is that file, '?' and
+/// all; `*out` receives the handle (NULL on failure). A writable open refuses an
 /// image in use (-EBUSY) and replays a journal that needs it.
 ///
 /// # Safety
@@ -212,7 +214,11 @@ pub unsafe extern "C" fn rext4_open(
             read_only: writable == 0,
             ..FsOptions::default()
         };
-        match engine::Fs::open_with(p, opts) {
+        let spec = match p.to_str() {
+            Some(t) => engine::ImageSpec::from_arg(t),
+            None => Ok(engine::ImageSpec::file(p)),
+        };
+        match spec.and_then(|s| engine::Fs::open_spec(&s, opts)) {
             Ok(fs) => {
                 // SAFETY: as above.
                 unsafe { *out = Box::into_raw(Box::new(rext4_fs { fs })) };

@@ -100,7 +100,11 @@ fn message(e: &Error) -> String {
         | Error::InUse(d) => {
             format!("{strerror}: {d}")
         }
-        Error::Io(_) | Error::NotExt4(_) | Error::Corrupted { .. } | Error::ShutDown(_) => {
+        Error::Io(_)
+        | Error::NotExt4(_)
+        | Error::Corrupted { .. }
+        | Error::BadImage(_)
+        | Error::ShutDown(_) => {
             format!("{strerror}: {e}")
         }
         Error::NotOpenFor(what) => format!("{strerror}: not open for {what}"),
@@ -272,7 +276,9 @@ fn resolve(fs: &rext4::Fs, path: &[u8], follow: bool) -> PyResult<Ino> {
 
 #[pymethods]
 impl PyFs {
-    /// Open the image at `path` (bytes), read-only unless `writable`.
+    /// Open the image at `path` (bytes: a file, or an image spec such as
+    /// `disk.img?partition=2`; a path that exists is that file), read-only unless
+    /// `writable`.
     #[staticmethod]
     #[pyo3(signature = (path, writable=false, cache_bytes=None))]
     fn open(
@@ -287,7 +293,13 @@ impl PyFs {
             ..FsOptions::default()
         };
         let fs = py
-            .allow_threads(|| rext4::Fs::open_with(path_of(path), opts))
+            .allow_threads(|| {
+                let spec = match std::str::from_utf8(path) {
+                    Ok(t) => rext4::ImageSpec::from_arg(t)?,
+                    Err(_) => rext4::ImageSpec::file(path_of(path)),
+                };
+                rext4::Fs::open_spec(&spec, opts)
+            })
             .map_err(|e| to_py(e, Some(path)))?;
         Ok(PyFs {
             fs: RwLock::new(Some(fs)),
@@ -770,7 +782,7 @@ impl PyFile {
 /// Returns (block size, blocks, inodes).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (path, size, block_size=None, inodes=None, label=None, uuid=None, features=None))]
+#[pyo3(signature = (path, size, block_size=None, inodes=None, label=None, uuid=None, features=None, hash_seed=None, seed=None))]
 fn mkfs(
     py: Python<'_>,
     path: &[u8],
@@ -780,14 +792,20 @@ fn mkfs(
     label: Option<String>,
     uuid: Option<&str>,
     features: Option<&str>,
+    hash_seed: Option<&str>,
+    seed: Option<&[u8]>,
 ) -> PyResult<(u32, u64, u32)> {
-    let uuid = match uuid {
-        Some(u) => Some(
-            rext4::mkfs::parse_uuid(u)
-                .ok_or_else(|| PyValueError::new_err(format!("invalid UUID: {u}")))?,
-        ),
-        None => None,
+    let parse = |u: Option<&str>| -> PyResult<Option<[u8; 16]>> {
+        match u {
+            Some(u) => {
+                Ok(Some(rext4::mkfs::parse_uuid(u).ok_or_else(|| {
+                    PyValueError::new_err(format!("invalid UUID: {u}"))
+                })?))
+            }
+            None => Ok(None),
+        }
     };
+    let (uuid, hash_seed) = (parse(uuid)?, parse(hash_seed)?);
     let features = match features {
         Some(f) => FeatureSet::parse(f).map_err(PyValueError::new_err)?,
         None => FeatureSet::default(),
@@ -797,6 +815,8 @@ fn mkfs(
         inodes,
         label,
         uuid,
+        hash_seed,
+        seed: seed.map(<[u8]>::to_vec),
         features,
         ..MkfsOptions::default()
     };
@@ -804,6 +824,88 @@ fn mkfs(
         .allow_threads(|| rext4::mkfs::mkfs_file(path_of(path), size, &opts))
         .map_err(|e| to_py(e, Some(path)))?;
     Ok((r.block_size, r.blocks_count, r.inodes_count))
+}
+
+/// Fill the image at `path` (opened read-write, closed at the end) through
+/// rext4-populate: the tar `archive`, then the `layers` (tars or OCI layouts), owners
+/// mapped; then (after `remap` — a tree copied in already, whose owners are mapped
+/// in place) the device table and the file_contexts labels (file contents as text).
+/// Returns the members refused (the rest is placed).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (path, archive=None, layers=Vec::new(), owner=None, uid_map=None, gid_map=None, device_table=None, file_contexts=None, remap=false))]
+fn populate(
+    py: Python<'_>,
+    path: &[u8],
+    archive: Option<&[u8]>,
+    layers: Vec<Vec<u8>>,
+    owner: Option<(u32, u32)>,
+    uid_map: Option<&str>,
+    gid_map: Option<&str>,
+    device_table: Option<&str>,
+    file_contexts: Option<&str>,
+    remap: bool,
+) -> PyResult<Vec<String>> {
+    use rext4_populate as pop;
+    let bad = |e: Error| PyValueError::new_err(e.to_string());
+    let owners = pop::Owners {
+        owner,
+        uid_map: uid_map
+            .map(pop::IdMap::parse)
+            .transpose()
+            .map_err(bad)?
+            .unwrap_or_default(),
+        gid_map: gid_map
+            .map(pop::IdMap::parse)
+            .transpose()
+            .map_err(bad)?
+            .unwrap_or_default(),
+    };
+    let table = device_table
+        .map(pop::devtable::parse)
+        .transpose()
+        .map_err(bad)?;
+    let contexts = file_contexts
+        .map(pop::contexts::FileContexts::parse)
+        .transpose()
+        .map_err(bad)?;
+    let layers: Vec<std::path::PathBuf> = layers.iter().map(|l| path_of(l).to_path_buf()).collect();
+    let archive = archive.map(|a| path_of(a).to_path_buf());
+    py.allow_threads(|| {
+        let fs = rext4::Fs::open_with(
+            path_of(path),
+            FsOptions {
+                read_only: false,
+                ..FsOptions::default()
+            },
+        )?;
+        let opts = pop::Options { owners };
+        let stop = || false;
+        let r = (|| -> rext4::Result<Vec<String>> {
+            let mut refused = Vec::new();
+            if remap {
+                pop::ids::remap_tree(&fs, Ino::ROOT, &opts.owners)?;
+            }
+            if let Some(a) = &archive {
+                let f = std::fs::File::open(a)?;
+                refused.extend(pop::apply_archive(&fs, Ino::ROOT, f, &opts, false, &stop)?.errors);
+            }
+            if !layers.is_empty() {
+                refused.extend(pop::apply_layers(&fs, Ino::ROOT, &layers, &opts, &stop)?.errors);
+            }
+            if let Some(t) = &table {
+                pop::devtable::apply(&fs, Ino::ROOT, t)?;
+            }
+            if let Some(fc) = &contexts {
+                pop::contexts::label_tree(&fs, Ino::ROOT, b"/", fc)?;
+            }
+            Ok(refused)
+        })();
+        let closed = fs.close();
+        let refused = r?;
+        closed.map(|()| refused)
+    })
+    .map_err(|e| to_py(e, Some(path)))
 }
 
 /// Raise the exception the engine error named `kind` maps to (for the tests of the
@@ -833,6 +935,7 @@ fn _raise_engine_error(kind: &str) -> PyResult<()> {
         "PermissionDenied" => Error::PermissionDenied,
         "ShutDown" => Error::ShutDown("test".into()),
         "InUse" => Error::InUse("test".into()),
+        "BadImage" => Error::BadImage("test".into()),
         other => return Err(PyValueError::new_err(format!("no engine error {other}"))),
     };
     Err(to_py(e, Some(b"/test")))
@@ -843,6 +946,7 @@ fn _rext4(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyFs>()?;
     m.add_class::<PyFile>()?;
     m.add_function(wrap_pyfunction!(mkfs, m)?)?;
+    m.add_function(wrap_pyfunction!(populate, m)?)?;
     m.add_function(wrap_pyfunction!(_raise_engine_error, m)?)?;
     m.add("CorruptedError", m.py().get_type::<CorruptedError>())?;
     m.add("NotExt4Error", m.py().get_type::<NotExt4Error>())?;

@@ -50,6 +50,7 @@ MAPPING = {
     "PermissionDenied": (PermissionError, errno.EACCES),
     "ShutDown": (OSError, errno.EIO),
     "InUse": (OSError, errno.EBUSY),
+    "BadImage": (OSError, errno.EBADMSG),
 }
 
 

@@ -240,6 +240,10 @@ pub fn render(fs: &Fs) -> String {
     if sb.jnl_backup_type == 1 {
         line("Journal backup", "inode blocks".into());
     }
+    if sb.has_incompat(feature::INCOMPAT_MMP) {
+        line("MMP block number", sb.mmp_block.to_string());
+        line("MMP update interval", sb.mmp_interval.to_string());
+    }
     if sb.metadata_csum() {
         line(
             "Checksum type",
@@ -265,8 +269,38 @@ pub fn render(fs: &Fs) -> String {
             }
         }
     }
+    match fs.mmp_block() {
+        Ok(Some(m)) => o.push_str(&mmp_block(&m)),
+        Ok(None) => {}
+        Err(e) => {
+            let _ = writeln!(o, "MMP block unreadable: {e}");
+        }
+    }
     // dumpe2fs -h ends with an empty line.
     o.push('\n');
+    o
+}
+
+/// C's `%#08x`: "0x" and zero padding within eight characters; 0 has no prefix.
+fn hash_x08(v: u32) -> String {
+    if v == 0 {
+        "00000000".into()
+    } else {
+        format!("{v:#08x}")
+    }
+}
+
+/// dumpe2fs's MMP_block section.
+fn mmp_block(m: &rext4::format::mmp::MmpBlock) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "MMP_block:");
+    let _ = writeln!(o, "    mmp_magic: {:#x}", rext4::format::mmp::MAGIC);
+    let _ = writeln!(o, "    mmp_check_interval: {}", m.check_interval);
+    let _ = writeln!(o, "    mmp_sequence: {}", hash_x08(m.seq));
+    let _ = writeln!(o, "    mmp_update_date: {}", ctime(m.time as i64));
+    let _ = writeln!(o, "    mmp_update_time: {}", m.time);
+    let _ = writeln!(o, "    mmp_node_name: {}", m.nodename_text());
+    let _ = writeln!(o, "    mmp_device_name: {}", m.bdevname_text());
     o
 }
 
@@ -398,4 +432,84 @@ pub fn render_stats(fs: &Fs) -> String {
         st.bitmaps_prefetched, st.prefetch_requests
     );
     s
+}
+
+/// `rext4 info DISK` of a disk that holds no ext4 at offset 0 but has a partition
+/// table: its partitions (number, start, size, type, name) and which hold ext4.
+pub fn render_disk(shown: &str, disk: &rext4::image::DiskInfo) -> Option<String> {
+    let table = disk.table.as_ref()?;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "Disk: {shown} ({}, {} bytes)",
+        disk.format,
+        disk.disk.size_bytes()
+    );
+    let kind = match table.kind {
+        rext4::device::parttable::TableKind::Mbr => "MBR (dos)",
+        rext4::device::parttable::TableKind::Gpt => "GPT",
+    };
+    let _ = writeln!(
+        o,
+        "Partition table: {kind}, {}-byte sectors",
+        table.sector_bytes
+    );
+    let _ = writeln!(
+        o,
+        "{:<7}{:>14}{:>14}  {:<22}{:<14}Filesystem",
+        "Number", "Start", "Size", "Type", "Name"
+    );
+    let base = spec_base(shown);
+    for p in &table.partitions {
+        let fs = partition_fs(&*disk.disk, p.start_bytes, p.size_bytes);
+        let _ = writeln!(
+            o,
+            "{:<7}{:>14}{:>14}  {:<22}{:<14}{}",
+            p.number,
+            p.start_bytes,
+            p.size_bytes,
+            p.kind,
+            if p.name.is_empty() { "-" } else { &p.name },
+            fs.map(|f| format!("{f}: {base}?partition={}", p.number))
+                .unwrap_or_else(|| "-".into())
+        );
+    }
+    Some(o)
+}
+
+/// The spec text without its fields (what `?partition=N` goes after).
+fn spec_base(shown: &str) -> &str {
+    match rext4::ImageSpec::parse(shown) {
+        Ok(s) if !s.is_plain() => shown.rsplit_once('?').map_or(shown, |(b, _)| b),
+        _ => shown,
+    }
+}
+
+/// "ext4" (with its label) when the partition holds an ext4 superblock.
+fn partition_fs(disk: &dyn rext4::device::BlockDevice, start: u64, size: u64) -> Option<String> {
+    if size < 2048 {
+        return None;
+    }
+    let mut raw = vec![0u8; 1024];
+    disk.read_at(&mut raw, start.checked_add(1024)?).ok()?;
+    let sb = Superblock::decode(&raw).ok()?;
+    let label = cstr(&sb.volume_name);
+    let recover = if sb.has_incompat(feature::INCOMPAT_RECOVER) {
+        ", journal needs recovery"
+    } else {
+        ""
+    };
+    Some(if label.is_empty() {
+        format!(
+            "ext4 ({} blocks of {}{recover})",
+            sb.blocks_count,
+            sb.block_size()
+        )
+    } else {
+        format!(
+            "ext4 \"{label}\" ({} blocks of {}{recover})",
+            sb.blocks_count,
+            sb.block_size()
+        )
+    })
 }

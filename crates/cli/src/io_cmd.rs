@@ -71,7 +71,11 @@ fn reason(e: &Error) -> String {
     let base = strerror(e.errno());
     match e {
         Error::Io(io) => crate::term::io_reason(io),
-        Error::Corrupted { .. } | Error::Unsupported(_) | Error::NotExt4(_) | Error::InUse(_) => {
+        Error::Corrupted { .. }
+        | Error::BadImage(_)
+        | Error::Unsupported(_)
+        | Error::NotExt4(_)
+        | Error::InUse(_) => {
             format!("{base} ({e})")
         }
         _ => base,
@@ -1140,7 +1144,9 @@ pub fn run(args: IoArgs) -> Result<(), Failure> {
     let fs = if need_rw {
         write_cmds::open_rw(&s.image).map_err(|e| (1, e))?
     } else {
-        let fs = Fs::open_with(&s.image, FsOptions::default()).map_err(|e| {
+        let spec = crate::spec::image_spec(&s.image)
+            .map_err(|e| (1, format!("{}: {e}", s.image.display())))?;
+        let fs = Fs::open_spec(&spec, FsOptions::default()).map_err(|e| {
             (
                 1,
                 format!("{}: {}", s.image.display(), crate::term::reason(&e)),

@@ -21,6 +21,7 @@ mod bench_dio;
 mod bench_firstwrite;
 mod bench_pwtrunc;
 mod extract;
+mod fit;
 mod info;
 mod interrupt;
 mod io_cmd;
@@ -57,9 +58,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Print the superblock, like `dumpe2fs -h`.
+    /// Print the superblock, like `dumpe2fs -h`; of a disk with a partition table,
+    /// its partitions and which hold ext4.
     Info {
-        /// Image file or block device.
+        /// Image file or block device, or a spec: DISK?partition=N,
+        /// DISK?offset=BYTES[&size=BYTES].
         image: PathBuf,
         /// Also print what opening the image read (device requests and bytes).
         #[arg(long)]
@@ -203,6 +206,17 @@ enum Cmd {
     /// SIGINT/SIGTERM/SIGHUP stop it between commands or between the requests of a
     /// pwrite/pread, and the image is closed clean; a second signal ends it at once.
     Io(io_cmd::IoArgs),
+    /// Give an image's free blocks back to what holds it, as fstrim does for a mount
+    /// (holes punched in an image file, BLKDISCARD on a device, freed qcow2 clusters):
+    /// `rext4 trim [-v] IMAGE...`.
+    Trim {
+        /// Print how many bytes were trimmed, as fstrim -v.
+        #[arg(short = 'v', long)]
+        verbose: bool,
+        /// Images (files, devices or specs).
+        #[arg(required = true)]
+        images: Vec<PathBuf>,
+    },
     /// Make an ext4 filesystem, like mkfs.ext4: `rext4 mkfs [OPTIONS] IMAGE [SIZE]`.
     Mkfs(mkfs_cmd::MkfsArgs),
     /// Mount an image through FUSE: `rext4 mount [-o OPTIONS] [-f] IMAGE MOUNTPOINT`.
@@ -220,9 +234,11 @@ enum Cmd {
     Bench(bench::BenchArgs),
 }
 
-/// Open `image` read-only, printing the engine's warnings.
+/// Open `image` (an image spec) read-only, printing the engine's warnings.
 fn open(image: &std::path::Path) -> Result<Fs, String> {
-    let fs = Fs::open(image).map_err(|e| format!("{}: {}", image.display(), term::reason(&e)))?;
+    let spec = spec::image_spec(image).map_err(|e| format!("{}: {e}", image.display()))?;
+    let fs = Fs::open_spec(&spec, rext4::FsOptions::default())
+        .map_err(|e| format!("{}: {}", image.display(), term::reason(&e)))?;
     for w in fs.warnings() {
         errln!("warning: {}: {w}", image.display());
     }
@@ -250,7 +266,22 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
     let e1 = |s: String| (1u8, s);
     match cli.cmd {
         Cmd::Info { image, stats } => {
-            let fs = open(&image).map_err(e1)?;
+            let fs = match open(&image) {
+                Ok(fs) => fs,
+                Err(e) => {
+                    // A disk with a partition table: list its partitions.
+                    if let Some(text) = spec::image_spec(&image)
+                        .ok()
+                        .filter(|s| s.part == rext4::image::Part::Whole)
+                        .and_then(|s| rext4::image::inspect(&s).ok())
+                        .and_then(|d| info::render_disk(&image.to_string_lossy(), &d))
+                    {
+                        show::write_out(text.as_bytes())?;
+                        return Ok(());
+                    }
+                    return Err(e1(e));
+                }
+            };
             show::write_out(info::render(&fs).as_bytes())?;
             if stats {
                 show::write_out(info::render_stats(&fs).as_bytes())?;
@@ -304,6 +335,20 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
             specs,
         } => write_cmds::truncate(&size, no_create, &specs)?,
         Cmd::Io(args) => io_cmd::run(args)?,
+        Cmd::Trim { verbose, images } => {
+            for image in &images {
+                let fs = write_cmds::open_rw(image).map_err(e1)?;
+                let mut n = 0;
+                let r = fs
+                    .trim(0, u64::MAX, 0)
+                    .map(|t| n = t)
+                    .map_err(|e| (1, format!("{}: {}", image.display(), term::reason(&e))));
+                write_cmds::close(&fs, image, r)?;
+                if verbose {
+                    println!("{}: {} ({n} bytes) trimmed", image.display(), human(n));
+                }
+            }
+        }
         Cmd::Mkfs(args) => mkfs_cmd::run(args)?,
         Cmd::Mount(a) => {
             no_huge_pages();
@@ -321,10 +366,26 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
     Ok(())
 }
 
+/// Bytes as fstrim -v shows them ("1 GiB").
+fn human(n: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
+}
+
 /// An IMAGE:/path operand naming an existing image file (or device).
 fn image_spec(p: &std::path::Path) -> Option<spec::ImagePath> {
     let s = spec::parse(p.to_str()?)?;
-    std::fs::metadata(&s.image)
+    std::fs::metadata(spec::image_file(&s.image))
         .is_ok_and(|m| !m.is_dir())
         .then_some(s)
 }
@@ -355,6 +416,7 @@ fn cp(flags: CpFlags, paths: &[PathBuf]) -> Result<(), (u8, String)> {
             recursive: flags.recursive,
             progress,
             verbose: flags.verbose,
+            owners: None,
         };
         return write_cmds::cp_in(srcs, &d, &dest.to_string_lossy(), opts);
     }

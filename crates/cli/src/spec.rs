@@ -1,16 +1,43 @@
-//! `IMAGE:/path` arguments.
+//! `IMAGE:/path` arguments. IMAGE is an image spec (`rext4::image`): a file or block
+//! device, `DISK?partition=N`, `DISK?offset=BYTES[&size=BYTES]`; a text that names an
+//! existing file is that file, '?' and all.
 
 use std::path::{Path, PathBuf};
 
-/// An image file and a path inside it.
+use rext4::ImageSpec;
+
+/// An image (spec text) and a path inside it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImagePath {
+    /// The image spec as given (a path, or a path with `?FIELD=VALUE`s).
     pub image: PathBuf,
     pub path: Vec<u8>,
 }
 
+/// The spec an IMAGE operand names.
+pub fn image_spec(image: &Path) -> Result<ImageSpec, String> {
+    let Some(text) = image.to_str() else {
+        // Not UTF-8: only a plain path can be that.
+        return Ok(ImageSpec::file(image));
+    };
+    ImageSpec::from_arg(text).map_err(|e| crate::term::reason(&e))
+}
+
+/// The file (or device) an IMAGE operand reads: the spec's path.
+pub fn image_file(image: &Path) -> PathBuf {
+    image_spec(image)
+        .map(|s| s.path().to_path_buf())
+        .unwrap_or_else(|_| image.to_path_buf())
+}
+
+/// Whether `text` names an image that is there: an existing file or device, or a
+/// spec over one.
+fn exists(text: &str) -> bool {
+    ImageSpec::from_arg(text).is_ok_and(|s| s.path().exists() && !s.path().is_dir())
+}
+
 /// Split `IMAGE:/path` (or `IMAGE:` for the root). When the image name itself holds
-/// ":/", the first split whose image part is an existing file wins.
+/// ":/", the first split whose image part names an image that is there wins.
 pub fn parse(arg: &str) -> Option<ImagePath> {
     let candidates: Vec<usize> = arg.match_indices(':').map(|(i, _)| i).collect();
     let mk = |i: usize| {
@@ -32,7 +59,7 @@ pub fn parse(arg: &str) -> Option<ImagePath> {
     candidates
         .iter()
         .filter(|i| ok(i))
-        .find(|&&i| Path::new(&arg[..i]).is_file())
+        .find(|&&i| exists(&arg[..i]))
         .or_else(|| candidates.iter().find(|i| ok(i)))
         .map(|&i| mk(i))
 }
@@ -49,6 +76,10 @@ mod tests {
         assert_eq!(
             parse("a:b.img:/d").map(|p| p.image),
             Some(PathBuf::from("a:b.img"))
+        );
+        assert_eq!(
+            parse("d.img?partition=2:/etc/x").map(|p| (p.image, p.path)),
+            Some((PathBuf::from("d.img?partition=2"), b"/etc/x".to_vec()))
         );
     }
 }

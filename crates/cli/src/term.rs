@@ -130,6 +130,7 @@ pub fn reason(e: &Error) -> String {
     match e {
         Error::Io(io) => io_reason(io),
         Error::Corrupted { .. }
+        | Error::BadImage(_)
         | Error::Unsupported(_)
         | Error::ShutDown(_)
         | Error::NotExt4(_)

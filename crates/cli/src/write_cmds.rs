@@ -56,10 +56,14 @@ fn is_root() -> bool {
 
 /// Open `image` read-write, printing the engine's warnings.
 pub fn open_rw(image: &Path) -> Result<Fs, String> {
+    // A malformed SOURCE_DATE_EPOCH fails the command (the engine's default would
+    // quietly ignore it, and the image would not be reproducible).
+    rext4::repro::source_date_epoch().map_err(|e| e.to_string())?;
     // The engine claims the image (one writer at a time, none under a loop device or
     // a mount) until `close`.
-    let fs = Fs::open_with(
-        image,
+    let spec = crate::spec::image_spec(image).map_err(|e| format!("{}: {e}", image.display()))?;
+    let fs = Fs::open_spec(
+        &spec,
         FsOptions {
             read_only: false,
             // A one-shot copy gains nothing from a large cache: with 64 MiB, writers
@@ -473,6 +477,9 @@ pub struct CpInOptions {
     pub progress: bool,
     /// Print "'SRC' -> 'IMAGE:/path'" for every file once it is complete.
     pub verbose: bool,
+    /// Owners from the sources' ids through these (`mkfs --owner`, `--uid-map`,
+    /// `--gid-map`), also without root; `None`: the sources' as root, else the caller.
+    pub owners: Option<rext4_populate::Owners>,
 }
 
 /// Host (dev, ino) of a file.
@@ -496,6 +503,12 @@ struct InCopier<'a> {
     verbose: bool,
     /// "IMAGE:", before image paths in `-v` lines.
     image_arg: String,
+    /// `CpInOptions::owners`.
+    owners: Option<rext4_populate::Owners>,
+    /// Reproducible mode (SOURCE_DATE_EPOCH set): zero blocks become holes whatever
+    /// the source's holes (`write_nonzero_blocks`), and the atime is the mtime (reading
+    /// a tree moves its atimes, so two copies of one tree never agree on them).
+    reproducible: bool,
 }
 
 fn cpath(p: &Path) -> std::io::Result<CString> {
@@ -556,6 +569,9 @@ pub fn host_xattrs(p: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
         };
         out.push((name.to_vec(), value));
     }
+    // In name order, not the host filesystem's: the image's layout follows the order
+    // of the sets, and must not depend on where the source lives.
+    out.sort();
     Ok(out)
 }
 
@@ -648,7 +664,9 @@ impl InCopier<'_> {
     }
 
     fn owner(&self, md: &std::fs::Metadata) -> (u32, u32) {
-        if self.root {
+        if let Some(o) = &self.owners {
+            o.map(md.uid(), md.gid())
+        } else if self.root {
             (md.uid(), md.gid())
         } else {
             self.caller
@@ -819,9 +837,15 @@ impl InCopier<'_> {
             Err(e) => self.err(format!("{sd}: reading xattrs: {}", term::io_reason(&e))),
         }
         let (u, g) = self.owner(md);
+        let mtime = ts(md.mtime(), md.mtime_nsec());
+        let atime = if self.reproducible {
+            mtime
+        } else {
+            ts(md.atime(), md.atime_nsec())
+        };
         let mut sa = SetAttr {
-            atime: Some(ts(md.atime(), md.atime_nsec())),
-            mtime: Some(ts(md.mtime(), md.mtime_nsec())),
+            atime: Some(atime),
+            mtime: Some(mtime),
             ..SetAttr::default()
         };
         if set_owner_mode {
@@ -957,10 +981,14 @@ impl InCopier<'_> {
                     break; // the file shrank while we copied
                 }
                 let chunk = &self.buf[..n];
-                // Without SEEK_DATA, whole zero blocks become holes.
-                let skip = zero_skip && chunk.iter().all(|&b| b == 0);
-                if !skip {
-                    write_all(self.fs, ino, chunk, pos, &sd)?;
+                if self.reproducible {
+                    write_nonzero_blocks(self.fs, ino, chunk, pos, &sd)?;
+                } else {
+                    // Without SEEK_DATA, whole zero blocks become holes.
+                    let skip = zero_skip && chunk.iter().all(|&b| b == 0);
+                    if !skip {
+                        write_all(self.fs, ino, chunk, pos, &sd)?;
+                    }
                 }
                 pos += n as u64;
                 self.bar.inc(n as u64);
@@ -995,6 +1023,34 @@ fn write_all(fs: &Fs, ino: Ino, data: &[u8], pos: u64, sd: &str) -> StepResult<(
     Ok(())
 }
 
+/// Write the blocks of `data` (at file offset `pos`) that are not all zeros: a zero
+/// block stays a hole, whether the source had a hole or zeros there, so that the image
+/// depends on the bytes alone (reproducible mode; mke2fs -d skips zero blocks too).
+/// Blocks are the image's, counted from the file's start.
+fn write_nonzero_blocks(fs: &Fs, ino: Ino, data: &[u8], pos: u64, sd: &str) -> StepResult<()> {
+    let bs = u64::from(fs.block_size());
+    let mut at = 0usize;
+    let mut run: Option<usize> = None;
+    while at < data.len() {
+        let abs = pos + at as u64;
+        let end = (((abs / bs) + 1) * bs - pos).min(data.len() as u64) as usize;
+        let zero = data[at..end].iter().all(|&b| b == 0);
+        match (zero, run) {
+            (false, None) => run = Some(at),
+            (true, Some(start)) => {
+                write_all(fs, ino, &data[start..at], pos + start as u64, sd)?;
+                run = None;
+            }
+            _ => {}
+        }
+        at = end;
+    }
+    if let Some(start) = run {
+        write_all(fs, ino, &data[start..], pos + start as u64, sd)?;
+    }
+    Ok(())
+}
+
 /// `rext4 cp [-r] [-v] SRC... IMAGE:/dest`: copy host files and trees into an image.
 pub fn cp_in(
     srcs: &[PathBuf],
@@ -1002,7 +1058,7 @@ pub fn cp_in(
     dest_arg: &str,
     opts: CpInOptions,
 ) -> Result<(), Failure> {
-    let image_id = std::fs::metadata(&dest.image)
+    let image_id = std::fs::metadata(crate::spec::image_file(&dest.image))
         .ok()
         .map(|m| (m.dev(), m.ino()));
     let fs = open_rw(&dest.image).map_err(|e| (1, e))?;
@@ -1062,6 +1118,8 @@ fn cp_in_open(
         dir_meta,
         verbose: opts.verbose,
         image_arg: format!("{}:", dest.image.display()),
+        owners: opts.owners,
+        reproducible: matches!(rext4::repro::source_date_epoch(), Ok(Some(_))),
     };
     for src in srcs {
         if interrupt::requested().is_some() {

@@ -22,6 +22,9 @@ pub enum Error {
     },
     /// The image uses features this version cannot handle (names listed).
     Unsupported(String),
+    /// The disk image around the filesystem is damaged: a partition table, a qcow2
+    /// image's header or tables (the text says what and where). EBADMSG.
+    BadImage(String),
     NotFound,
     NotADirectory,
     IsADirectory,
@@ -73,6 +76,7 @@ impl Error {
             Error::Corrupted { .. } => 74, // EBADMSG, as the kernel reports checksum errors
             Error::NotExt4(_) => 22,       // EINVAL, as mount(2) of the wrong type
             Error::Unsupported(_) => 95,   // EOPNOTSUPP
+            Error::BadImage(_) => 74,      // EBADMSG, as corruption
             Error::NotFound => 2,
             Error::NotADirectory => 20,
             Error::IsADirectory => 21,
@@ -107,6 +111,7 @@ impl fmt::Display for Error {
             }
             Error::Corrupted { what, block: None } => write!(f, "corrupted filesystem: {what}"),
             Error::Unsupported(s) => write!(f, "unsupported: {s}"),
+            Error::BadImage(s) => write!(f, "damaged disk image: {s}"),
             Error::NotFound => write!(f, "no such file or directory"),
             Error::NotADirectory => write!(f, "not a directory"),
             Error::IsADirectory => write!(f, "is a directory"),

@@ -19,12 +19,13 @@
 //! - `cache`: metadata buffers, verified on read; `journal`: jbd2 log reading and
 //!   replay; `mkfs`;
 //! - `device`: the `BlockDevice` seam (file, memory) and `device::dax`, a
-//!   memory-mapped image; `icache`/`grace`: inode and dentry caches (lock-free hits),
+//!   memory-mapped image, partitions and offsets (`device::window`), qcow2;
+//!   `image`: image specs (`IMAGE?partition=N`, `?offset=BYTES`), opened as devices; `icache`/`grace`: inode and dentry caches (lock-free hits),
 //!   inode reuse grace; `dir_write`/`extent_write`: the directory and extent-tree
 //!   algorithms, written against `store`'s seams;
 //! - `claim`: keeps other users away from an image opened by path (loop devices,
 //!   mounts, other rext4 processes); `lockdep`: the lock order, checked in debug
-//!   builds; `error`.
+//!   builds; `repro`: `SOURCE_DATE_EPOCH` and seed-derived values; `error`.
 //!
 //! Warnings the engine cannot return to a caller (a writeback that failed in the
 //! background) go through the `log` crate; the embedding program routes them.
@@ -42,6 +43,7 @@
 mod acl;
 pub mod alloc;
 pub mod atime;
+pub mod blockmap_write;
 pub mod cache;
 pub mod check;
 pub mod claim;
@@ -51,19 +53,23 @@ pub mod dir;
 pub mod dir_write;
 pub mod error;
 pub mod extent_write;
+mod fc_replay;
 pub mod file;
 pub mod fs;
 pub use fs::{inode_write, map, pagecache};
 pub mod grace;
 pub mod icache;
+pub mod image;
 pub mod inthash;
 pub mod journal;
 mod lockdep;
 pub mod mkfs;
+mod mmp;
 pub mod ops;
 pub mod orphan;
 pub mod path;
 pub mod perm;
+pub mod repro;
 pub mod store;
 pub mod striped;
 pub mod xattr;
@@ -73,12 +79,14 @@ pub use check::{Audit, MetaKind};
 pub use claim::Claim;
 pub use dir::DirEntry;
 pub use error::{Error, Result};
+pub use fc_replay::FcReplay;
 pub use file::{File, FileType, Metadata};
 pub use fs::pagecache::mapping::MappedRange;
 pub use fs::pagecache::rw::Whence;
 pub use fs::pagecache::PageCacheStats;
 pub use fs::space::{act_as_privileged, spend_held, HeldGuard, PrivilegeGuard};
 pub use fs::{Errors, Fs, FsOptions, Ino, JournalStats};
+pub use image::ImageSpec;
 pub use ops::{FallocMode, RenameFlags, SetAttr, StatFs};
 pub use path::OpenOptions;
 pub use perm::Creds;

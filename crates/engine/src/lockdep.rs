@@ -159,6 +159,83 @@ impl Drop for Held {
     }
 }
 
+thread_local! {
+    /// Page-cache mutexes (a file's state, one page's) this thread holds (counted in
+    /// debug builds only).
+    static PAGE_CACHE_HELD: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+fn page_cache_held(delta: i32) {
+    if cfg!(debug_assertions) {
+        // `try_with`: a guard dropped while the thread's locals are torn down.
+        let _ = PAGE_CACHE_HELD.try_with(|c| c.set(c.get().saturating_add_signed(delta)));
+    }
+}
+
+/// A held page-cache mutex (a `FileCache`'s state or one page's). The page cache's
+/// rule is that these are held only for map updates and memcpy, never across device
+/// I/O: debug builds count them per thread, and every device request of an open
+/// filesystem checks the count ([`no_page_cache_lock`]).
+pub(crate) struct PageCacheGuard<'a, T> {
+    guard: Option<std::sync::MutexGuard<'a, T>>,
+}
+
+impl<'a, T> PageCacheGuard<'a, T> {
+    /// Lock `m` (a poisoned mutex is taken as it is: its holder panicked, the data
+    /// stays consistent per change).
+    pub(crate) fn lock(m: &'a std::sync::Mutex<T>) -> PageCacheGuard<'a, T> {
+        let guard = m.lock().unwrap_or_else(|p| p.into_inner());
+        page_cache_held(1);
+        PageCacheGuard { guard: Some(guard) }
+    }
+
+    /// Wait on `cv`, which releases the mutex until it is woken.
+    pub(crate) fn wait(mut self, cv: &std::sync::Condvar) -> PageCacheGuard<'a, T> {
+        let Some(g) = self.guard.take() else {
+            return self;
+        };
+        page_cache_held(-1);
+        let g = cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        page_cache_held(1);
+        PageCacheGuard { guard: Some(g) }
+    }
+}
+
+impl<T> Drop for PageCacheGuard<'_, T> {
+    fn drop(&mut self) {
+        if self.guard.take().is_some() {
+            page_cache_held(-1);
+        }
+    }
+}
+
+impl<T> Deref for PageCacheGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.guard
+            .as_deref()
+            .expect("a page-cache guard holds its lock")
+    }
+}
+
+impl<T> DerefMut for PageCacheGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.guard
+            .as_deref_mut()
+            .expect("a page-cache guard holds its lock")
+    }
+}
+
+/// Debug builds: panic when this thread holds a page-cache mutex (`what` is the
+/// device request about to be made under it).
+#[track_caller]
+pub(crate) fn no_page_cache_lock(what: &str) {
+    if cfg!(debug_assertions) {
+        let n = PAGE_CACHE_HELD.try_with(|c| c.get()).unwrap_or(0);
+        assert!(n == 0, "{what} while holding {n} page-cache mutex(es)");
+    }
+}
+
 /// A lock guard with the thread's record of holding it (released after the lock).
 pub(crate) struct Ranked<G> {
     guard: G,
@@ -288,5 +365,41 @@ mod tests {
             let _b = Held::acquire(3, Rank::Group);
         });
         assert!(r.is_err());
+    }
+
+    /// A device request under a page-cache mutex panics (debug builds); the count
+    /// follows the guard through a condition-variable wait and its drop.
+    #[test]
+    fn device_io_under_a_page_cache_mutex_panics() {
+        let m = std::sync::Mutex::new(0u32);
+        no_page_cache_lock("nothing held");
+        let r = std::panic::catch_unwind(|| {
+            let _g = PageCacheGuard::lock(&m);
+            no_page_cache_lock("a device read");
+        });
+        let msg = r.expect_err("a request under the mutex passed");
+        let msg = msg.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(msg.contains("a device read while holding 1"), "{msg}");
+        // Released by the unwind: nothing held any more.
+        no_page_cache_lock("after the guard went");
+        let cv = std::sync::Condvar::new();
+        let g = PageCacheGuard::lock(&m);
+        let g = std::thread::scope(|s| {
+            s.spawn(|| {
+                *PageCacheGuard::lock(&m) += 1;
+                cv.notify_all();
+            });
+            let mut g = g;
+            while *g == 0 {
+                g = g.wait(&cv);
+            }
+            g
+        });
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            no_page_cache_lock("after a wait")
+        }));
+        assert!(r.is_err(), "the guard is held again after the wait");
+        drop(g);
+        no_page_cache_lock("after the drop");
     }
 }

@@ -93,31 +93,50 @@ impl Fs {
         }
         // Name -> inode number -> inode, lockless: the number may not be reused meanwhile.
         let _g = self.read_guard();
-        let mut tries = 0;
-        loop {
-            let mut budget = MAX_SYMLINKS;
-            match self.walk(Ino::ROOT, path, follow, &mut budget, creds) {
-                // An inode freed beside the walk (an unlink, rmdir or rename took its
-                // name away after the lookup found it) reads as a deleted one: walk
-                // again — the guard keeps the number from reuse, so the next walk sees
-                // the name gone or naming another inode. Corruption that is really
-                // there fails every time.
-                Err(Error::Corrupted { .. }) if tries < 3 => tries += 1,
-                r => return r,
-            }
-        }
+        let mut budget = MAX_SYMLINKS;
+        let root = (Ino::ROOT, self.read_live_inode(Ino::ROOT)?);
+        Ok(self.walk(root, path, follow, &mut budget, creds)?.0)
     }
 
+    /// The inode `name` in directory `dir` names, read. A name found without a lock
+    /// may lose its inode to an unlink, rmdir or rename beside the walk before the
+    /// inode is read, which reads as an entry to a deleted inode: the name is looked up
+    /// again, and the error stands only when it still names the same inode (the
+    /// corruption is really there) — the rule `Fs::once_more` applies to whole
+    /// operations. Each retry means another thread freed an inode meanwhile; the
+    /// caller's read guard keeps the number from reuse, so the next lookup sees the
+    /// name gone (ENOENT) or naming another inode.
+    fn lookup_live(&self, dir: Ino, name: &[u8]) -> Result<(Ino, Inode)> {
+        let mut ino = self.lookup(dir, name)?.ok_or(Error::NotFound)?.ino;
+        for _ in 0..16 {
+            match self.read_live_inode(ino) {
+                Err(e @ Error::Corrupted { .. }) => {
+                    let now = self.lookup(dir, name)?.ok_or(Error::NotFound)?.ino;
+                    if now == ino {
+                        return Err(e);
+                    }
+                    ino = now;
+                }
+                r => return r.map(|inode| (ino, inode)),
+            }
+        }
+        Ok((ino, self.read_live_inode(ino)?))
+    }
+
+    /// Walk `path` from `start` (a directory and its inode, as read; an absolute path
+    /// starts at the root): what it names, and its inode.
     fn walk(
         &self,
-        start: Ino,
+        start: (Ino, Inode),
         path: &[u8],
         follow: bool,
         budget: &mut u32,
         creds: Option<&Creds>,
-    ) -> Result<Ino> {
-        let mut cur = if path.first() == Some(&b'/') {
-            Ino::ROOT
+    ) -> Result<(Ino, Inode)> {
+        // The inode of `cur`, read once: as the walk's start, then as what each
+        // component's lookup found (`lookup_live`).
+        let (mut cur, mut cur_inode) = if path.first() == Some(&b'/') {
+            (Ino::ROOT, self.read_live_inode(Ino::ROOT)?)
         } else {
             start
         };
@@ -133,34 +152,32 @@ impl Fs {
             if comp.len() > rext4_format::dir::NAME_MAX {
                 return Err(Error::NameTooLong);
             }
-            let dir_inode = self.read_live_inode(cur)?;
-            if !dir_inode.is_dir() {
+            if !cur_inode.is_dir() {
                 return Err(Error::NotADirectory);
             }
             if let Some(c) = creds {
-                self.permission_of(cur, &dir_inode, c, crate::perm::want::EXEC)?;
+                self.permission_of(cur, &cur_inode, c, crate::perm::want::EXEC)?;
             }
             if *comp == b"." {
                 continue;
             }
-            let e = self.lookup(cur, comp)?.ok_or(Error::NotFound)?;
-            let child = e.ino;
-            let inode = self.read_live_inode(child)?;
+            let (child, inode) = self.lookup_live(cur, comp)?;
             if inode.is_symlink() && (!last || follow || dir_required) {
                 if *budget == 0 {
                     return Err(Error::Loop);
                 }
                 *budget -= 1;
                 let target = self.symlink_target(child, &inode)?;
-                cur = self.walk(cur, &target, true, budget, creds)?;
+                (cur, cur_inode) = self.walk((cur, cur_inode), &target, true, budget, creds)?;
             } else {
                 cur = child;
+                cur_inode = inode;
             }
         }
-        if dir_required && !self.read_live_inode(cur)?.is_dir() {
+        if dir_required && !cur_inode.is_dir() {
             return Err(Error::NotADirectory);
         }
-        Ok(cur)
+        Ok((cur, cur_inode))
     }
 
     /// Metadata of `path`, following a final symlink (`std::fs::metadata`).

@@ -78,7 +78,7 @@ fn open_direct(fs: &Fs, path: &str) -> rext4::File {
 }
 
 /// What the device holds now, opened as an image (journal replayed in memory).
-fn crash_view(dev: &Counting) -> Fs {
+fn crash_view<H>(dev: &Hooked<H>) -> Fs {
     let snap = dev.snapshot();
     Fs::open_device(Arc::new(MemDevice::read_only(snap)), FsOptions::default())
         .expect("open the device's contents")
@@ -395,6 +395,143 @@ fn direct_io_and_the_cache_agree() {
     assert_eq!(all.len(), 28_672);
     assert!(all[4000..7000].iter().all(|&x| x == 0xBB));
     assert!(all[24_576..].iter().all(|&x| x == 0xDD));
+}
+
+/// Slow device reads (once `on`): a page read in from the device takes long enough
+/// for other threads' writes to land meanwhile.
+struct SlowReads {
+    on: AtomicBool,
+}
+
+impl Hooks for SlowReads {
+    fn read(&self, _len: usize, _off: u64) -> std::io::Result<()> {
+        if self.on.load(Ordering::Relaxed) {
+            std::thread::sleep(std::time::Duration::from_micros(300));
+        }
+        Ok(())
+    }
+}
+
+/// Direct overwrites of one part of each page race buffered writes into another part
+/// of the same pages (both under the shared I/O lock), buffered readers caching the
+/// pages and a flusher (sync_data, then the clean pages dropped), on a device whose
+/// reads are slow: every completed write's bytes must be in the file. A buffered
+/// writer that read a page before a direct write landed, and cached and dirtied it
+/// after the direct write's flush, wrote the old bytes back over it (before
+/// `pc_direct_begin`; `dio_cache_model` has the schedules).
+#[test]
+fn direct_overwrites_and_buffered_writes_into_one_page_both_stay() {
+    const PAGES: u64 = 8;
+    const ROUNDS: u64 = 300;
+    let img = mkfs(&MkfsOptions::new(4096, 64 << 20)).expect("mkfs");
+    let dev = Arc::new(Hooked::mem(
+        std::fs::read(img.path()).expect("read image"),
+        SlowReads {
+            on: AtomicBool::new(false),
+        },
+    ));
+    let fs = Fs::open_device(dev.clone(), rw_opts()).expect("open");
+    let b = create_rw(&fs, "/f");
+    b.write_all_at(&vec![0x11; (PAGES * 4096) as usize], 0)
+        .expect("fill");
+    b.sync_all().expect("sync");
+    drop(b);
+    dev.on.store(true, Ordering::Relaxed);
+    // Each writer owns its kilobyte of every page: the last value it wrote there is
+    // what the file must hold. Values are the round (never 0x11).
+    let value = |r: u64| (r % 200) as u8 + 32;
+    let stop = Arc::new(AtomicBool::new(false));
+    // The direct writer reads its kilobyte back through the cache after each write:
+    // nobody else writes there, so it must read what was just written. It paces
+    // itself to the buffered writer, whose page reads are slow.
+    let writer = |direct: bool| {
+        let fs = fs.clone();
+        std::thread::spawn(move || {
+            let f = if direct {
+                open_direct(&fs, "/f")
+            } else {
+                create_rw(&fs, "/f")
+            };
+            let cached = create_rw(&fs, "/f");
+            let mut back = [0u8; 1024];
+            for r in 0..ROUNDS {
+                let (pg, at) = if direct {
+                    (r % PAGES, 0)
+                } else {
+                    ((r * 3) % PAGES, 3072)
+                };
+                f.write_all_at(&[value(r); 1024], pg * 4096 + at)
+                    .expect("write");
+                if direct {
+                    cached
+                        .read_exact_at(&mut back, pg * 4096)
+                        .expect("read back");
+                    assert!(
+                        back.iter().all(|&x| x == value(r)),
+                        "round {r}: page {pg} reads {:#04x} through the cache right after \
+                         the direct write of {:#04x} returned",
+                        back[0],
+                        value(r)
+                    );
+                    std::thread::sleep(std::time::Duration::from_micros(300));
+                }
+            }
+        })
+    };
+    let side = |flush: bool| {
+        let (fs, stop) = (fs.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let f = create_rw(&fs, "/f");
+            let mut buf = vec![0u8; 4096];
+            let mut pg = 0;
+            while !stop.load(Ordering::Relaxed) {
+                if flush {
+                    f.sync_data().expect("sync_data");
+                    f.drop_cache(0, 0);
+                } else {
+                    f.read_exact_at(&mut buf, pg * 4096).expect("read");
+                    pg = (pg + 5) % PAGES;
+                }
+            }
+        })
+    };
+    let (direct, buffered) = (writer(true), writer(false));
+    let (reader, flusher) = (side(false), side(true));
+    direct.join().expect("direct writer");
+    buffered.join().expect("buffered writer");
+    stop.store(true, Ordering::Relaxed);
+    reader.join().expect("reader");
+    flusher.join().expect("flusher");
+    dev.on.store(false, Ordering::Relaxed);
+    let last = |step: u64, pg: u64| {
+        (0..ROUNDS)
+            .rfind(|r| (r * step) % PAGES == pg)
+            .map(value)
+            .expect("a round per page")
+    };
+    let check = |all: &[u8], when: &str| {
+        for pg in 0..PAGES {
+            let p = &all[(pg * 4096) as usize..((pg + 1) * 4096) as usize];
+            let (dw, bw) = (last(1, pg), last(3, pg));
+            assert!(
+                p[..1024].iter().all(|&x| x == dw),
+                "{when}: page {pg}: the direct write's {dw:#04x} lost (reads {:#04x})",
+                p[0]
+            );
+            assert!(
+                p[1024..3072].iter().all(|&x| x == 0x11),
+                "{when}: page {pg}"
+            );
+            assert!(
+                p[3072..].iter().all(|&x| x == bw),
+                "{when}: page {pg}: the buffered write's {bw:#04x} lost (reads {:#04x})",
+                p[3072]
+            );
+        }
+    };
+    check(&fs.read("/f").expect("read"), "through the cache");
+    fs.close().expect("close");
+    check(&crash_view(&dev).read("/f").expect("read"), "after close");
 }
 
 /// A stream of 2 KiB direct overwrites hints the device range ahead of it, inside the

@@ -320,10 +320,7 @@ pub(crate) mod test_image {
         let mut c = Command::new("mkfs.ext4");
         c.arg("-q").arg("-F").args(args).arg(img);
         if upstream {
-            // Found relative to the checkout (or $REXT4_SHARED), not at a fixed path.
-            let conf = rext4_testkit::upstream_conf_path()
-                .expect("shared/fixtures/mke2fs-upstream-1.47.0.conf (set REXT4_SHARED)");
-            c.env("MKE2FS_CONFIG", conf);
+            c.env("MKE2FS_CONFIG", rext4_testkit::upstream_conf_path());
         }
         run(&mut c);
     }

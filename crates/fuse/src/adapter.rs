@@ -70,6 +70,8 @@ const FALLOC_FL_ZERO_RANGE: i32 = 0x10;
 const FALLOC_FL_COLLAPSE_RANGE: i32 = 0x08;
 const FALLOC_FL_INSERT_RANGE: i32 = 0x20;
 const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+/// FITRIM, `_IOWR('X', 121, struct fstrim_range)`: `fstrim MNT` (on the directory).
+const FITRIM: u32 = 0xC018_5879;
 const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
 const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
 const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
@@ -1549,7 +1551,10 @@ impl Filesystem for Adapter {
         let r = match r {
             Ok(n) if (cached || direct) && n < data.len() => {
                 let end = offset.saturating_add(data.len() as u64);
-                let e = if end > s.fs.max_file_size() {
+                let max =
+                    s.fs.max_size_of_ino(ino)
+                        .unwrap_or_else(|_| s.fs.max_file_size());
+                let e = if end > max {
                     Error::FileTooLarge
                 } else {
                     Error::NoSpace
@@ -1847,17 +1852,18 @@ impl Filesystem for Adapter {
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let s = &self.s;
+        // The names alone: values kept in inodes of their own are not read.
         let all = tri!(
             reply,
-            s.fs.xattrs_ino(to_ext4(ino))
+            s.fs.xattr_names_ino(to_ext4(ino))
                 .map_err(|e| s.fail("listxattr", &e))
         );
         let mut names = Vec::new();
         // As ext4: trusted.* names are listed only to privileged callers.
         let privileged = req.uid() == 0;
-        for (n, _) in all
+        for n in all
             .into_iter()
-            .filter(|(n, _)| privileged || !n.starts_with(b"trusted."))
+            .filter(|n| privileged || !n.starts_with(b"trusted."))
         {
             names.extend_from_slice(&n);
             names.push(0);
@@ -2059,7 +2065,7 @@ impl Filesystem for Adapter {
     /// already. Any other command is ENOTTY, as on ext4 for commands it does not know.
     fn ioctl(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         _flags: IoctlFlags,
@@ -2089,6 +2095,39 @@ impl Filesystem for Adapter {
                 // kernel hand over its dirty pages first (syncfs).
                 tri!(reply, s.fs.sync().map_err(|e| s.fail("sync", &e)));
                 reply.ioctl(0, &[]);
+            }
+            FITRIM => {
+                // struct fstrim_range { start, len, minlen } (u64s); len comes back
+                // as the bytes trimmed. CAP_SYS_ADMIN in the kernel: root here.
+                let Some(b) = in_data.get(..24) else {
+                    reply.error(Errno::EINVAL);
+                    return;
+                };
+                if req.uid() != 0 {
+                    reply.error(Errno::EPERM);
+                    return;
+                }
+                tri!(reply, s.writable());
+                let word = |i: usize| {
+                    let mut a = [0u8; 8];
+                    a.copy_from_slice(&b[i..i + 8]);
+                    u64::from_ne_bytes(a)
+                };
+                let (start, len, minlen) = (word(0), word(8), word(16));
+                // Blocks freed by the running transaction are busy, which the trim
+                // skips: committed first, what was deleted before `fstrim` (the
+                // kernel's FUSE sends no syncfs) is given back too.
+                let done = tri!(
+                    reply,
+                    s.fs.sync_metadata()
+                        .and_then(|()| s.fs.trim(start, len, minlen))
+                        .map_err(|e| s.fail("fitrim", &e))
+                );
+                let mut out = [0u8; 24];
+                out[0..8].copy_from_slice(&start.to_ne_bytes());
+                out[8..16].copy_from_slice(&done.to_ne_bytes());
+                out[16..24].copy_from_slice(&minlen.to_ne_bytes());
+                reply.ioctl(0, &out);
             }
             FS_IOC_GETFLAGS => {
                 let f = tri!(reply, flags());

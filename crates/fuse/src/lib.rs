@@ -110,6 +110,9 @@ pub struct MountOptions {
     /// Summarize the block bitmaps in the background after mount
     /// (`prefetch_block_bitmaps`, the default; `no_prefetch_block_bitmaps` turns it off).
     pub prefetch_block_bitmaps: bool,
+    /// Discard blocks as they are freed, once their transaction commits (`discard`;
+    /// `nodiscard`, the default, leaves it to `fstrim`).
+    pub discard: bool,
     /// Page cache (file data) size in MiB (engine default when `None`: 1/16 of RAM,
     /// 64 MiB to 2 GiB).
     pub cache_mb: Option<u64>,
@@ -163,6 +166,7 @@ impl Default for MountOptions {
             mb_prefetch: None,
             mb_prefetch_limit: None,
             prefetch_block_bitmaps: true,
+            discard: false,
             cache_mb: None,
             allow_other: false,
             default_permissions: true,
@@ -205,7 +209,7 @@ fn parse_num(opt: &str, v: &str) -> Result<u64, String> {
 /// Parse a mount(8)-style comma-separated option list (later options override
 /// earlier ones). Known: ro, rw, errors=continue|remount-ro, commit=N, cache_mb=N,
 /// early_commit=MS, threads=N, bdi_max_ratio=N, mb_prefetch=N, mb_prefetch_limit=N,
-/// prefetch_block_bitmaps, no_prefetch_block_bitmaps, log=FILE, allow_other, default_permissions,
+/// prefetch_block_bitmaps, no_prefetch_block_bitmaps, discard, nodiscard, log=FILE, allow_other, default_permissions,
 /// nodefault_permissions, debug, writeback_cache, nowriteback_cache, uring, nouring, dev,
 /// nodev, suid, nosuid, exec, noexec, atime, relatime, nostrictatime, strictatime,
 /// norelatime, noatime, nodiratime, diratime, and the no-ops lazytime, nolazytime,
@@ -261,6 +265,8 @@ pub fn apply_options(o: &mut MountOptions, s: &str) -> Result<(), String> {
             }
             ("prefetch_block_bitmaps", _) => flag(o, |o| o.prefetch_block_bitmaps = true)?,
             ("no_prefetch_block_bitmaps", _) => flag(o, |o| o.prefetch_block_bitmaps = false)?,
+            ("discard", _) => flag(o, |o| o.discard = true)?,
+            ("nodiscard", _) => flag(o, |o| o.discard = false)?,
             ("threads", Some(x)) => {
                 let n = parse_num(k, x)?;
                 if n == 0 || n > 256 {
@@ -320,10 +326,21 @@ pub fn apply_options(o: &mut MountOptions, s: &str) -> Result<(), String> {
 /// the child serves, and this returns in the parent once the mount is up. A rext4
 /// mount at `mountpoint` whose server died is detached first (see `life`); the
 /// engine's open then recovers the image.
+///
+/// `image` may be an image spec (`rext4::image`: `DISK?partition=N`,
+/// `DISK?offset=BYTES`); the mount's source (mountinfo) is then the spec over the
+/// file's absolute path, which `rext4 umount` reads back.
 pub fn mount(image: &Path, mountpoint: &Path, opts: &MountOptions) -> Result<(), String> {
-    let image = image
+    let spec = spec_of(image).map_err(|e| format!("{}: {e}", image.display()))?;
+    let file = spec
+        .path()
         .canonicalize()
-        .map_err(|e| format!("{}: {e}", image.display()))?;
+        .map_err(|e| format!("{}: {e}", spec.path().display()))?;
+    let image = if spec.is_plain() {
+        file
+    } else {
+        PathBuf::from(spec.with_path(file).to_string())
+    };
     clear_dead_mount(mountpoint)?;
     let mnt = mountpoint
         .canonicalize()
@@ -363,7 +380,16 @@ fn clear_dead_mount(mountpoint: &Path) -> Result<(), String> {
 /// (the lock every rext4 user of an image takes: `rext4::claim`). The lock lasts as
 /// long as the returned claim lives.
 pub fn lock_image(image: &Path, exclusive: bool) -> Result<rext4::Claim, String> {
-    rext4::claim::lock_path(image, exclusive).map_err(|e| format!("{}: {e}", image.display()))
+    let spec = spec_of(image).map_err(|e| format!("{}: {e}", image.display()))?;
+    rext4::claim::lock_path(spec.path(), exclusive).map_err(|e| format!("{}: {e}", image.display()))
+}
+
+/// The image spec a mount's image text names (a path that exists is that file).
+pub fn spec_of(image: &Path) -> Result<rext4::ImageSpec, rext4::Error> {
+    match image.to_str() {
+        Some(t) => rext4::ImageSpec::from_arg(t),
+        None => Ok(rext4::ImageSpec::file(image)),
+    }
 }
 
 /// `rext4 umount MNT`: unmount a rext4 mount and wait until its server has closed the
@@ -627,6 +653,7 @@ fn serve_inner(
         mb_prefetch: opts.mb_prefetch,
         mb_prefetch_limit: opts.mb_prefetch_limit,
         prefetch_block_bitmaps: opts.prefetch_block_bitmaps,
+        discard: opts.discard,
         // The kernel's page cache holds file data (KEEP_CACHE, and the writeback
         // cache): the engine keeps only dirty pages, for delayed allocation.
         cache_clean: false,
@@ -650,7 +677,9 @@ fn serve_inner(
         // The engine's page cache (file data); the metadata cache keeps its default.
         fo.cache_bytes = Some(mb.max(1).saturating_mul(1 << 20));
     }
-    let fs = Fs::open_with(image, fo).map_err(|e| format!("{}: {e}", image.display()))?;
+    let fs = spec_of(image)
+        .and_then(|spec| Fs::open_spec(&spec, fo))
+        .map_err(|e| format!("{}: {e}", image.display()))?;
     for w in fs.warnings() {
         log::warn!("{}: {w}", image.display());
     }

@@ -91,9 +91,11 @@ fn is_disconnected(mnt: &Path) -> bool {
 
 /// Whether `p` holds an ext4 superblock (magic 0xEF53 at byte 1080).
 fn looks_like_ext4(p: &Path) -> bool {
-    use std::os::unix::fs::FileExt;
     let mut m = [0u8; 2];
-    File::open(p).is_ok_and(|f| f.read_exact_at(&mut m, 1080).is_ok()) && m == [0x53, 0xEF]
+    crate::spec_of(p)
+        .and_then(|s| rext4::image::open_device(&s, true, false))
+        .is_ok_and(|d| d.read_at(&mut m, 1080).is_ok())
+        && m == [0x53, 0xEF]
 }
 
 /// The mountinfo entry of `mnt` when it is a rext4 mount whose server died.
@@ -131,18 +133,18 @@ pub(crate) fn detach(mnt: &Path) -> Result<(), String> {
 /// writing replays its journal and finishes its orphans, `close` marks it clean.
 /// `Ok(false)`: its journal needed no recovery, nothing was done.
 pub(crate) fn recover(image: &Path) -> Result<bool, String> {
-    use std::os::unix::fs::FileExt;
+    let spec = crate::spec_of(image).map_err(|e| format!("{}: {e}", image.display()))?;
     let mut raw = vec![0u8; 1024];
-    File::open(image)
-        .and_then(|f| f.read_exact_at(&mut raw, 1024))
+    rext4::image::open_device(&spec, true, false)
+        .and_then(|d| d.read_at(&mut raw, 1024).map_err(rext4::Error::from))
         .map_err(|e| format!("{}: {e}", image.display()))?;
     let sb = rext4::format::superblock::Superblock::decode(&raw)
         .map_err(|e| format!("{}: {e}", image.display()))?;
     if !sb.has_incompat(rext4::format::superblock::feature::INCOMPAT_RECOVER) {
         return Ok(false);
     }
-    let fs = rext4::Fs::open_with(
-        image,
+    let fs = rext4::Fs::open_spec(
+        &spec,
         rext4::FsOptions {
             read_only: false,
             commit_secs: 0,

@@ -30,7 +30,7 @@ pub use tmp::{memory_dir, Image, TempDir};
 pub use tools::{
     debugfs_r, debugfs_r_raw, debugfs_script, debugfs_w, debugfs_w_checked, dumpe2fs_h, e2fsck_fn,
     e2fsck_fy, e2fsck_with, extent_depth, htree_levels, image_block_size, mkfs, mkfs_at,
-    shared_dir, upstream_conf_path, DebugfsOutput, FsckReport, MkfsOptions,
+    upstream_conf_path, DebugfsOutput, FsckReport, MkfsOptions,
 };
 pub use tree::{
     diff_trees, read_xattrs, snapshot_dir, snapshot_node, tree_path, Compare, ContentHasher, Kind,

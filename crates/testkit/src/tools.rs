@@ -15,39 +15,17 @@ use std::process::{Command, Output};
 
 use crate::tmp::{Image, TempDir};
 
-/// Name of the upstream (e2fsprogs 1.47.0 release) mke2fs.conf inside `shared/fixtures`.
+/// File name of the upstream (e2fsprogs 1.47.0 release) mke2fs profile in this crate's
+/// `fixtures/`.
 pub const UPSTREAM_CONF: &str = "mke2fs-upstream-1.47.0.conf";
 
-/// The project's `shared/` directory (fixtures, docs): `$REXT4_SHARED` if set, else the
-/// first `<ancestor>/shared` holding `fixtures/mke2fs-upstream-1.47.0.conf`, walking up
-/// from this crate's manifest dir (covers `/work/main` + `/work/shared` and CI's
-/// `<clone>` + `<clone>/../shared`).
-pub fn shared_dir() -> Option<PathBuf> {
-    let has_conf = |d: &Path| d.join("fixtures").join(UPSTREAM_CONF).is_file();
-    if let Some(s) = std::env::var_os("REXT4_SHARED") {
-        let d = PathBuf::from(s);
-        if has_conf(&d) {
-            return Some(d);
-        }
-    }
-    let mut starts = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR"))];
-    if let Some(s) = std::env::var_os("CARGO_MANIFEST_DIR") {
-        starts.push(PathBuf::from(s));
-    }
-    for start in starts {
-        for anc in start.ancestors() {
-            let d = anc.join("shared");
-            if has_conf(&d) {
-                return Some(d);
-            }
-        }
-    }
-    None
-}
-
-/// Path of the upstream mke2fs.conf, if `shared_dir()` is found.
-pub fn upstream_conf_path() -> Option<PathBuf> {
-    shared_dir().map(|d| d.join("fixtures").join(UPSTREAM_CONF))
+/// The upstream mke2fs profile (`MKE2FS_CONFIG=`): it turns on metadata_csum_seed and
+/// orphan_file for ext4, which Debian's packaged profile leaves off. It ships with this
+/// crate, so a clone of the repository alone runs every test.
+pub fn upstream_conf_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(UPSTREAM_CONF)
 }
 
 /// Options for `mkfs`.
@@ -57,8 +35,8 @@ pub struct MkfsOptions {
     pub block_size: u32,
     /// Size of the sparse image file (and the fs size passed to mke2fs).
     pub size_bytes: u64,
-    /// Use `MKE2FS_CONFIG=<shared>/fixtures/mke2fs-upstream-1.47.0.conf` instead of
-    /// Debian's /etc/mke2fs.conf (upstream adds metadata_csum_seed and orphan_file).
+    /// Use `MKE2FS_CONFIG=` [`upstream_conf_path`] instead of Debian's /etc/mke2fs.conf
+    /// (upstream adds metadata_csum_seed and orphan_file).
     pub upstream_conf: bool,
     /// Extra arguments placed before the image path (e.g. `-O ^has_journal`, `-I 128`).
     pub extra_args: Vec<String>,
@@ -124,13 +102,7 @@ pub fn mkfs(opts: &MkfsOptions) -> io::Result<Image> {
 pub fn mkfs_at(path: &Path, opts: &MkfsOptions) -> io::Result<()> {
     let mut cmd = Command::new("mkfs.ext4");
     if opts.upstream_conf {
-        let conf = upstream_conf_path().ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("shared/fixtures/{UPSTREAM_CONF} not found (set REXT4_SHARED)"),
-            )
-        })?;
-        cmd.env("MKE2FS_CONFIG", conf);
+        cmd.env("MKE2FS_CONFIG", upstream_conf_path());
     } else {
         cmd.env_remove("MKE2FS_CONFIG");
     }
@@ -493,12 +465,6 @@ mod tests {
     }
 
     #[test]
-    fn shared_dir_is_found() {
-        let d = shared_dir().expect("shared dir with the upstream mke2fs.conf");
-        assert!(d.join("fixtures").join(UPSTREAM_CONF).is_file());
-    }
-
-    #[test]
     fn mkfs_then_fsck_clean_and_dumpe2fs() {
         for upstream in [false, true] {
             let opts = MkfsOptions {
@@ -521,6 +487,7 @@ mod tests {
             );
             let feats = h.get("Filesystem features").cloned().unwrap_or_default();
             assert_eq!(feats.contains("orphan_file"), upstream, "{feats}");
+            assert_eq!(feats.contains("metadata_csum_seed"), upstream, "{feats}");
         }
     }
 

@@ -24,13 +24,14 @@ The image has no umask and no caller identity: new files get the mode given (def
 
 from __future__ import annotations
 
+import builtins
 import io
 import math
 import os
 import posixpath
 import stat as _stat
 import time
-from typing import Callable, Iterator, List, Optional, Tuple, Union
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _rext4
 from ._rext4 import CorruptedError, NotExt4Error
@@ -81,19 +82,78 @@ def mkfs(
     label: Optional[str] = None,
     uuid: Optional[str] = None,
     features: Optional[str] = None,
-) -> None:
+    hash_seed: Optional[str] = None,
+    seed: Optional[Union[str, bytes]] = None,
+    source: Optional[PathArg] = None,
+    layers: Sequence[PathArg] = (),
+    owner: Optional[Tuple[int, int]] = None,
+    uid_map: Optional[str] = None,
+    gid_map: Optional[str] = None,
+    device_table: Optional[PathArg] = None,
+    file_contexts: Optional[PathArg] = None,
+) -> List[str]:
     """Make an ext4 filesystem in the file ``path``, created or truncated to ``size``
     bytes (an int, or a string such as ``"64M"``), laid out as mke2fs 1.47 does.
 
     ``block_size``, ``inodes``, ``label``, ``uuid`` and ``features`` (mke2fs's ``-O``
-    syntax, e.g. ``"^metadata_csum,^has_journal"``) are mke2fs's ``-b -N -L -U -O``.
+    syntax, e.g. ``"^metadata_csum,^has_journal"``) are mke2fs's ``-b -N -L -U -O``;
+    ``hash_seed`` its ``-E hash_seed=``. ``seed`` derives the UUID and hash seed not
+    given, so that with ``SOURCE_DATE_EPOCH`` set the same input gives the same image.
     An image that a loop device, a mount or another rext4 user holds is refused
-    (``OSError`` with errno EBUSY)."""
-    _rext4.mkfs(_b(path), _parse_size(size), block_size, inodes, label, uuid, features)
+    (``OSError`` with errno EBUSY).
+
+    Then, as ``rext4 mkfs`` does: ``source`` (a directory, copied as ``copy_in``
+    copies, or a tar archive, plain or gzip/zstd/xz), the container ``layers`` (tar
+    files or OCI image layouts, bottom first, whiteouts applied), owners mapped by
+    ``owner`` ``(uid, gid)`` and ``uid_map`` / ``gid_map`` (``"INSIDE:OUTSIDE:COUNT"``,
+    as a user namespace's), the ``device_table`` (makedevs format) and the SELinux
+    ``file_contexts`` labels. Returns the archive members refused (named, with why);
+    the rest is placed. Malformed maps, tables or contexts raise ``ValueError``."""
+    seed_b = seed.encode() if isinstance(seed, str) else seed
+    _rext4.mkfs(_b(path), _parse_size(size), block_size, inodes, label, uuid, features, hash_seed, seed_b)
+    archive = None
+    remap = False
+    if source is not None:
+        if os.path.isdir(source):
+            with open(path, writable=True) as fs:
+                for name in sorted(os.listdir(source)):
+                    fs.copy_in(os.path.join(os.fsencode(source), os.fsencode(name)), b"/")
+                st = os.lstat(source)
+                fs.chown(b"/", st.st_uid, st.st_gid)
+                fs.chmod(b"/", st.st_mode & 0o7777)
+                fs.utime(b"/", ns=(st.st_atime_ns, st.st_mtime_ns))
+            remap = owner is not None or bool(uid_map) or bool(gid_map)
+        else:
+            archive = _b(source)
+    extra = [device_table, file_contexts]
+    if archive is None and not layers and not remap and extra == [None, None]:
+        return []
+
+    def text(p: Optional[PathArg]) -> Optional[str]:
+        if p is None:
+            return None
+        with builtins.open(p, encoding="utf-8") as f:
+            return f.read()
+
+    return _rext4.populate(
+        _b(path),
+        archive,
+        [_b(l) for l in layers],
+        owner,
+        uid_map,
+        gid_map,
+        text(device_table),
+        text(file_contexts),
+        remap,
+    )
 
 
 def open(path: PathArg, writable: bool = False, *, cache_bytes: Optional[int] = None) -> "FileSystem":
     """Open the image file or block device ``path``; read-only unless ``writable``.
+
+    ``path`` may be an image spec: ``disk.img?partition=2`` (GPT or MBR, logical
+    partitions from 5), ``disk.img?offset=1048576[&size=BYTES]``; a qcow2 image is
+    found by its magic. A path that exists is that file, '?' and all.
 
     A writable open refuses an image in use (a loop device, a mount, another rext4
     process: errno EBUSY) and replays a journal left to recover. ``cache_bytes``

@@ -23,7 +23,20 @@ def mkfs(
     label: Optional[str] = None,
     uuid: Optional[str] = None,
     features: Optional[str] = None,
+    hash_seed: Optional[str] = None,
+    seed: Optional[bytes] = None,
 ) -> Tuple[int, int, int]: ...
+def populate(
+    path: bytes,
+    archive: Optional[bytes] = None,
+    layers: List[bytes] = ...,
+    owner: Optional[Tuple[int, int]] = None,
+    uid_map: Optional[str] = None,
+    gid_map: Optional[str] = None,
+    device_table: Optional[str] = None,
+    file_contexts: Optional[str] = None,
+    remap: bool = False,
+) -> List[str]: ...
 def _raise_engine_error(kind: str) -> None: ...
 
 class File:

@@ -48,9 +48,15 @@ pub struct Mounted {
 
 impl Mounted {
     pub fn new(img: &Path, opts: &[&str]) -> Mounted {
+        Self::new_with_env(img, opts, &[])
+    }
+
+    /// [`Mounted::new`] with these variables set in the server's environment.
+    pub fn new_with_env(img: &Path, opts: &[&str], env: &[(&str, &str)]) -> Mounted {
         let mnt = TempDir::new("fusemnt").expect("mount point");
         let log = mnt.path().with_extension("log");
         let mut cmd = Command::new(bin());
+        cmd.envs(env.iter().copied());
         cmd.arg("mount").arg("-f");
         for o in opts {
             cmd.args(["-o", o]);

@@ -159,6 +159,9 @@ impl Counted {
     }
 
     fn track<R>(&self, f: impl FnOnce() -> R) -> R {
+        // The page cache's rule, checked in debug builds: no device I/O under its
+        // mutexes (every request of an open filesystem passes here).
+        crate::lockdep::no_page_cache_lock("a device request");
         if !self.watched.load(Relaxed) || BACKGROUND.with(|b| b.get()) {
             return f();
         }
@@ -203,6 +206,9 @@ impl BlockDevice for Counted {
         self.counters().flushes.fetch_add(1, Relaxed);
         self.track(|| self.inner.flush())
     }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.track(|| self.inner.discard(offset, len))
+    }
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }
@@ -211,6 +217,14 @@ impl BlockDevice for Counted {
     }
     fn dax(&self) -> Option<&super::dax::DaxDevice> {
         self.inner.dax()
+    }
+    fn read_fresh(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.counters().read(buf.len());
+        self.inner.read_fresh(buf, offset)
+    }
+    fn write_through(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.counters().write(buf.len());
+        self.inner.write_through(buf, offset)
     }
 }
 
@@ -350,11 +364,22 @@ impl BlockDevice for LatencyDevice {
         self.counts.flushes.fetch_add(1, Relaxed);
         self.serve(self.flush, || self.inner.flush())
     }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.serve(self.write, || self.inner.discard(offset, len))
+    }
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }
     fn is_read_only(&self) -> bool {
         self.inner.is_read_only()
+    }
+    fn read_fresh(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.counts.read(buf.len());
+        self.serve(self.read, || self.inner.read_fresh(buf, offset))
+    }
+    fn write_through(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.counts.write(buf.len());
+        self.serve(self.write, || self.inner.write_through(buf, offset))
     }
 }
 

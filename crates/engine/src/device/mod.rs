@@ -9,12 +9,21 @@
 //! (`uring`), all in flight together.
 //! [`latency`] wraps any of them to count requests ([`latency::Counted`], under every open
 //! filesystem) or to make them slow ([`latency::LatencyDevice`]).
+//! [`window::Window`] is a byte range of another device (a partition, an offset);
+//! [`qcow2::Qcow2`] the guest disk of a qcow2 image file; [`parttable`] reads MBR and
+//! GPT partition tables. `crate::image` builds these from an image spec.
 //! Offsets and lengths are bytes; callers stay inside [`BlockDevice::size_bytes`], and
 //! backends refuse anything outside it so no request can write past the image.
+//! [`BlockDevice::discard`] gives a range back to whatever holds the image (a hole in
+//! an image file, BLKDISCARD on a block device, freed qcow2 clusters).
 
 pub mod dax;
 pub mod latency;
+pub mod parttable;
+pub mod qcow2;
+
 mod uring;
+pub mod window;
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -54,6 +63,17 @@ pub trait BlockDevice: Send + Sync {
     }
     /// Make every completed write durable.
     fn flush(&self) -> io::Result<()>;
+    /// Give `[offset, offset + len)` back to whatever holds the image (a hole punched
+    /// in an image file, BLKDISCARD on a block device, a qcow2 image's clusters freed).
+    /// The range's contents are unspecified afterwards (zeros on most backends): only
+    /// ranges nobody uses any more are discarded. Backends may round the range inward
+    /// to what they can free. The default: `ErrorKind::Unsupported`.
+    fn discard(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the device does not support discard",
+        ))
+    }
     fn size_bytes(&self) -> u64;
     fn is_read_only(&self) -> bool;
     /// The device as memory the process maps (`crate::device::dax`), when it is one: file data
@@ -65,6 +85,23 @@ pub trait BlockDevice: Send + Sync {
     /// (`fs::write_ahead`): a buffered image file has the host read it into its cache
     /// now. Changes nothing else; the default ignores it.
     fn will_need(&self, _offset: u64, _len: u64) {}
+    /// Read what the medium holds now, past every cache on this host that could keep
+    /// an older copy: another host sharing the medium may have written it. Multi-mount
+    /// protection reads its block this way (`crate::mmp`). The default is
+    /// [`Self::read_at`], right for a backend that keeps no copy on this host (memory;
+    /// a network block device that asks its server each time). A backend with a cache
+    /// of its own (a page cache, a client-side cache) bypasses it here, and a wrapper
+    /// passes the call to what it wraps.
+    fn read_fresh(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.read_at(buf, offset)
+    }
+    /// Write so that the next [`Self::read_fresh`] of any host sharing the medium sees
+    /// it (multi-mount protection's block). The default writes and flushes; a backend
+    /// that can reach the medium without flushing everything else (O_DIRECT) does so.
+    fn write_through(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_at(buf, offset)?;
+        self.flush()
+    }
 }
 
 /// A write to a device opened read-only: refused, the same way by every backend.
@@ -78,7 +115,7 @@ pub(crate) fn refuse_if_read_only(read_only: bool) -> io::Result<()> {
     Ok(())
 }
 
-fn check_range(offset: u64, len: usize, size: u64) -> io::Result<()> {
+pub(crate) fn check_range(offset: u64, len: usize, size: u64) -> io::Result<()> {
     match offset.checked_add(len as u64) {
         Some(end) if end <= size => Ok(()),
         _ => Err(io::Error::new(
@@ -123,7 +160,16 @@ pub struct FileDevice {
     size: u64,
     read_only: bool,
     direct: bool,
+    /// A block device (discard is BLKDISCARD), not a regular file (a punched hole).
+    block_device: bool,
+    /// An O_DIRECT descriptor of the same file for [`BlockDevice::read_fresh`] and
+    /// [`BlockDevice::write_through`], opened at their first use (`None` inside when
+    /// the file cannot be opened so: those then go around the page cache otherwise).
+    uncached: std::sync::OnceLock<Option<File>>,
 }
+
+/// BLKDISCARD, `_IO(0x12, 119)`: discard a byte range of a block device.
+const BLKDISCARD: libc::c_ulong = 0x1277;
 
 impl FileDevice {
     /// Open `path`; `direct` asks for O_DIRECT (falls back to an error if unsupported).
@@ -140,6 +186,7 @@ impl FileDevice {
             None
         };
         let meta = file.metadata()?;
+        let block_device = std::os::unix::fs::FileTypeExt::is_block_device(&meta.file_type());
         let size = if meta.file_type().is_file() {
             meta.len()
         } else {
@@ -153,7 +200,52 @@ impl FileDevice {
             size,
             read_only,
             direct,
+            block_device,
+            uncached: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The O_DIRECT descriptor of [`FileDevice::uncached`]: the file reopened through
+    /// /proc/self/fd (the same file, whatever happened to its path since).
+    fn uncached(&self) -> Option<&File> {
+        self.uncached
+            .get_or_init(|| {
+                if self.direct {
+                    return None;
+                }
+                let path = format!("/proc/self/fd/{}", self.file.as_raw_fd());
+                OpenOptions::new()
+                    .read(true)
+                    .write(!self.read_only)
+                    .custom_flags(O_DIRECT)
+                    .open(path)
+                    .ok()
+            })
+            .as_ref()
+    }
+
+    /// `f` on an O_DIRECT descriptor with a sector-aligned copy of the request: `None`
+    /// when there is none here or it refuses this size or alignment (EINVAL), so the
+    /// caller goes another way.
+    fn direct_io(
+        &self,
+        len: usize,
+        offset: u64,
+        f: impl FnOnce(&File, &mut [u8]) -> io::Result<()>,
+    ) -> Option<io::Result<()>> {
+        if !Self::direct_ok(len, offset) {
+            return None;
+        }
+        let file = if self.direct {
+            &self.file
+        } else {
+            self.uncached()?
+        };
+        let (mut v, s) = Self::aligned_bounce(len);
+        match f(file, &mut v[s..s + len]) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => None,
+            r => Some(r),
+        }
     }
 
     fn aligned_bounce(len: usize) -> (Vec<u8>, usize) {
@@ -302,6 +394,51 @@ impl BlockDevice for FileDevice {
         }
         self.file.sync_data()
     }
+    /// A regular file: `fallocate(PUNCH_HOLE | KEEP_SIZE)` (the range reads zeros and
+    /// the host frees its blocks); a block device: BLKDISCARD on the 512-byte-aligned
+    /// part of the range (EOPNOTSUPP where the device cannot).
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        refuse_if_read_only(self.read_only)?;
+        check_range(
+            offset,
+            usize::try_from(len).unwrap_or(usize::MAX),
+            self.size,
+        )?;
+        if len == 0 {
+            return Ok(());
+        }
+        let fd = self.file.as_raw_fd();
+        if self.block_device {
+            let start = offset.div_ceil(512) * 512;
+            let end = (offset + len) / 512 * 512;
+            if end <= start {
+                return Ok(());
+            }
+            let range = [start, end - start];
+            // SAFETY: BLKDISCARD reads two u64s from the pointer, which points at
+            // `range`, alive for the call.
+            let r = unsafe { libc::ioctl(fd, BLKDISCARD as _, range.as_ptr()) };
+            return if r == 0 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            };
+        }
+        // SAFETY: fallocate(2) on our descriptor with plain integers.
+        let r = unsafe {
+            libc::fallocate(
+                fd,
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
     /// `posix_fadvise(WILLNEED)` on a buffered descriptor (the host reads the range
     /// ahead, asynchronously); nothing under O_DIRECT, which has no host cache to fill.
     fn will_need(&self, offset: u64, len: u64) {
@@ -326,6 +463,66 @@ impl BlockDevice for FileDevice {
 
     fn is_read_only(&self) -> bool {
         self.read_only
+    }
+
+    /// O_DIRECT (as e2fsprogs reads the MMP block of a device): neither this host's
+    /// page cache nor a network filesystem's client cache answers. Where O_DIRECT is
+    /// refused, the range's cached pages are dropped first, so the read goes to the
+    /// medium.
+    fn read_fresh(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        check_range(offset, buf.len(), self.size)?;
+        let n = buf.len();
+        let direct = self.direct_io(n, offset, |f, b| {
+            f.read_exact_at(b, offset)?;
+            buf.copy_from_slice(b);
+            Ok(())
+        });
+        if let Some(r) = direct {
+            return r;
+        }
+        let f = self.unaligned.as_ref().unwrap_or(&self.file);
+        // SAFETY: posix_fadvise(2) on our descriptor, plain integers.
+        unsafe {
+            libc::posix_fadvise(
+                f.as_raw_fd(),
+                offset as libc::off_t,
+                n as libc::off_t,
+                libc::POSIX_FADV_DONTNEED,
+            );
+        }
+        f.read_exact_at(buf, offset)
+    }
+
+    /// O_DIRECT, or a buffered write whose range (only) is written out and waited for
+    /// (`sync_file_range`): the device holds it, without a flush of everything else
+    /// the image has dirty.
+    fn write_through(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        refuse_if_read_only(self.read_only)?;
+        check_range(offset, buf.len(), self.size)?;
+        let direct = self.direct_io(buf.len(), offset, |f, b| {
+            b.copy_from_slice(buf);
+            f.write_all_at(b, offset)
+        });
+        if let Some(r) = direct {
+            return r;
+        }
+        let f = self.unaligned.as_ref().unwrap_or(&self.file);
+        f.write_all_at(buf, offset)?;
+        // SAFETY: sync_file_range(2) on our descriptor, plain integers.
+        let r = unsafe {
+            libc::sync_file_range(
+                f.as_raw_fd(),
+                offset as libc::off64_t,
+                buf.len() as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                    | libc::SYNC_FILE_RANGE_WRITE
+                    | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 }
 
@@ -371,6 +568,19 @@ impl BlockDevice for MemDevice {
         Ok(())
     }
     fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+    /// Zeroes the range.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        refuse_if_read_only(self.read_only)?;
+        let mut d = self.data.write().unwrap_or_else(|p| p.into_inner());
+        check_range(
+            offset,
+            usize::try_from(len).unwrap_or(usize::MAX),
+            d.len() as u64,
+        )?;
+        let o = offset as usize;
+        d[o..o + len as usize].fill(0);
         Ok(())
     }
     fn size_bytes(&self) -> u64 {
@@ -460,6 +670,49 @@ mod tests {
             assert!(ro.write_many(&reqs).is_err(), "read-only");
             let _ = std::fs::remove_file(&p);
         }
+    }
+
+    /// `read_fresh` sees a write made behind the device's back (as another host's),
+    /// `write_through` reaches a reader of the file; aligned requests go through
+    /// O_DIRECT, unaligned ones the fallback, on buffered and O_DIRECT devices alike.
+    #[test]
+    fn file_device_fresh_reads_and_writes_through() {
+        let p = std::env::temp_dir().join(format!("rext4-dev-f-{}", std::process::id()));
+        std::fs::write(&p, vec![0u8; 16384]).expect("write");
+        for direct in [false, true] {
+            let d = match FileDevice::open(&p, false, direct) {
+                Ok(d) => d,
+                Err(e) => {
+                    rext4_testkit::skip(&format!("O_DIRECT open in the temp directory: {e}"));
+                    continue;
+                }
+            };
+            let mut b = vec![0u8; 4096];
+            d.read_at(&mut b, 4096).expect("read");
+            let other = OpenOptions::new().write(true).open(&p).expect("open");
+            for (off, len, fill) in [(4096u64, 4096usize, 0x5Au8), (5000, 100, 0x33)] {
+                other
+                    .write_all_at(&vec![fill; len], off)
+                    .expect("write behind");
+                let mut got = vec![0u8; len];
+                d.read_fresh(&mut got, off).expect("read_fresh");
+                assert!(got.iter().all(|&x| x == fill), "direct={direct} at {off}");
+                d.write_through(&vec![fill ^ 0xFF; len], off)
+                    .expect("write_through");
+                let mut seen = vec![0u8; len];
+                std::fs::File::open(&p)
+                    .and_then(|f| f.read_exact_at(&mut seen, off))
+                    .expect("read back");
+                assert!(
+                    seen.iter().all(|&x| x == fill ^ 0xFF),
+                    "direct={direct} at {off}"
+                );
+            }
+            assert!(d.read_fresh(&mut b, 16000).is_err(), "past the end");
+            let ro = FileDevice::open(&p, true, direct).expect("read-only");
+            assert!(ro.write_through(&b, 0).is_err(), "read-only");
+        }
+        let _ = std::fs::remove_file(&p);
     }
 
     #[test]

@@ -57,6 +57,7 @@ use std::time::Instant;
 
 use crate::error::Error;
 use crate::fs::Ino;
+use crate::lockdep::PageCacheGuard;
 
 /// Page-aligned writes at least this large go to the device at once when the frontend
 /// caches clean data itself (`write_now`).
@@ -121,8 +122,8 @@ impl Page {
             hot: AtomicBool::new(true),
         })
     }
-    pub(crate) fn lock(&self) -> MutexGuard<'_, PageData> {
-        lock(&self.data)
+    pub(crate) fn lock(&self) -> PageCacheGuard<'_, PageData> {
+        PageCacheGuard::lock(&self.data)
     }
 }
 
@@ -175,6 +176,9 @@ impl Drop for FileRef {
     }
 }
 
+/// `FileState::tree_shape` of a block-mapped file (no extent tree has that depth).
+pub(crate) const BLOCK_MAP_SHAPE: (u16, u16) = (u16::MAX, 0);
+
 pub(crate) struct FileState {
     pub(crate) pages: BTreeMap<u64, Arc<Page>>,
     /// Indices of the dirty pages.
@@ -205,21 +209,66 @@ pub(crate) struct FileState {
     /// (depth, root entries) they were reckoned for (`space::tree_blocks_for`).
     pub(crate) resv_tree: u64,
     pub(crate) tree_shape: (u16, u16),
+    /// A block-mapped file (`tree_shape` is [`BLOCK_MAP_SHAPE`]): the indirect blocks
+    /// its tree promise counted lately, so that the pages of one missing indirect
+    /// block dirtied by successive writes promise it once (`Fs::promise_pages`).
+    /// Forgotten when the file holds no promise any more, and when a truncate or punch
+    /// frees indirect blocks.
+    pub(crate) bm_counted: Vec<crate::blockmap_write::IndirectKey>,
     /// Discarded (the inode was freed): nothing may be added or written back.
     pub(crate) dead: bool,
+    /// Pages being read in from the device (`instantiate`): while any is, no clean
+    /// page of the file is dropped, so a page written back meanwhile is still cached
+    /// when the older copy arrives, and wins (`dio_cache_model`).
+    pub(crate) loading: usize,
+    /// Direct overwrites on their way to the device, as page ranges (first, last): a
+    /// page of such a range read from the device is not cached until they are done.
+    pub(crate) direct_in_flight: Vec<(u64, u64)>,
+    /// Direct overwrites done: their count, and the page ranges of the last
+    /// `DIRECT_DONE_KEPT` with the count each made; a page read while one overlapping
+    /// it ended is read again (`instantiate`).
+    pub(crate) direct_done: u64,
+    pub(crate) direct_done_ranges: VecDeque<(u64, u64, u64)>,
+}
+
+/// How many ended direct overwrites a file keeps the ranges of (`FileState`): a read
+/// that saw more end while it ran is read again whatever they covered.
+pub(crate) const DIRECT_DONE_KEPT: usize = 32;
+
+impl FileState {
+    /// Whether a direct overwrite of a page in `[first, last]` is in flight.
+    pub(crate) fn direct_in_flight_over(&self, first: u64, last: u64) -> bool {
+        self.direct_in_flight
+            .iter()
+            .any(|&(a, b)| a <= last && first <= b)
+    }
+
+    /// Whether a direct overwrite of a page in `[first, last]` ended after the count
+    /// was `seen` (or may have: its range is no longer kept).
+    pub(crate) fn direct_done_over_since(&self, seen: u64, first: u64, last: u64) -> bool {
+        if self.direct_done == seen {
+            return false;
+        }
+        let kept_from = self.direct_done - self.direct_done_ranges.len() as u64;
+        seen < kept_from
+            || self
+                .direct_done_ranges
+                .iter()
+                .any(|&(n, a, b)| n > seen && a <= last && first <= b)
+    }
 }
 
 impl FileCache {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, FileState> {
-        lock(&self.state)
+    pub(crate) fn lock(&self) -> PageCacheGuard<'_, FileState> {
+        PageCacheGuard::lock(&self.state)
     }
     /// Block until no page of this file in `[first, last]` is under writeback.
     pub(crate) fn wait_writeback<'a>(
         &'a self,
-        mut st: MutexGuard<'a, FileState>,
+        mut st: PageCacheGuard<'a, FileState>,
         first: u64,
         last: u64,
-    ) -> MutexGuard<'a, FileState> {
+    ) -> PageCacheGuard<'a, FileState> {
         loop {
             let busy = st.writeback > 0
                 && st
@@ -229,18 +278,18 @@ impl FileCache {
             if !busy {
                 return st;
             }
-            st = self.wb_done.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = st.wait(&self.wb_done);
         }
     }
 
     /// Block until none of `pages` (taken out of the map) is under writeback.
     pub(crate) fn wait_pages<'a>(
         &'a self,
-        mut st: MutexGuard<'a, FileState>,
+        mut st: PageCacheGuard<'a, FileState>,
         pages: &[Arc<Page>],
-    ) -> MutexGuard<'a, FileState> {
+    ) -> PageCacheGuard<'a, FileState> {
         while pages.iter().any(|p| p.lock().writeback) {
-            st = self.wb_done.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = st.wait(&self.wb_done);
         }
         st
     }
@@ -353,11 +402,15 @@ impl PageCache {
     /// Give the buffer of a page nobody else holds back to the pool.
     pub(crate) fn recycle(&self, page: Arc<Page>) {
         if let Ok(p) = Arc::try_unwrap(page) {
-            let buf = p.data.into_inner().unwrap_or_else(|e| e.into_inner()).buf;
-            let mut pool = lock(&self.pool);
-            if pool.len() < self.pool_max && buf.len() == self.page_size {
-                pool.push(buf);
-            }
+            self.recycle_buf(p.data.into_inner().unwrap_or_else(|e| e.into_inner()).buf);
+        }
+    }
+
+    /// Give a page buffer back to the pool.
+    pub(crate) fn recycle_buf(&self, buf: Box<[u8]>) {
+        let mut pool = lock(&self.pool);
+        if pool.len() < self.pool_max && buf.len() == self.page_size {
+            pool.push(buf);
         }
     }
 
@@ -388,7 +441,12 @@ impl PageCache {
                         inflight: 0,
                         resv_tree: 0,
                         tree_shape: (0, 0),
+                        bm_counted: Vec::new(),
                         dead: false,
+                        loading: 0,
+                        direct_in_flight: Vec::new(),
+                        direct_done: 0,
+                        direct_done_ranges: VecDeque::new(),
                     }),
                     wb_done: Condvar::new(),
                     users: AtomicUsize::new(0),
@@ -497,7 +555,19 @@ impl PageCache {
     }
 
     /// Give back the part of the file's tree promise its delalloc pages no longer need.
+    /// A block-mapped file's promise names indirect blocks, not a count a formula
+    /// could shrink: it goes back whole when no page holds a promise any more.
     pub(crate) fn settle_tree(&self, st: &mut FileState) {
+        if st.tree_shape == BLOCK_MAP_SHAPE {
+            if st.delalloc + st.pending + st.inflight == 0 {
+                if st.resv_tree > 0 {
+                    self.space.unreserve(0, st.resv_tree);
+                    st.resv_tree = 0;
+                }
+                st.bm_counted.clear();
+            }
+            return;
+        }
         let per_leaf = (self.page_size as u64 - 12) / 12;
         let (depth, entries) = st.tree_shape;
         let need = crate::fs::space::tree_blocks_for(
@@ -518,6 +588,8 @@ impl PageCache {
         let mut st = fc.lock();
         let empty = !st.dead
             && fc.users.load(Ordering::SeqCst) == 0
+            && st.loading == 0
+            && st.direct_in_flight.is_empty()
             && st.pages.is_empty()
             && st.size.is_none()
             && st.error.is_none()
@@ -584,7 +656,11 @@ impl PageCache {
             };
             let requeue = {
                 let d = p.lock();
-                if d.dirty || d.writeback {
+                // A page of the file on its way in may be older than this one
+                // (`instantiate`): the file's pages wait for the next pass.
+                if st.loading > 0 {
+                    true
+                } else if d.dirty || d.writeback {
                     skipped_dirty += 1;
                     true
                 } else {

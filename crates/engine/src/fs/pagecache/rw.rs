@@ -13,7 +13,8 @@ use std::sync::Arc;
 use rext4_format::inode::{flags, Inode};
 
 use super::{
-    new_page, pages_spanned, FileCache, Page, PageCache, READ_AROUND_BYTES, WRITE_NOW_BYTES,
+    new_page, pages_spanned, FileCache, Page, PageCache, PageData, READ_AROUND_BYTES,
+    WRITE_NOW_BYTES,
 };
 use crate::error::{Error, Result};
 use crate::fs::data_io::copy_into;
@@ -27,10 +28,15 @@ pub(crate) struct Promise {
     pages: Vec<u64>,
 }
 
-/// (depth, root entries) of an extent-mapped inode's tree, for the tree estimate.
+/// (depth, root entries) of an extent-mapped inode's tree, for the tree estimate;
+/// [`super::BLOCK_MAP_SHAPE`] for a block-mapped one.
 fn tree_shape(inode: &Inode) -> (u16, u16) {
     if !inode.has_flag(flags::EXTENTS) {
-        return (0, 0);
+        return if crate::fs::inode_write::uses_block_map(inode) {
+            super::BLOCK_MAP_SHAPE
+        } else {
+            (0, 0)
+        };
     }
     let le16 = |o: usize| u16::from_le_bytes([inode.block[o], inode.block[o + 1]]);
     (le16(6), le16(2))
@@ -65,6 +71,27 @@ impl Fs {
             None => self
                 .record_size(ino)
                 .map_or(inode.size, |r| r.max(inode.size)),
+        }
+    }
+
+    /// Whether a dirty page of `ino` in pages `[from, to)` holds a promised block
+    /// (delayed allocation): a block map keeps the indirect blocks such a page needs.
+    pub(crate) fn pc_delalloc_in(&self, ino: Ino, from: u64, to: u64) -> bool {
+        self.pc().file(ino).is_some_and(|fc| {
+            let st = fc.lock();
+            st.delalloc > 0
+                && st
+                    .dirty_idx
+                    .range(from..to.max(from))
+                    .any(|i| st.pages.get(i).is_some_and(|p| p.lock().delalloc))
+        })
+    }
+
+    /// A truncate or punch changed the indirect blocks of `ino`: what its promise
+    /// counted by name may be gone, so it is counted again from now on.
+    pub(crate) fn pc_forget_indirect(&self, ino: Ino) {
+        if let Some(fc) = self.pc().file(ino) {
+            fc.lock().bm_counted.clear();
         }
     }
 
@@ -155,16 +182,48 @@ impl Fs {
     ) -> Result<Vec<(u64, Arc<Page>)>> {
         let mut got = Vec::with_capacity(idxs.len());
         let mut k = 0;
+        let mut attempts = 0;
         while k < idxs.len() {
             let start = idxs[k];
             let mut n = 1;
             while k + n < idxs.len() && idxs[k + n] == start + n as u64 {
                 n += 1;
             }
-            let bufs = self.read_pages(ino, start, n as u64, size)?;
+            // While these pages are read, no clean page of the file is dropped (a
+            // page written back meanwhile is still cached when this older copy
+            // arrives, and wins); and a direct overwrite may land (under the shared
+            // I/O lock too): the pages are not cached while one over them is in
+            // flight, and are read again when one ended during the read
+            // (`pc_direct_begin`; `dio_cache_model`).
+            let (first, last) = (start, start + n as u64 - 1);
+            let seen = {
+                let mut st = fc.lock();
+                st.loading += 1;
+                st.direct_done
+            };
+            let read = self.read_pages(ino, start, n as u64, size);
             let mut st = fc.lock();
+            st.loading -= 1;
+            let bufs = read?;
             if st.dead {
                 return Err(Error::NotFound);
+            }
+            let in_flight = st.direct_in_flight_over(first, last);
+            if in_flight || st.direct_done_over_since(seen, first, last) {
+                while st.direct_in_flight_over(first, last) {
+                    st = st.wait(&fc.wb_done);
+                }
+                drop(st);
+                for b in bufs {
+                    self.pc().recycle_buf(b);
+                }
+                attempts += 1;
+                if attempts > 1000 {
+                    return Err(Error::Io(std::io::Error::other(
+                        "page cache: direct writes kept landing while pages were read",
+                    )));
+                }
+                continue;
             }
             for (j, b) in bufs.into_iter().enumerate() {
                 let i = start + j as u64;
@@ -449,7 +508,7 @@ impl Fs {
         if buf.is_empty() {
             return Ok(0);
         }
-        let buf = self.clamp_write(buf, offset)?;
+        let buf = self.clamp_write(&inode, buf, offset)?;
         let len = buf.len() as u64;
         let end = offset + len;
         let (first, last) = pages_spanned(offset, len, self.page_size());
@@ -574,7 +633,7 @@ impl Fs {
     /// holds the I/O lock and hands the promise to `pc_write` (or `cancel_promise`).
     pub(crate) fn promise_pages(&self, ino: Ino, first: u64, last: u64) -> Result<Promise> {
         let fc = self.pc().live_file(ino);
-        let (pages, shape) = {
+        let (pages, shape, missing) = {
             let _t = self.tree_shared(ino);
             let inode = self.read_inode(ino)?;
             let held = |i: u64| {
@@ -593,7 +652,14 @@ impl Fs {
                     Mapping::Mapped { len, .. } => lblk = lblk.saturating_add(len.max(1)),
                 }
             }
-            (pages, tree_shape(&inode))
+            let shape = tree_shape(&inode);
+            // A block map: the indirect blocks these pages would need, by name.
+            let missing = if shape == super::BLOCK_MAP_SHAPE {
+                self.indirect_missing(&inode, &pages)?
+            } else {
+                Vec::new()
+            };
+            (pages, shape, missing)
         };
         if pages.is_empty() {
             return Ok(Promise::default());
@@ -601,6 +667,24 @@ impl Fs {
         let n = pages.len() as u64;
         let per_leaf = (self.page_size() - 12) / 12;
         let mut st = fc.lock();
+        if shape == super::BLOCK_MAP_SHAPE {
+            // Each missing indirect block once, however many writes dirty pages
+            // under it (the last ones counted are remembered; one forgotten is
+            // counted again, which only promises more).
+            let fresh: Vec<_> = missing
+                .into_iter()
+                .filter(|k| !st.bm_counted.contains(k))
+                .collect();
+            let extra = fresh.len() as u64;
+            self.inner.space.reserve(n, extra)?;
+            st.pending += n;
+            st.resv_tree += extra;
+            st.tree_shape = shape;
+            st.bm_counted.extend(fresh);
+            let over = st.bm_counted.len().saturating_sub(64);
+            st.bm_counted.drain(..over);
+            return Ok(Promise { pages });
+        }
         let need = crate::fs::space::tree_blocks_for(
             st.delalloc + st.pending + n,
             shape.0,
@@ -840,35 +924,120 @@ impl Fs {
     /// block is written. The cache is checked first: under the exclusive I/O lock no
     /// page can appear meanwhile, while one that was there and was written back and
     /// reclaimed is already reflected by the mapping (SEEDS lesson B's race).
+    ///
+    /// A dirty page, or one under writeback, is zeroed and left (or made) dirty: its
+    /// next writeback carries the zeros whatever the block is. A clean page needs the
+    /// mapping (zeros over an unwritten block need no write), which may read extent
+    /// blocks from the device: it is looked up with no page-cache mutex held, and the
+    /// page is zeroed only if it is still the same clean page, unchanged (`seq`), when
+    /// the locks are taken again; else the look starts over. Caller holds the I/O lock
+    /// exclusively and the write lock, so no writer dirties the page and the mapping
+    /// cannot move meanwhile: one retry at most in practice.
     pub(crate) fn zero_partial(&self, ino: Ino, inode: &Inode, from: u64, to: u64) -> Result<()> {
         let ps = self.page_size();
         let idx = from / ps;
-        if let Some(fc) = self.pc().file(ino) {
+        let base = idx * ps;
+        let zero = |d: &mut PageData| {
+            d.buf[(from - base) as usize..(to - base) as usize].fill(0);
+            d.seq += 1;
+        };
+        let Some(fc) = self.pc().file(ino) else {
+            return self.zero_on_disk(ino, inode, from, to - from);
+        };
+        // The mapping found for a clean page: (the page, its seq then, written?).
+        let mut looked: Option<(Arc<Page>, u64, bool)> = None;
+        for _ in 0..1000 {
             let mut st = fc.lock();
-            if let Some(p) = st.pages.get(&idx).cloned() {
-                let mut d = p.lock();
-                // Whether the device copy is written data, asked before the page
-                // changes: a failed lookup leaves the page as it was, not zeroed over
-                // data the device still holds.
-                let written = !d.dirty
-                    && matches!(
+            let Some(p) = st.pages.get(&idx).cloned() else {
+                drop(st);
+                return self.zero_on_disk(ino, inode, from, to - from);
+            };
+            let mut d = p.lock();
+            if d.dirty || d.writeback {
+                zero(&mut d);
+                if !d.dirty {
+                    d.dirty = true;
+                    self.pc().note_dirty(&mut st, ino, idx);
+                }
+                return Ok(());
+            }
+            match looked.take() {
+                Some((q, seq, written)) if Arc::ptr_eq(&p, &q) && d.seq == seq => {
+                    zero(&mut d);
+                    if written {
+                        d.dirty = true;
+                        self.pc().note_dirty(&mut st, ino, idx);
+                    }
+                    return Ok(());
+                }
+                _ => {
+                    let seq = d.seq;
+                    drop(d);
+                    drop(st);
+                    // A failed lookup leaves the page as it was, not zeroed over data
+                    // the device still holds.
+                    let written = matches!(
                         self.map_block(ino, inode, idx)?,
                         Mapping::Mapped {
                             unwritten: false,
                             ..
                         }
                     );
-                let base = idx * ps;
-                d.buf[(from - base) as usize..(to - base) as usize].fill(0);
-                d.seq += 1;
-                if written {
-                    d.dirty = true;
-                    self.pc().note_dirty(&mut st, ino, idx);
+                    looked = Some((p, seq, written));
                 }
-                return Ok(());
             }
         }
-        self.zero_on_disk(ino, inode, from, to - from)
+        Err(Error::Io(std::io::Error::other(
+            "page cache: a page kept changing while a partial block was zeroed",
+        )))
+    }
+
+    /// Direct overwrites of `ino` (`(bytes, file offset)` each) are about to go to the
+    /// device: copy their bytes into the cached pages they cover and mark their ranges
+    /// in flight until the returned guard is dropped (after the data is written, still
+    /// under the shared I/O lock, success or not), so the cache stays coherent with the
+    /// device. The overwrites run under the shared I/O lock, beside buffered writers
+    /// that may read a page from the device before the data lands and cache (and
+    /// dirty) it: without the copy, that page's writeback would put the old bytes back
+    /// over a direct write that returned. The copy bumps `seq`, so a writeback of an
+    /// older snapshot in flight leaves the page dirty; a page read while a range is in
+    /// flight waits for it, one read while an overwrite over it ended is read again
+    /// (`instantiate`). The copy comes before the data write: made after it, a stale
+    /// page could be dirtied, written back over the new data and dropped in between.
+    /// The shared I/O lock keeps the file's size and mapping those the overwrites were
+    /// checked against (`dio_cache_model` models this protocol).
+    pub(crate) fn pc_direct_begin(&self, ino: Ino, writes: &[(&[u8], u64)]) -> DirectInFlight<'_> {
+        let ps = self.page_size();
+        let fc = self.pc().live_file(ino);
+        let ranges: Vec<(u64, u64)> = writes
+            .iter()
+            .filter(|(b, _)| !b.is_empty())
+            .map(|&(b, off)| pages_spanned(off, b.len() as u64, ps))
+            .collect();
+        let mut st = fc.lock();
+        st.direct_in_flight.extend_from_slice(&ranges);
+        for &(buf, offset) in writes {
+            if buf.is_empty() || st.pages.is_empty() {
+                continue;
+            }
+            let (first, last) = pages_spanned(offset, buf.len() as u64, ps);
+            let end = offset + buf.len() as u64;
+            for (&i, p) in st.pages.range(first..=last) {
+                let pstart = i * ps;
+                let from = offset.max(pstart);
+                let to = end.min(pstart + ps);
+                let mut d = p.lock();
+                d.buf[(from - pstart) as usize..(to - pstart) as usize]
+                    .copy_from_slice(&buf[(from - offset) as usize..(to - offset) as usize]);
+                d.seq += 1;
+            }
+        }
+        drop(st);
+        DirectInFlight {
+            fs: self,
+            fc: Some(fc),
+            ranges,
+        }
     }
 
     /// Write back and drop the cached pages of `ino` overlapping `[off, off+len)`, so
@@ -902,6 +1071,10 @@ impl Fs {
             return;
         };
         let mut st = fc.lock();
+        if st.loading > 0 {
+            // A page on its way in may be older than one dropped now (`instantiate`).
+            return;
+        }
         let idxs: Vec<u64> = st.pages.range(first..=last).map(|(&i, _)| i).collect();
         for i in idxs {
             let clean = st.pages.get(&i).is_some_and(|p| {
@@ -1023,7 +1196,46 @@ enum IoGuard<'a> {
     Exclusive(crate::lockdep::Ranked<std::sync::RwLockWriteGuard<'a, ()>>),
 }
 
-/// Whether `inode` is a regular, extent-mapped file (what the page cache writes).
+/// Whether `inode` is a regular file mapped by extents or a block map (what the page
+/// cache writes).
 pub(crate) fn cacheable(inode: &Inode) -> bool {
-    inode.is_reg() && inode.has_flag(flags::EXTENTS)
+    inode.is_reg()
+        && (inode.has_flag(flags::EXTENTS) || crate::fs::inode_write::uses_block_map(inode))
+}
+
+/// Direct overwrites in flight over a file's pages (`Fs::pc_direct_begin`): dropped
+/// once their data write is done, which takes the ranges off, counts them and wakes
+/// readers waiting to cache those pages.
+pub(crate) struct DirectInFlight<'a> {
+    fs: &'a Fs,
+    fc: Option<super::FileRef>,
+    ranges: Vec<(u64, u64)>,
+}
+
+impl Drop for DirectInFlight<'_> {
+    fn drop(&mut self) {
+        let Some(fc) = self.fc.take() else {
+            return;
+        };
+        let mut st = fc.lock();
+        for r in &self.ranges {
+            if let Some(k) = st.direct_in_flight.iter().position(|x| x == r) {
+                st.direct_in_flight.swap_remove(k);
+            }
+        }
+        for &(a, b) in &self.ranges {
+            st.direct_done += 1;
+            let n = st.direct_done;
+            if st.direct_done_ranges.len() == super::DIRECT_DONE_KEPT {
+                st.direct_done_ranges.pop_front();
+            }
+            st.direct_done_ranges.push_back((n, a, b));
+        }
+        drop(st);
+        fc.wb_done.notify_all();
+        // A file the cache held nothing of: not kept for this write alone.
+        let arc = fc.arc().clone();
+        drop(fc);
+        self.fs.pc().drop_if_empty(&arc);
+    }
 }
