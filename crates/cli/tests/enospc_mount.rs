@@ -51,6 +51,22 @@ const ENV_ROLE: &str = "REXT4_ENOSPC_ROLE";
 const ENV_PATH: &str = "REXT4_ENOSPC_PATH";
 const ENV_SEED: &str = "REXT4_ENOSPC_SEED";
 const ENV_WAIT: &str = "REXT4_ENOSPC_WAIT_BELOW";
+const ENV_LIMIT: &str = "REXT4_ENOSPC_LIMIT";
+/// What a writer may write beyond the image's size: a writer that gets that far is
+/// not writing into the image (a mount point whose mount is gone fills the host).
+const WRITE_MARGIN: u64 = 64 * MIB;
+/// statfs's f_type of a FUSE mount.
+const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+
+/// Whether the open file `f` lives on a FUSE mount (not on the directory beneath a
+/// mount point whose mount is gone).
+fn on_fuse(f: &File) -> bool {
+    // SAFETY: statfs is plain old data; fstatfs fills it for a valid descriptor.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the descriptor is open for the call.
+    let r = unsafe { libc::fstatfs(f.as_raw_fd(), &mut st) };
+    r == 0 && st.f_type as i64 == FUSE_SUPER_MAGIC
+}
 const ENV_IMG: &str = "REXT4_ENOSPC_IMG";
 const ENV_MNT: &str = "REXT4_ENOSPC_MNT";
 const ENV_LOG: &str = "REXT4_ENOSPC_LOG";
@@ -111,9 +127,9 @@ impl Report {
 }
 
 /// A writer process: once less than `wait_below` bytes are free (at most 30 s), open
-/// `path` and write random-sized pieces of its pattern until write() fails; then
-/// close. Prints its report.
-fn writer(path: &Path, seed: u64, wait_below: u64) {
+/// `path` and write random-sized pieces of its pattern until write() fails (or
+/// `limit` bytes were written: then it fails); then close. Prints its report.
+fn writer(path: &Path, seed: u64, wait_below: u64, limit: u64) {
     let t0 = Instant::now();
     let dir = path.parent().expect("a directory");
     while avail_bytes(dir) >= wait_below && t0.elapsed() < Duration::from_secs(30) {
@@ -125,6 +141,11 @@ fn writer(path: &Path, seed: u64, wait_below: u64) {
         .write(true)
         .open(path)
         .expect("writer: create");
+    assert!(
+        on_fuse(&f),
+        "writer: {} is not on the mount",
+        path.display()
+    );
     let mut r = Rng(seed | 1);
     // The pattern repeats every 256 x 4 KiB, so one period past any offset serves.
     let period = 256 * 4096;
@@ -141,7 +162,10 @@ fn writer(path: &Path, seed: u64, wait_below: u64) {
             Ok(n) => acked += n as u64,
             Err(e) => break e.raw_os_error().unwrap_or(-1),
         }
-        assert!(acked < 4 << 30, "writer never stopped");
+        assert!(
+            acked < limit,
+            "writer never stopped ({acked} bytes written)"
+        );
     };
     let fd = std::os::fd::IntoRawFd::into_raw_fd(f);
     // SAFETY: closing the descriptor taken out of the File.
@@ -247,20 +271,27 @@ impl Server {
 /// Mount `img` at `mnt`, run `work`, unmount; the writers' reports.
 fn scenario(rext4: &Path, img: &Path, mnt: &Path, log: &Path, work: Workload) -> Vec<Report> {
     let server = Server::start(rext4, img, mnt, log);
+    let limit = fs::metadata(img).expect("the image").len() + WRITE_MARGIN;
     let reports = match work {
-        Workload::Dd => vec![run_dd(mnt)],
-        Workload::Writers => run_writers(mnt),
+        Workload::Dd => vec![run_dd(mnt, limit)],
+        Workload::Writers => run_writers(mnt, limit),
     };
     server.stop();
     reports
 }
 
-fn run_dd(mnt: &Path) -> Report {
+/// `yes | dd bs=1M` into the mount, at most `limit` bytes (and only if it is mounted).
+fn run_dd(mnt: &Path, limit: u64) -> Report {
     let out = Command::new("sh")
         .arg("-c")
-        .arg("yes 0123456789abcde | dd iflag=fullblock bs=1M of=\"$1\"")
+        .arg(
+            "mountpoint -q \"$1\" || { echo \"$1 is not mounted\" >&2; exit 1; }; \
+             yes 0123456789abcde | dd iflag=fullblock bs=1M count=\"$3\" of=\"$2\"",
+        )
         .arg("sh")
+        .arg(mnt)
         .arg(mnt.join("dd"))
+        .arg((limit / MIB).to_string())
         .output()
         .expect("dd");
     let err = String::from_utf8_lossy(&out.stderr);
@@ -284,7 +315,8 @@ fn run_dd(mnt: &Path) -> Report {
     }
 }
 
-fn run_writers(mnt: &Path) -> Vec<Report> {
+fn run_writers(mnt: &Path, limit: u64) -> Vec<Report> {
+    assert!(is_mounted(mnt), "{} is not mounted", mnt.display());
     let exe = std::env::current_exe().expect("test binary");
     let children: Vec<Child> = (0..8u64)
         .map(|i| {
@@ -296,6 +328,7 @@ fn run_writers(mnt: &Path) -> Vec<Report> {
                 .env(ENV_PATH, mnt.join(format!("w{i}")))
                 .env(ENV_SEED, (0x5eed + i * 0x9E37).to_string())
                 .env(ENV_WAIT, wait_below.to_string())
+                .env(ENV_LIMIT, limit.to_string())
                 .env("RUST_BACKTRACE", "0")
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
@@ -325,6 +358,7 @@ fn enospc_helper() {
             Path::new(&env(ENV_PATH)),
             env(ENV_SEED).parse().expect("seed"),
             env(ENV_WAIT).parse().expect("wait"),
+            env(ENV_LIMIT).parse().expect("limit"),
         ),
         Ok(work @ ("dd" | "writers")) => {
             let work = if work == "dd" {

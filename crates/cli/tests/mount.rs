@@ -801,9 +801,7 @@ fn dirty_page_share_of_the_mount() {
         let ok = |max: u64, min: u64, strict: u64| {
             if opts.is_empty() {
                 // A quarter of the space left, within rounding.
-                strict == 1
-                    && max.abs_diff(avail / 4) < 1 << 20
-                    && max.abs_diff(min) < 1 << 16
+                strict == 1 && max.abs_diff(avail / 4) < 1 << 20 && max.abs_diff(min) < 1 << 16
             } else {
                 strict == 1 && read("max_ratio") == 1
             }

@@ -49,6 +49,8 @@ use rext4::{
     Creds, Error, FallocMode, Fs, Ino, RenameFlags, SetAttr, Timestamp, Whence, XattrFlags,
 };
 
+use crate::lowspace::Gate;
+
 /// How long the kernel may trust attributes and entries we return. Nothing changes
 /// the image behind this mount's back (it holds the image lock), and what the server
 /// changes on its own (the mode after an ACL change or a set-ID drop) it invalidates
@@ -208,15 +210,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// A cached WRITE being answered: when dropped (after the engine took the data or
-/// refused it), the kernel no longer holds those bytes (`LowSpace::arrived`).
+/// refused it), the kernel no longer holds those pages (`LowSpace::arrived`).
 struct Arrival<'a> {
     s: &'a Shared,
+    offset: u64,
     len: u64,
 }
 
 impl Drop for Arrival<'_> {
     fn drop(&mut self) {
-        self.s.lowspace.arrived(&self.s.fs, self.len);
+        self.s.lowspace.arrived(&self.s.fs, self.offset, self.len);
     }
 }
 
@@ -771,6 +774,11 @@ impl Shared {
         } else {
             (self.new_fh(handle(false)), false)
         };
+        if write && !write_through && !direct && self.lowspace.gated() {
+            // The kernel may hold attributes of the file from before writes were gated:
+            // its first write() must ask too.
+            self.invalidate_attrs_only(ino);
+        }
         let fl = if direct {
             FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
         } else if write_through {
@@ -908,7 +916,7 @@ impl Shared {
     /// attributes not at all, so that every write() through the kernel's cache asks
     /// first (`lowspace`).
     fn ttl(&self, attr: &FileAttr) -> Duration {
-        if attr.kind == FileType::RegularFile && self.lowspace.low() {
+        if attr.kind == FileType::RegularFile && self.lowspace.gated() {
             Duration::ZERO
         } else {
             TTL
@@ -1064,12 +1072,54 @@ impl Filesystem for Adapter {
         // refused (`lowspace`): admitted when the space left covers what the call
         // writes beside what the kernel's cache may still hand over (an overwrite
         // counts too: the server cannot tell it from an extending write here).
-        if let Some(fh) = fh.filter(|_| s.lowspace.low()) {
+        // A gate that must wait for what is owed to arrive waits on a thread of its
+        // own: the request threads serve the WRITEs it waits for.
+        if let Some(fh) = fh.filter(|_| s.lowspace.gated()) {
             if s.is_cached_writer(fh) {
                 let privileged = s.privileged(req.uid(), req.gid());
-                if !s.lowspace.admit(&s.fs, req.pid(), privileged) {
-                    reply.error(Errno::ENOSPC);
-                    return;
+                let tid = req.pid();
+                match s.lowspace.admit(&s.fs, tid, privileged, false) {
+                    Gate::Admitted => {}
+                    Gate::Refused => {
+                        reply.error(Errno::ENOSPC);
+                        return;
+                    }
+                    Gate::Wait => {
+                        if !s.lowspace.gate_slot() {
+                            reply.error(Errno::ENOSPC);
+                            return;
+                        }
+                        let s2 = Arc::clone(s);
+                        // Kept here until the thread has it: a failed spawn leaves it
+                        // to be answered on this thread.
+                        let slot = Arc::new(Mutex::new(Some(reply)));
+                        let theirs = Arc::clone(&slot);
+                        let spawned = std::thread::Builder::new().name("rext4-gate".into()).spawn(
+                            move || {
+                                if let Some(reply) = lock(&theirs).take() {
+                                    let s = &s2;
+                                    if s.lowspace.admit(&s.fs, tid, privileged, true)
+                                        == Gate::Admitted
+                                    {
+                                        match s.getattr_ino(ino) {
+                                            Ok(attr) => reply.attr(&s.ttl(&attr), &attr),
+                                            Err(e) => reply.error(e),
+                                        }
+                                    } else {
+                                        reply.error(Errno::ENOSPC);
+                                    }
+                                }
+                                s2.lowspace.gate_done();
+                            },
+                        );
+                        if spawned.is_err() {
+                            s.lowspace.gate_done();
+                            if let Some(reply) = lock(&slot).take() {
+                                reply.error(Errno::ENOSPC);
+                            }
+                        }
+                        return;
+                    }
                 }
             }
         }
@@ -1467,6 +1517,7 @@ impl Filesystem for Adapter {
         let cached = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         let _arrival = cached.then(|| Arrival {
             s,
+            offset,
             len: data.len() as u64,
         });
         let _spend = cached.then(rext4::spend_held);
@@ -1518,7 +1569,7 @@ impl Filesystem for Adapter {
                 Err(Error::NoSpace) => 0,
                 _ => data.len(),
             };
-            let deadline = std::time::Instant::now() + crate::lowspace::GATE_WAIT;
+            let deadline = std::time::Instant::now() + crate::lowspace::ROOM_WAIT;
             while done < data.len()
                 && s.lowspace
                     .wait_for_room(&s.fs, (data.len() - done) as u64, privileged, deadline)

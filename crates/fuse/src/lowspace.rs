@@ -21,23 +21,33 @@
 //!   back what it holds above a lowered window before it lets anyone dirty more) or
 //!   after a *re-sync round* (below). Once no such descriptor is open, nothing is owed:
 //!   the kernel writes a file's dirty pages back before it releases its last handle.
-//! - *low space*: when what is left beyond the window is small (`LOW_MARGIN`), a
-//!   file opened for writing gets FOPEN_DIRECT_IO (each write() a WRITE answered before
-//!   write() returns: ENOSPC exactly, as ext4), and descriptors opened before have each
-//!   write() checked: their attributes are invalidated and every attribute reply has no
-//!   lifetime, so the kernel sends a GETATTR with the handle before each write(), while
-//!   the writer waits in its system call. `inflight` reads how many bytes that call
-//!   writes; the *gate* admits it only if the space left covers `owed` plus those
-//!   bytes (which it adds to `owed`), else answers ENOSPC — the write() fails, nothing
-//!   of it was accepted. In low space `owed` has no floor: it is what was owed when
-//!   space became low (the window, and the write calls then under way, found by
-//!   `inflight::scan`), plus what the gate admitted, less what arrived.
-//! - a *re-sync round* (at the turn to low space, and when the hold is what made a
+//! - the *gate*: when what is left beyond the window is less than `GATE_MARGIN`
+//!   (64 MiB), every write() on a descriptor writing through the kernel's cache is
+//!   checked first: attributes of files open that way are invalidated (and those of
+//!   files opened later), and every attribute reply has no lifetime, so the kernel
+//!   sends a GETATTR with the handle before each write(), while the writer waits in
+//!   its system call. `inflight` reads how many bytes that call writes; the gate
+//!   admits it only if the space left covers `owed` plus the pages those bytes may
+//!   dirty (which it adds to `owed`: the kernel writes back whole pages, so
+//!   everything here is counted in pages), else answers ENOSPC — the write() fails,
+//!   nothing of it was accepted. Before refusing, `owed` is counted again (`recount`:
+//!   no more than the whole system's dirty and writeback pages plus what admitted
+//!   calls may still copy), and a write() that would fit beside less waits up to
+//!   `GATE_WAIT` for what is owed to arrive — on a thread of its own, at most half
+//!   the request threads' worth at once (over io_uring the request thread waits for
+//!   the reply), so the rest serve the WRITEs it waits for. Gated, `owed` has no
+//!   floor: it is what was owed when the gate closed (the window, and the write calls
+//!   then under way, found by `inflight::scan`), plus what the gate admitted, less
+//!   what arrived.
+//! - *low space*: below the window, its slack and `LOW_MARGIN` (8 MiB), a file opened
+//!   for writing gets FOPEN_DIRECT_IO (each write() a WRITE answered before write()
+//!   returns: ENOSPC exactly, as ext4), and the window (root) shrinks to 256 KiB.
+//! - a *re-sync round* (when the gate closes, and when the hold is what made a
 //!   call fail): the watcher makes the kernel write back every file open for cached
 //!   writing (a page invalidation launders its dirty pages); after it, the kernel holds
 //!   only what was written since — no more than the window in normal mode, no more
-//!   than the gate admitted since the round began (and the calls under way then) in
-//!   low space — and `owed` is cut to that.
+//!   than the gate admitted since the round began (and the calls under way then)
+//!   while gated — and `owed` is cut to that.
 //!
 //! Not covered (the kernel asks nothing first): writes through a shared writable
 //! mapping, and a single write() already copying when space turned low beyond what
@@ -47,7 +57,9 @@
 //! Locks: `ledger` (the account, the mode, and the decision to open a file cached)
 //! before the adapter's handle table; nothing waits on the kernel under either.
 //! Threads: handlers call `open_cached`, `released`, `arrived`, `admit` (all short,
-//! under the ledger lock) and `after_change`/`blocked` (kicks); the watcher thread
+//! under the ledger lock; a gate that must wait runs `admit` again on a `rext4-gate`
+//! thread, which waits on `fell` without the lock) and `after_change`/`blocked`
+//! (kicks); the watcher thread
 //! re-reads the space, tunes the bdi, flips the mode and runs re-sync rounds — never a
 //! request handler: a page invalidation waits for WRITEs that handlers serve.
 
@@ -65,6 +77,11 @@ use crate::inflight;
 
 /// Space beyond the window (and its slack) below which space is low.
 pub(crate) const LOW_MARGIN: u64 = 8 << 20;
+/// Space beyond the window (and its slack) below which every write() on a descriptor
+/// writing through the kernel's cache is checked first (the gate): room for the write
+/// calls under way when checking starts, which the gate never sees (sixteen 4 MiB
+/// writes).
+pub(crate) const GATE_MARGIN: u64 = 64 << 20;
 /// The smallest dirty window the server sets (root).
 pub(crate) const FLOOR_BYTES: u64 = 1 << 20;
 /// The dirty window while space is low (root): the kernel's throttling then writes
@@ -78,9 +95,22 @@ const MAX_CALLS: usize = 256;
 const POLL: Duration = Duration::from_millis(500);
 /// The least time between two re-sync rounds asked for by refusals.
 const RESYNC_GAP: Duration = Duration::from_millis(100);
+/// How long a write the caller waits for (write-through or direct) waits, on a
+/// request thread, for what is owed to arrive before it fails for lack of space.
+pub(crate) const ROOM_WAIT: Duration = Duration::from_millis(1000);
 /// How long the gate waits for what is owed to arrive before it refuses a write()
-/// that would fit beside less (the writer waits in its system call meanwhile).
-pub(crate) const GATE_WAIT: Duration = Duration::from_millis(1000);
+/// that would fit beside less (the writer waits in its system call meanwhile; the
+/// wait takes no request thread).
+pub(crate) const GATE_WAIT: Duration = Duration::from_millis(2000);
+
+/// What the gate answers a write() (`LowSpace::admit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Gate {
+    Admitted,
+    Refused,
+    /// It would fit once what is owed has arrived: ask again on a thread of its own.
+    Wait,
+}
 
 /// What the kernel's throttling lets the dirty data of a mount exceed its strict
 /// window by: each dirtying task checks the limit only every few pages (at most a
@@ -95,15 +125,43 @@ pub(crate) fn window_for(avail: u64, cap: u64) -> u64 {
     (avail / 4).clamp(FLOOR_BYTES.min(cap), cap.max(FLOOR_BYTES.min(cap)))
 }
 
-/// Whether `avail` bytes left is low space for a mount whose normal window is
-/// `window`, given the mode now (leaving it takes another margin: no flapping).
-pub(crate) fn is_low(avail: u64, window: u64, low_now: bool) -> bool {
-    let edge = window + slack(window) + LOW_MARGIN;
-    if low_now {
-        avail < edge + LOW_MARGIN
+/// Whether `avail` bytes left is less than `margin` beyond what a mount whose normal
+/// window is `window` may hold, given whether it was (leaving takes another `margin`,
+/// at most 8 MiB: no flapping).
+pub(crate) fn is_below(avail: u64, window: u64, margin: u64, now: bool) -> bool {
+    let edge = window + slack(window) + margin;
+    if now {
+        avail < edge + margin.min(LOW_MARGIN)
     } else {
         avail < edge
     }
+}
+
+/// The kernel's page size: its cache holds, and its writeback sends, whole pages.
+pub(crate) fn page_size() -> u64 {
+    // SAFETY: sysconf has no memory preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(p).ok().filter(|&p| p >= 4096).unwrap_or(4096)
+}
+
+/// The page-cache bytes a write of `bytes` at an offset not known may dirty: its pages,
+/// and one more where it straddles a page boundary (the kernel writes back whole
+/// pages, so a write of 100 bytes costs a page).
+pub(crate) fn pages_for_write(bytes: u64, page: u64) -> u64 {
+    if bytes == 0 {
+        return 0;
+    }
+    (bytes.div_ceil(page) + 1).saturating_mul(page)
+}
+
+/// The page-cache bytes a cached WRITE of `len` bytes at `offset` hands over: the
+/// pages it spans.
+pub(crate) fn pages_spanned(offset: u64, len: u64, page: u64) -> u64 {
+    if len == 0 {
+        return 0;
+    }
+    let end = offset.saturating_add(len);
+    (end.div_ceil(page) - offset / page).saturating_mul(page)
 }
 
 /// Blocks to hold for `bytes` of data in `files` files: the data blocks, and the
@@ -138,6 +196,8 @@ struct Bdi {
 /// What the kernel may still hand over, and the mode (see the module note).
 #[derive(Default)]
 struct Ledger {
+    /// Every write() through the kernel's cache is checked by the gate.
+    gated: bool,
     low: bool,
     /// Bytes the kernel may still hand over as cached WRITEs.
     owed: u64,
@@ -161,7 +221,10 @@ struct Ledger {
 }
 
 pub(crate) struct LowSpace {
+    gated: AtomicBool,
     low: AtomicBool,
+    /// Gate threads running (`gate_thread`).
+    gate_threads: AtomicU64,
     /// `after_change` kicks the watcher when the space left leaves this band.
     band_lo: AtomicU64,
     band_hi: AtomicU64,
@@ -189,7 +252,9 @@ pub(crate) struct LowSpace {
 impl Default for LowSpace {
     fn default() -> Self {
         LowSpace {
+            gated: AtomicBool::new(false),
             low: AtomicBool::new(false),
+            gate_threads: AtomicU64::new(0),
             band_lo: AtomicU64::new(0),
             band_hi: AtomicU64::new(u64::MAX),
             refused: AtomicBool::new(false),
@@ -223,6 +288,33 @@ fn dirty_threshold_bytes() -> Option<u64> {
     Some(pages * 4096)
 }
 
+/// Bytes the whole system holds dirty or under writeback (/proc/vmstat), with room
+/// for what the per-CPU counters have not folded in yet (at most 125 pages each per
+/// CPU): a bound on what the kernel's cache holds for this mount.
+fn system_dirty_bytes() -> Option<u64> {
+    let t = std::fs::read_to_string("/proc/vmstat").ok()?;
+    let mut pages = 0u64;
+    let mut seen = 0;
+    for l in t.lines() {
+        let Some((k, v)) = l.split_once(' ') else {
+            continue;
+        };
+        if matches!(k, "nr_dirty" | "nr_writeback" | "nr_writeback_temp") {
+            pages = pages.saturating_add(v.trim().parse::<u64>().ok()?);
+            seen += u32::from(k != "nr_writeback_temp");
+        }
+    }
+    if seen < 2 {
+        return None;
+    }
+    let cpus = std::thread::available_parallelism().map_or(64, |n| n.get() as u64);
+    Some(
+        pages
+            .saturating_add(cpus * 2 * 256)
+            .saturating_mul(page_size()),
+    )
+}
+
 fn read_u64(p: &std::path::Path) -> Option<u64> {
     std::fs::read_to_string(p).ok()?.trim().parse().ok()
 }
@@ -244,6 +336,35 @@ fn mount_ids(dev: &str) -> HashSet<u64> {
 }
 
 impl Ledger {
+    /// While writes are gated: cut `owed` to what the kernel can hold now — what the
+    /// whole system holds dirty or under writeback, and what the write calls the gate
+    /// admitted (or found under way) may still copy. Every page the kernel can still
+    /// hand over is in one or the other: a call that returned has marked its pages
+    /// dirty, and no write() gets into the cache without the gate.
+    fn recount(&mut self, fs: &Fs) {
+        if !self.gated || self.owed == 0 {
+            return;
+        }
+        let Some(dirty) = system_dirty_bytes() else {
+            return;
+        };
+        if dirty >= self.owed {
+            return;
+        }
+        self.calls.retain(|w| w.still_in_call());
+        let page = page_size();
+        let running: u64 = self
+            .calls
+            .iter()
+            .map(|w| pages_for_write(w.bytes, page))
+            .sum();
+        let bound = dirty.saturating_add(running);
+        if bound < self.owed {
+            self.owed = bound.max(self.floor);
+            self.sync_hold(fs);
+        }
+    }
+
     /// Set the engine's hold to what is owed now. With no handle writing through the
     /// kernel's cache open, nothing is owed (whatever was counted meanwhile).
     fn sync_hold(&mut self, fs: &Fs) {
@@ -272,14 +393,20 @@ impl LowSpace {
         lock(&self.ledger)
     }
 
-    /// Space is low now.
+    /// Space is low now (files opened for writing write through).
     pub(crate) fn low(&self) -> bool {
         self.low.load(Ordering::Relaxed)
     }
 
-    /// Whether cached data was refused for lack of space while space is low.
+    /// Every write() through the kernel's cache goes through the gate now (their
+    /// attributes have no lifetime).
+    pub(crate) fn gated(&self) -> bool {
+        self.gated.load(Ordering::Relaxed)
+    }
+
+    /// Whether cached data was refused for lack of space while writes are gated.
     pub(crate) fn refused(&self) -> bool {
-        self.low() && self.refused.load(Ordering::SeqCst)
+        self.gated() && self.refused.load(Ordering::SeqCst)
     }
 
     /// A cached write (the kernel's writeback) failed with ENOSPC: the account was
@@ -307,6 +434,12 @@ impl LowSpace {
         if l.low {
             return insert(false);
         }
+        if l.gated {
+            // Its every write() is checked (the caller makes the kernel ask first).
+            l.cached += 1;
+            l.sync_hold(fs);
+            return insert(true);
+        }
         let floor = l.window + slack(l.window);
         let left = fs.blocks_available_to(false);
         let bs = fs.block_size();
@@ -333,12 +466,13 @@ impl LowSpace {
         l.sync_hold(fs);
     }
 
-    /// A cached WRITE of `len` bytes was taken by the engine (or refused): that much
-    /// less is owed.
-    pub(crate) fn arrived(&self, fs: &Fs, len: u64) {
+    /// A cached WRITE of `len` bytes at `offset` was taken by the engine (or refused):
+    /// the pages it spans are no longer owed.
+    pub(crate) fn arrived(&self, fs: &Fs, offset: u64, len: u64) {
         if !self.active.load(Ordering::Relaxed) {
             return;
         }
+        let len = pages_spanned(offset, len, page_size());
         let mut l = self.ledger();
         l.owed = l.owed.saturating_sub(len).max(l.floor);
         l.sync_hold(fs);
@@ -354,12 +488,16 @@ impl LowSpace {
     /// When they would fit beside less, wait a little for what is owed to arrive
     /// (a re-sync round makes the kernel hand it over) before refusing — as long as
     /// enough request threads stay free to serve the WRITEs that brings.
-    pub(crate) fn admit(&self, fs: &Fs, tid: u32, privileged: bool) -> bool {
+    ///
+    /// On a request thread (`on_own_thread` false) it never waits: it answers
+    /// [`Gate::Wait`] instead, and the caller runs it again on a thread of its own
+    /// (`gate_thread`), which waits up to `GATE_WAIT`.
+    pub(crate) fn admit(&self, fs: &Fs, tid: u32, privileged: bool, on_own_thread: bool) -> Gate {
         if self.refused() {
-            return false;
+            return Gate::Refused;
         }
         let call = match inflight::write_call(tid) {
-            Ok(None) => return true,
+            Ok(None) => return Gate::Admitted,
             Ok(Some(w)) => Some(w),
             Err(()) => None,
         };
@@ -369,18 +507,26 @@ impl LowSpace {
             text: None,
             bytes: UNKNOWN_WRITE_BYTES,
         });
-        let bytes = call.bytes;
-        if bytes == 0 {
-            return true;
+        if call.bytes == 0 {
+            return Gate::Admitted;
         }
+        // Counted in pages, as they will arrive.
+        let bytes = pages_for_write(call.bytes, page_size());
         let bs = fs.block_size();
         let t0 = Instant::now();
         let mut waiting = false;
         let mut l = self.ledger();
+        // The task's previous call has returned (it is in this one).
+        l.calls.retain(|w| w.tid != tid);
         let admitted = loop {
             let left = fs.blocks_available_to(privileged);
-            let want = l.owed.saturating_add(bytes);
-            if left >= hold_blocks(want, l.cached, bs) {
+            let fits = |l: &Ledger| left >= hold_blocks(l.owed.saturating_add(bytes), l.cached, bs);
+            if fits(&l) {
+                break true;
+            }
+            // What is owed is a bound: count it again from what the kernel holds.
+            l.recount(fs);
+            if fits(&l) {
                 break true;
             }
             let could = left >= hold_blocks(bytes, l.cached, bs) && l.owed > 0;
@@ -393,12 +539,11 @@ impl LowSpace {
                 );
                 break false;
             }
+            if !on_own_thread {
+                return Gate::Wait;
+            }
             if !waiting {
-                let n = self.waiters.fetch_add(1, Ordering::SeqCst);
-                if n >= self.max_waiters.load(Ordering::Relaxed) {
-                    self.waiters.fetch_sub(1, Ordering::SeqCst);
-                    break false;
-                }
+                self.waiters.fetch_add(1, Ordering::SeqCst);
                 waiting = true;
             }
             drop(l);
@@ -417,20 +562,36 @@ impl LowSpace {
             self.waiters.fetch_sub(1, Ordering::SeqCst);
         }
         if !admitted {
-            return false;
+            return Gate::Refused;
         }
         l.owed = l.owed.saturating_add(bytes);
         if let Some(r) = l.round_admitted.as_mut() {
             *r = r.saturating_add(bytes);
         }
-        // The task's previous call has returned (it is in this one).
-        l.calls.retain(|w| w.tid != tid);
         if l.calls.len() >= MAX_CALLS {
             l.calls.retain(|w| w.still_in_call());
         }
         l.calls.push(call);
         l.sync_hold(fs);
+        Gate::Admitted
+    }
+
+    /// A slot for a gate that must wait (`admit` answered [`Gate::Wait`]) on a thread
+    /// of its own; false when as many wait already as may (the write() is refused).
+    /// Given back by `gate_done`. As many as half the request threads: over
+    /// FUSE-over-io_uring the request thread waits for a reply handed to another
+    /// thread, and the rest must stay free to serve the WRITEs the gates wait for.
+    pub(crate) fn gate_slot(&self) -> bool {
+        let n = self.gate_threads.fetch_add(1, Ordering::SeqCst);
+        if n >= self.max_waiters.load(Ordering::Relaxed) {
+            self.gate_threads.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
         true
+    }
+
+    pub(crate) fn gate_done(&self) {
+        self.gate_threads.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// A write the caller waits for (write-through or direct) found no room for
@@ -672,12 +833,14 @@ impl Watcher {
             // threshold.
             _ => dirty_threshold_bytes().unwrap_or(u64::MAX / 4),
         };
+        let was_gated = ls.gated();
+        let gated = is_below(avail, normal, GATE_MARGIN, was_gated);
         let was = ls.low();
-        let low = is_low(avail, normal, was);
+        let low = gated && is_below(avail, normal, LOW_MARGIN, was);
         let mut l = ls.ledger();
-        // The floor follows the window while cached handles are open and space is not
-        // (or no longer) low.
-        let floors = |l: &Ledger| l.cached > 0 && !low;
+        // The floor follows the window while cached handles are open and writes are
+        // not (or no longer) gated.
+        let floors = |l: &Ledger| l.cached > 0 && !gated;
         if let Some(b) = bdi.as_ref().filter(|b| b.tunable) {
             let want = if low { LOW_WINDOW_BYTES } else { normal };
             // Shrink at once; grow only by an eighth or more (a sysfs write per WRITE
@@ -713,10 +876,10 @@ impl Watcher {
             }
         }
         drop(bdi);
-        // The band in which nothing needs a look: the mode stays and (tunable) the
+        // The band in which nothing needs a look: the modes stay and (tunable) the
         // space stays within a sixteenth of what the window was set for.
-        let edge = normal + slack(normal) + LOW_MARGIN;
-        let (lo, hi) = if low {
+        let edge = normal + slack(normal) + GATE_MARGIN;
+        let (lo, hi) = if gated {
             (0, edge + LOW_MARGIN)
         } else if tunable {
             (edge.max(avail - avail / 16), avail + avail / 16)
@@ -725,49 +888,39 @@ impl Watcher {
         };
         ls.band_lo.store(lo, Ordering::Relaxed);
         ls.band_hi.store(hi, Ordering::Relaxed);
+        if gated != was_gated {
+            l.gated = gated;
+            ls.gated.store(gated, Ordering::SeqCst);
+            if gated {
+                // No floor: from now on the kernel gets more only through the gate.
+                l.floor = 0;
+                let cached = l.cached;
+                drop(l);
+                self.start_gating(s, cached);
+                l = ls.ledger();
+            } else {
+                ls.refused.store(false, Ordering::SeqCst);
+                l.calls.clear();
+                if l.cached > 0 {
+                    let w = l.window;
+                    l.set_floor(w + slack(w), fs);
+                }
+            }
+        }
         if low == was {
             return;
         }
         l.low = low;
         ls.low.store(low, Ordering::SeqCst);
         if !low {
-            ls.refused.store(false, Ordering::SeqCst);
-            l.calls.clear();
-            if l.cached > 0 {
-                let w = l.window;
-                l.set_floor(w + slack(w), fs);
-            }
             return;
         }
-        // Low: no floor — from now on the kernel gets more only through the gate.
-        l.floor = 0;
-        let cached = l.cached;
+        let (owed, calls) = (l.owed, l.calls.len());
         drop(l);
-        // Descriptors opened before: their next write() must ask (GETATTR). New cached
-        // handles are no longer made (decided under the ledger lock, flipped above).
-        for ino in s.files_open_cached_for_writing() {
-            s.invalidate_attrs_only(ino);
-        }
-        // Write calls already past that point: what they may still copy is owed too.
-        if cached > 0 {
-            let writers = scan_writers(ls);
-            let mut l = ls.ledger();
-            let more: u64 = writers.iter().map(|w| w.bytes).sum();
-            l.owed = l.owed.saturating_add(more);
-            for w in writers {
-                l.calls.retain(|c| c.tid != w.tid);
-                l.calls.push(w);
-            }
-            l.sync_hold(fs);
-        }
-        let (owed, calls) = {
-            let l = ls.ledger();
-            (l.owed, l.calls.len())
-        };
         if tunable {
             log::warn!(
                 "space is low ({} KiB left, {} KiB owed to the kernel's cache, {calls} write \
-                 calls under way): files opened for writing from now on write through",
+                 calls counted): files opened for writing from now on write through",
                 avail >> 10,
                 owed >> 10
             );
@@ -783,10 +936,45 @@ impl Watcher {
                 normal >> 10
             );
         }
-        if cached > 0 {
-            *lock(&ls.last_resync) = Some(Instant::now());
-            resync(s);
+    }
+
+    /// Writes just became gated, with `cached` handles writing through the kernel's
+    /// cache open: make their next write() ask, count what the calls already past that
+    /// point may still copy, and run a re-sync round.
+    fn start_gating(&self, s: &Shared, cached: u64) {
+        let ls = &s.lowspace;
+        let fs = &s.fs;
+        // Descriptors opened before: their next write() must ask (GETATTR). Handles
+        // opened from now on are made to ask by the adapter.
+        for ino in s.files_open_cached_for_writing() {
+            s.invalidate_attrs_only(ino);
         }
+        if cached == 0 {
+            return;
+        }
+        // Write calls already past that point: what they may still copy is owed too.
+        let writers = scan_writers(ls);
+        let mut l = ls.ledger();
+        if l.cached == 0 {
+            return;
+        }
+        let page = page_size();
+        let more: u64 = writers.iter().map(|w| pages_for_write(w.bytes, page)).sum();
+        l.owed = l.owed.saturating_add(more);
+        for w in writers {
+            l.calls.retain(|c| c.tid != w.tid);
+            l.calls.push(w);
+        }
+        l.sync_hold(fs);
+        log::debug!(
+            "write() through the kernel's cache is checked from now on: {} KiB owed, {} \
+             write calls under way",
+            l.owed >> 10,
+            l.calls.len()
+        );
+        drop(l);
+        *lock(&ls.last_resync) = Some(Instant::now());
+        resync(s);
     }
 }
 
@@ -831,7 +1019,8 @@ fn round(s: &Shared) -> Option<u64> {
         // kernel's cache, which the round flushes.
         l.calls.retain(|w| w.still_in_call());
         l.round_admitted = Some(0);
-        l.round_running = l.calls.iter().map(|w| w.bytes).sum();
+        let page = page_size();
+        l.round_running = l.calls.iter().map(|w| pages_for_write(w.bytes, page)).sum();
         (s.files_open_cached_for_writing(), l.floor)
     };
     let mut flushed = true;
@@ -839,12 +1028,16 @@ fn round(s: &Shared) -> Option<u64> {
         flushed &= s.kernel_writeback(ino);
     }
     let mut l = ls.ledger();
-    let admitted = l.round_admitted.take()?;
+    let admitted = l.round_admitted.take();
+    // Gates held back by the round go on.
+    ls.fell.notify_all();
+    let admitted = admitted?;
     if !flushed {
         // Some file kept what it held: nothing is known.
+        log::debug!("re-sync round: a file kept its cached pages");
         return None;
     }
-    let bound = if l.low {
+    let bound = if l.gated {
         // Only what the gate admitted since the round began, and what calls under
         // way then may still copy, can be in the kernel's cache now.
         admitted.saturating_add(l.round_running)
@@ -852,6 +1045,13 @@ fn round(s: &Shared) -> Option<u64> {
         // The window in force when the round began bounds what was dirtied since.
         start_floor.max(l.floor)
     };
+    log::debug!(
+        "re-sync round: {} KiB admitted and {} KiB of calls under way since it began, {} \
+         KiB owed",
+        admitted >> 10,
+        l.round_running >> 10,
+        l.owed >> 10
+    );
     if bound < l.owed {
         l.owed = bound.max(l.floor);
         l.sync_hold(fs);
@@ -879,10 +1079,24 @@ mod tests {
     fn low_space_has_a_hysteresis() {
         let w = 8 << 20;
         let edge = w + slack(w) + LOW_MARGIN;
-        assert!(!is_low(edge, w, false));
-        assert!(is_low(edge - 1, w, false));
-        assert!(is_low(edge + 1, w, true));
-        assert!(!is_low(edge + LOW_MARGIN, w, true));
+        assert!(!is_below(edge, w, LOW_MARGIN, false));
+        assert!(is_below(edge - 1, w, LOW_MARGIN, false));
+        assert!(is_below(edge + 1, w, LOW_MARGIN, true));
+        assert!(!is_below(edge + LOW_MARGIN, w, LOW_MARGIN, true));
+        // The gate starts well before space is low.
+        assert!(is_below(edge + (32 << 20), w, GATE_MARGIN, false));
+    }
+
+    #[test]
+    fn writes_count_the_pages_they_dirty() {
+        assert_eq!(pages_for_write(0, 4096), 0);
+        assert_eq!(pages_for_write(100, 4096), 8192);
+        assert_eq!(pages_for_write(4096, 4096), 8192);
+        assert_eq!(pages_for_write(4097, 4096), 12288);
+        assert_eq!(pages_spanned(0, 4096, 4096), 4096);
+        assert_eq!(pages_spanned(4095, 2, 4096), 8192);
+        assert_eq!(pages_spanned(8192, 100, 4096), 4096);
+        assert_eq!(pages_spanned(8192, 0, 4096), 0);
     }
 
     #[test]
