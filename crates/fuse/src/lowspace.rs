@@ -1088,6 +1088,14 @@ mod tests {
     }
 
     #[test]
+    fn the_systems_dirty_pages_bound_what_is_owed() {
+        // Read from /proc/vmstat, with room for each CPU's unfolded counts.
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+        let d = system_dirty_bytes().expect("nr_dirty and nr_writeback in /proc/vmstat");
+        assert!(d >= cpus * 512 * page_size(), "{d}");
+    }
+
+    #[test]
     fn writes_count_the_pages_they_dirty() {
         assert_eq!(pages_for_write(0, 4096), 0);
         assert_eq!(pages_for_write(100, 4096), 8192);
