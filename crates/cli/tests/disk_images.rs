@@ -250,8 +250,10 @@ fn trim_gives_space_back() {
 
     // fstrim on the mount.
     let mut m = Mounted::new(&img, &[]);
+    let free = free_bytes(m.path());
     write_zeros(&m.join("big"), 1 << 30);
     std::fs::remove_file(m.join("big")).expect("rm");
+    wait_until_freed(m.path(), free);
     let out = Command::new("fstrim").arg("-v").arg(m.path()).output();
     match out {
         Ok(o) => assert!(
@@ -484,8 +486,10 @@ fn qcow2_trim_gives_space_back() {
     check("rext4 trim");
 
     let mut m = Mounted::new(&img, &[]);
+    let free = free_bytes(m.path());
     write_zeros(&m.join("big"), 1 << 30);
     std::fs::remove_file(m.join("big")).expect("rm");
+    wait_until_freed(m.path(), free);
     let out = Command::new("fstrim").arg("-v").arg(m.path()).output();
     match out {
         Ok(o) => assert!(
@@ -549,4 +553,35 @@ fn mkfs_onto_a_partition() {
         r.stderr
     );
     assert!(!Path::new(&arg(&disk, "?partiton=1")).exists());
+}
+
+/// statvfs's f_bfree of `p` in bytes (0 when it fails).
+fn free_bytes(p: &Path) -> u64 {
+    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()) else {
+        return 0;
+    };
+    // SAFETY: statvfs with a valid path and a zeroed out-struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return 0;
+    }
+    st.f_bfree as u64 * st.f_frsize as u64
+}
+
+/// Wait (up to 30 s) until the mount at `p` has `free` bytes free again (less 1 MiB).
+/// A file removed right after its close is freed when the kernel's RELEASE of its
+/// last handle arrives, which FUSE sends after close returns: until then it is an
+/// open, unlinked file whose blocks are in use, on rext4 as on any filesystem, and
+/// fstrim rightly leaves them alone.
+fn wait_until_freed(p: &Path, free: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while free_bytes(p) + MIB < free {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the removed file's space was not freed within 30 s ({} of {free} bytes free)",
+            free_bytes(p)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
