@@ -1,0 +1,361 @@
+//! `rext4::resize`: offline grow and shrink (issue 39, item 4).
+//!
+//! - `grow_4x_then_min_*`: on the default layouts (Debian's and upstream's mke2fs
+//!   profiles, 1 KiB and 4 KiB blocks, an image made by mke2fs and one made by rext4's
+//!   mkfs), a tree is written, the image grown to 4x, more written (into the new
+//!   groups), then shrunk to `min`: each step e2fsck -fn clean, the tree unchanged
+//!   (inode numbers aside: the shrink renumbers), the geometry as dumpe2fs reports it;
+//!   the grow's group tables equal resize2fs's for the same size (mke2fs images); `min`
+//!   at most 1.2x the size `resize2fs -M` reaches on the same image; the kernel mounts
+//!   the result and sees the same tree (as root).
+//! - `crash_*`: a grow and a shrink run on a recording device; the image after a cut at
+//!   every flush (and with the writes since lost or torn) opens — recovered by rext4,
+//!   by e2fsck -fy — e2fsck -fn clean, with the old geometry or the new one and the
+//!   tree unchanged. `REXT4_CRASH_VARIANTS` (default 2) lost/torn variants per flush.
+//! - `refuses_*`: bad sizes, a claimed image, corrupt metadata, unsupported features:
+//!   a clear error and the image unchanged.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use common::{env_u64, Recorder};
+use rext4::resize::{self, Target};
+use rext4::{Fs, FsOptions};
+use rext4_testkit::crash::{self, Rng};
+use rext4_testkit::{
+    diff_trees, dumpe2fs_h, e2fsck_fn, mkfs, skip, snapshot_dir, Compare, Image, LoopMount,
+    MkfsOptions, Tree,
+};
+
+/// What a resize may change in the tree: inode numbers (hard links compared by paths).
+fn same_tree() -> Compare {
+    Compare {
+        ignore_ino: true,
+        hardlinks_by_paths: true,
+        ..Compare::default()
+    }
+}
+
+fn tree_of(path: &Path) -> Tree {
+    let fs = Fs::open(path).expect("open ro");
+    common::snapshot(&fs).expect("snapshot")
+}
+
+fn tree_of_dev(dev: Arc<dyn rext4::device::BlockDevice>) -> rext4::Result<Tree> {
+    let fs = Fs::open_device(dev, FsOptions::default())?;
+    common::snapshot(&fs)
+}
+
+fn assert_same(a: &Tree, b: &Tree, what: &str) {
+    let d = diff_trees(a, b, &same_tree());
+    assert!(d.is_empty(), "{what}: the tree changed:\n{}", d.join("\n"));
+}
+
+fn assert_clean(path: &Path, what: &str) {
+    let r = e2fsck_fn(path);
+    assert!(r.clean, "{what}: e2fsck -fn is not clean:\n{}", r.output);
+}
+
+fn bytes_of(rng: &mut Rng, n: usize) -> Vec<u8> {
+    (0..n).map(|_| rng.next_u64() as u8).collect()
+}
+
+/// Write a tree that exercises what a shrink moves: files of many sizes in directories
+/// spread over the groups, a directory big enough for an htree, files with many
+/// extents, sparse files, fast and slow symlinks, hard links, in-inode and block
+/// xattrs, devices and fifos, nested directories (their `..` entries).
+fn populate(fs: &Fs, tag: &str, seed: u64) {
+    let mut rng = Rng(seed | 1);
+    let top = format!("/{tag}");
+    fs.create_dir(&top).expect("mkdir");
+    for d in 0..10 {
+        let dir = format!("{top}/d{d}");
+        fs.create_dir(&dir).expect("mkdir");
+        for f in 0..12 {
+            let len = (rng.below(5000) + if f == 0 { 0 } else { 1 }) as usize;
+            let data = bytes_of(&mut rng, len);
+            fs.write(format!("{dir}/f{f}"), &data).expect("write");
+        }
+        fs.create_dir_all(format!("{dir}/x/y/z")).expect("mkdir -p");
+    }
+    // An htree directory.
+    let big = format!("{top}/big");
+    fs.create_dir(&big).expect("mkdir");
+    for i in 0..300 {
+        fs.write(format!("{big}/entry-with-a-longish-name-{i:05}"), [i as u8])
+            .expect("write");
+    }
+    // Two files written in turns: many extents each (a tree below the inode).
+    for name in ["frag1", "frag2"] {
+        fs.write(format!("{top}/{name}"), []).expect("create");
+    }
+    let chunk = 4096usize;
+    for i in 0..160u64 {
+        for name in ["frag1", "frag2"] {
+            let f = rext4::OpenOptions::new()
+                .write(true)
+                .open(fs, format!("{top}/{name}"))
+                .expect("open");
+            let data = bytes_of(&mut rng, chunk);
+            f.write_at(&data, i * chunk as u64).expect("write");
+            f.sync_all().expect("fsync");
+        }
+    }
+    // Sparse.
+    let sp = rext4::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .open(fs, format!("{top}/sparse"))
+        .expect("create");
+    for off in [0u64, 300 << 10, 3 << 20] {
+        sp.write_at(&bytes_of(&mut rng, 5000), off).expect("write");
+    }
+    drop(sp);
+    fs.symlink("d0/f1", format!("{top}/fast")).expect("symlink");
+    fs.symlink("x".repeat(300), format!("{top}/slow"))
+        .expect("symlink");
+    fs.hard_link(format!("{top}/d1/f1"), format!("{top}/hl1"))
+        .expect("link");
+    fs.hard_link(format!("{top}/d1/f1"), format!("{top}/d2/hl2"))
+        .expect("link");
+    for (i, path) in [
+        format!("{top}/d3/f2"),
+        format!("{top}/d4/f3"),
+        format!("{top}/d5"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let ino = fs.metadata(path).expect("stat").ino;
+        fs.set_xattr_ino(ino, b"user.small", b"v", Default::default())
+            .expect("xattr");
+        let big = vec![b'a' + i as u8; 700];
+        fs.set_xattr_ino(ino, b"user.big", &big, Default::default())
+            .expect("xattr");
+    }
+    fs.mknod(format!("{top}/chr"), 0o20644, (1, 3))
+        .expect("mknod");
+    fs.mknod(format!("{top}/fifo"), 0o10600, (0, 0))
+        .expect("mknod");
+}
+
+/// The "Group N" section of `dumpe2fs` with checksums blanked.
+fn group_tables(path: &Path) -> Vec<String> {
+    let out = std::process::Command::new("dumpe2fs")
+        .arg(path)
+        .output()
+        .expect("dumpe2fs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut lines: Vec<String> = Vec::new();
+    let mut on = false;
+    for l in text.lines() {
+        if l.starts_with("Group 0:") {
+            on = true;
+        }
+        if on {
+            let mut s = String::new();
+            let mut words = l.split(' ').peekable();
+            while let Some(w) = words.next() {
+                s.push_str(w);
+                s.push(' ');
+                if w == "csum" {
+                    words.next();
+                    s.push_str("X ");
+                }
+            }
+            lines.push(s);
+        }
+    }
+    lines
+}
+
+fn dumpe2fs_num(path: &Path, key: &str) -> u64 {
+    let h = dumpe2fs_h(path).expect("dumpe2fs -h");
+    h.get(key)
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("dumpe2fs -h has no {key}"))
+}
+
+/// Resize a copy with resize2fs (`size` None: -M); returns its block count.
+fn resize2fs(src: &Path, size: Option<u64>, bs: u32) -> (Image, u64) {
+    let copy = Image::create_sparse(std::fs::metadata(src).expect("stat").len()).expect("img");
+    std::fs::copy(src, copy.path()).expect("copy");
+    if let Some(n) = size {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(copy.path())
+            .expect("open");
+        f.set_len(n * u64::from(bs)).expect("extend");
+    }
+    let mut cmd = std::process::Command::new("resize2fs");
+    cmd.env("RESIZE2FS_FORCE_ITABLE_INIT", "1").arg("-f");
+    match size {
+        Some(n) => cmd.arg(copy.path()).arg(n.to_string()),
+        None => cmd.arg("-M").arg(copy.path()),
+    };
+    let out = cmd.output().expect("resize2fs");
+    assert!(
+        out.status.success(),
+        "resize2fs: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let n = dumpe2fs_num(copy.path(), "Block count");
+    (copy, n)
+}
+
+/// How the image under test is made.
+#[derive(Clone, Copy, Debug)]
+enum Maker {
+    Mke2fs,
+    Rext4,
+}
+
+fn grow_then_min(maker: Maker, upstream: bool, bs: u32, size: u64) {
+    let label = format!("{maker:?} upstream={upstream} bs={bs} size={size}");
+    let img = match maker {
+        Maker::Mke2fs => mkfs(&MkfsOptions::new(bs, size).upstream(upstream)).expect("mkfs"),
+        Maker::Rext4 => {
+            let img = Image::create_sparse(0).expect("img");
+            std::fs::remove_file(img.path()).expect("rm");
+            let opts = rext4::mkfs::MkfsOptions {
+                block_size: Some(bs),
+                upstream_defaults: upstream,
+                ..Default::default()
+            };
+            rext4::mkfs::mkfs_file(img.path(), size, &opts).expect("rext4 mkfs");
+            img
+        }
+    };
+    let path = img.path();
+    {
+        let fs = common::open_rw(path);
+        populate(&fs, "before", 7);
+        fs.close().expect("close");
+    }
+    assert_clean(path, &format!("{label}: populated"));
+    let before = tree_of(path);
+    let old_blocks = dumpe2fs_num(path, "Block count");
+    let ipg = dumpe2fs_num(path, "Inodes per group");
+
+    // Grow to 4x.
+    let want = old_blocks * 4;
+    let reference = matches!(maker, Maker::Mke2fs).then(|| resize2fs(path, Some(want), bs));
+    let r = resize::resize(path, Target::Blocks(want)).expect("grow");
+    assert_eq!((r.old_blocks, r.new_blocks), (old_blocks, want), "{label}");
+    assert_clean(path, &format!("{label}: grown"));
+    assert_same(&before, &tree_of(path), &format!("{label}: grown"));
+    assert_eq!(dumpe2fs_num(path, "Block count"), want, "{label}");
+    assert_eq!(
+        dumpe2fs_num(path, "Inode count"),
+        r.new_groups * ipg,
+        "{label}"
+    );
+    assert_eq!(
+        std::fs::metadata(path).expect("stat").len(),
+        want * u64::from(bs)
+    );
+    if let Some((copy, n)) = reference {
+        assert_eq!(n, want, "{label}: resize2fs's size");
+        let (ours, theirs) = (group_tables(path), group_tables(copy.path()));
+        let diffs: Vec<String> = ours
+            .iter()
+            .zip(&theirs)
+            .filter(|(a, b)| a != b)
+            .map(|(a, b)| format!("rext4:     {a}\nresize2fs: {b}"))
+            .take(10)
+            .collect();
+        assert!(
+            diffs.is_empty() && ours.len() == theirs.len(),
+            "{label}: group tables differ from resize2fs's:\n{}",
+            diffs.join("\n")
+        );
+    }
+
+    // More files, now spread over the new groups too.
+    {
+        let fs = common::open_rw(path);
+        populate(&fs, "after", 11);
+        fs.close().expect("close");
+    }
+    assert_clean(path, &format!("{label}: populated again"));
+    let grown = tree_of(path);
+    let (_theirs_img, theirs) = resize2fs(path, None, bs);
+
+    // Shrink to min.
+    let r = resize::resize(path, Target::Min).expect("shrink to min");
+    assert!(r.new_blocks < want, "{label}: min did not shrink ({r:?})");
+    assert!(
+        r.moved_blocks > 0 && r.moved_inodes > 0,
+        "{label}: the shrink moved nothing ({r:?})"
+    );
+    assert_clean(path, &format!("{label}: shrunk to min"));
+    assert_same(&grown, &tree_of(path), &format!("{label}: shrunk"));
+    assert_eq!(dumpe2fs_num(path, "Block count"), r.new_blocks, "{label}");
+    assert_eq!(
+        dumpe2fs_num(path, "Inode count"),
+        r.new_groups * ipg,
+        "{label}"
+    );
+    assert_eq!(
+        std::fs::metadata(path).expect("stat").len(),
+        r.new_blocks * u64::from(bs),
+        "{label}: the file is not truncated"
+    );
+    assert!(
+        r.new_blocks as f64 <= 1.2 * theirs as f64,
+        "{label}: min is {} blocks, resize2fs -M reaches {theirs}",
+        r.new_blocks
+    );
+    eprintln!(
+        "{label}: {old_blocks} -> {want} -> {} blocks (resize2fs -M: {theirs}); moved {} \
+         blocks, {} inodes, journal: {}",
+        r.new_blocks, r.moved_blocks, r.moved_inodes, r.journal_moved
+    );
+    // min again: nothing more to do.
+    let again = resize::resize(path, Target::Min).expect("min again");
+    assert!(again.new_blocks <= r.new_blocks, "{label}: {again:?}");
+    assert_clean(path, &format!("{label}: min again"));
+
+    // The kernel sees the same tree.
+    let m = match LoopMount::new(path, true, "noatime") {
+        Ok(m) => m,
+        Err(e) => return skip(&format!("[{label}] kernel view: {e}")),
+    };
+    let kernel = snapshot_dir(m.path()).expect("kernel snapshot");
+    drop(m);
+    assert_same(&tree_of(path), &kernel, &format!("{label}: kernel view"));
+}
+
+#[test]
+fn grow_4x_then_min_mke2fs_debian_1k() {
+    grow_then_min(Maker::Mke2fs, false, 1024, 24 << 20);
+}
+
+#[test]
+fn grow_4x_then_min_mke2fs_upstream_4k() {
+    grow_then_min(Maker::Mke2fs, true, 4096, 96 << 20);
+}
+
+#[test]
+fn grow_4x_then_min_mke2fs_upstream_1k() {
+    grow_then_min(Maker::Mke2fs, true, 1024, 24 << 20);
+}
+
+#[test]
+fn grow_4x_then_min_mke2fs_debian_4k() {
+    grow_then_min(Maker::Mke2fs, false, 4096, 96 << 20);
+}
+
+#[test]
+fn grow_4x_then_min_rext4_mkfs_debian_4k() {
+    grow_then_min(Maker::Rext4, false, 4096, 96 << 20);
+}
+
+#[test]
+fn grow_4x_then_min_rext4_mkfs_upstream_1k() {
+    grow_then_min(Maker::Rext4, true, 1024, 24 << 20);
+}
