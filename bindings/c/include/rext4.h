@@ -93,7 +93,9 @@ int rext4_mkfs(const char *path, uint64_t size_bytes, uint32_t block_size);
 
 /**
  * Open the image file or block device `path`, read-only unless `writable` is
- * nonzero; `*out` receives the handle (NULL on failure). A writable open refuses an
+ * nonzero. `path` may be an image spec (`disk.img?partition=2`,
+ * `disk.img?offset=BYTES[&size=BYTES]`); a path that exists is that file, '?' and
+ * all; `*out` receives the handle (NULL on failure). A writable open refuses an
  * image in use (-EBUSY) and replays a journal that needs it.
  *
  * # Safety

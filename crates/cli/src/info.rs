@@ -240,6 +240,10 @@ pub fn render(fs: &Fs) -> String {
     if sb.jnl_backup_type == 1 {
         line("Journal backup", "inode blocks".into());
     }
+    if sb.has_incompat(feature::INCOMPAT_MMP) {
+        line("MMP block number", sb.mmp_block.to_string());
+        line("MMP update interval", sb.mmp_interval.to_string());
+    }
     if sb.metadata_csum() {
         line(
             "Checksum type",
@@ -265,8 +269,38 @@ pub fn render(fs: &Fs) -> String {
             }
         }
     }
+    match fs.mmp_block() {
+        Ok(Some(m)) => o.push_str(&mmp_block(&m)),
+        Ok(None) => {}
+        Err(e) => {
+            let _ = writeln!(o, "MMP block unreadable: {e}");
+        }
+    }
     // dumpe2fs -h ends with an empty line.
     o.push('\n');
+    o
+}
+
+/// C's `%#08x`: "0x" and zero padding within eight characters; 0 has no prefix.
+fn hash_x08(v: u32) -> String {
+    if v == 0 {
+        "00000000".into()
+    } else {
+        format!("{v:#08x}")
+    }
+}
+
+/// dumpe2fs's MMP_block section.
+fn mmp_block(m: &rext4::format::mmp::MmpBlock) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "MMP_block:");
+    let _ = writeln!(o, "    mmp_magic: {:#x}", rext4::format::mmp::MAGIC);
+    let _ = writeln!(o, "    mmp_check_interval: {}", m.check_interval);
+    let _ = writeln!(o, "    mmp_sequence: {}", hash_x08(m.seq));
+    let _ = writeln!(o, "    mmp_update_date: {}", ctime(m.time as i64));
+    let _ = writeln!(o, "    mmp_update_time: {}", m.time);
+    let _ = writeln!(o, "    mmp_node_name: {}", m.nodename_text());
+    let _ = writeln!(o, "    mmp_device_name: {}", m.bdevname_text());
     o
 }
 

@@ -1,13 +1,17 @@
 //! `rext4 mkfs [-b BLOCKSIZE] [-N INODES] [-L LABEL] [-U UUID] [-O FEATURES]
-//! [-E EXTENDED] [-t ext4] [--upstream] [-q] [-F] [-d SRCDIR] IMAGE [SIZE]`: make an
-//! ext4 filesystem the way `mkfs.ext4` 1.47.0 does (see `rext4::mkfs`), and with `-d`
+//! [-E EXTENDED] [-t ext2|ext3|ext4] [--upstream] [-q] [-F] [-d SRCDIR] IMAGE [SIZE]`:
+//! make an ext4 filesystem (or with `-t` an ext2 or ext3 one: block-mapped files, ext3
+//! with a journal) the way `mke2fs` 1.47.0 does (see `rext4::mkfs`), and with `-d`
 //! fill it from a directory (through the same copy-in as `rext4 cp -r`, with its
 //! progress bar on a terminal unless `-q`, and its handling of SIGINT/SIGTERM/SIGHUP).
 //!
 //! IMAGE is a regular file (created or truncated to a sparse image of SIZE, which
-//! defaults to the file's current size) or a block device (SIZE defaults to the whole
-//! device). SIZE takes mke2fs's suffixes k/m/g/t (KiB..TiB) and s (512-byte sectors);
-//! without a suffix it counts blocks of `-b` bytes, or KiB when `-b` is not given.
+//! defaults to the file's current size), a block device (SIZE defaults to the whole
+//! device), or an existing image through a spec (`disk.img?partition=2`, `?offset=`)
+//! or a qcow2 image (`qemu-img create -f qcow2`): formatted where the spec points, the
+//! qcow2's guest disk, SIZE defaulting to all of it. SIZE takes mke2fs's suffixes
+//! k/m/g/t (KiB..TiB) and s (512-byte sectors); without a suffix it counts blocks of
+//! `-b` bytes, or KiB when `-b` is not given.
 //! `E2FSPROGS_FAKE_TIME` fixes every timestamp, as it does for mke2fs.
 //!
 //! Reproducible builds: with `SOURCE_DATE_EPOCH` set, every time the image holds is
@@ -22,7 +26,8 @@
 //! "Proceed anyway? (y,N)" when standard input and output are terminals (`-F` skips
 //! the question; elsewhere it is not asked). Extended options (`-E`, comma-separated):
 //! `hash_seed=UUID`, `root_owner[=UID:GID]` (without a value: the caller's uid and
-//! gid). Unlike mke2fs, whose root directory is 0:0 unless told, a mkfs run without
+//! gid), `mmp_update_interval=SECONDS` (with `-O mmp`; the MMP block records IMAGE as
+//! its device, as mke2fs records its argument). Unlike mke2fs, whose root directory is 0:0 unless told, a mkfs run without
 //! root makes the root directory the caller's, so that a user's own image mounts
 //! writable for them. Malformed options and sizes are usage errors (exit 2).
 
@@ -61,10 +66,12 @@ pub struct MkfsArgs {
     pub features: Vec<String>,
     /// Extended options, comma-separated: hash_seed=UUID (directory hash seed),
     /// root_owner[=UID:GID] (owner of the root directory; without a value the caller's;
-    /// default 0:0 as root, the caller's otherwise).
+    /// default 0:0 as root, the caller's otherwise), mmp_update_interval=SECONDS (with
+    /// -O mmp; default 5).
     #[arg(short = 'E', value_name = "OPTIONS", action = ArgAction::Append)]
     pub extended: Vec<String>,
-    /// Filesystem type; only ext4 is made.
+    /// Filesystem type: ext4 (the default), ext3 or ext2, with mke2fs.conf's defaults
+    /// for it (ext2 and ext3: block-mapped files, no flex_bg; ext3 with a journal).
     #[arg(short = 't', value_name = "TYPE")]
     pub fs_type: Option<String>,
     /// Start from e2fsprogs 1.47.0's own defaults (adds orphan_file and
@@ -128,16 +135,17 @@ fn parse_root_owner(v: &str) -> Option<(u32, u32)> {
 
 /// The mkfs options the arguments ask for; an error here is a usage error.
 fn options(args: &MkfsArgs) -> Result<MkfsOptions, String> {
-    if let Some(t) = &args.fs_type {
-        if t != "ext4" {
-            return Err(format!("only ext4 filesystems can be made, not {t}"));
-        }
-    }
+    let fs_type = match &args.fs_type {
+        None => mkfs::FsType::Ext4,
+        Some(t) => mkfs::FsType::parse(t)
+            .ok_or_else(|| format!("filesystem type {t} is not ext2, ext3 or ext4"))?,
+    };
     let mut features = FeatureSet::default();
     for spec in &args.features {
         features.edit(spec)?;
     }
     let mut hash_seed = None;
+    let mut mmp_update_interval = None;
     let (uid, gid) = crate::write_cmds::caller();
     // mke2fs 1.43+ leaves the root directory 0:0; a user's own image is theirs.
     let mut root_owner = (uid != 0).then_some((uid, gid));
@@ -149,6 +157,16 @@ fn options(args: &MkfsArgs) -> Result<MkfsOptions, String> {
                         Some(mkfs::parse_uuid(v).ok_or_else(|| format!("invalid hash seed: {v}"))?);
                 }
                 None if opt == "root_owner" => root_owner = Some((uid, gid)),
+                Some(("mmp_update_interval", v)) => {
+                    mmp_update_interval = Some(
+                        v.parse::<u16>()
+                            .ok()
+                            .filter(|&n| n <= rext4::format::mmp::MAX_UPDATE_INTERVAL)
+                            .ok_or_else(|| {
+                                format!("invalid mmp_update_interval: {v} (0 to 300 seconds)")
+                            })?,
+                    );
+                }
                 Some(("root_owner", v)) => {
                     root_owner = Some(
                         parse_root_owner(v)
@@ -158,7 +176,7 @@ fn options(args: &MkfsArgs) -> Result<MkfsOptions, String> {
                 _ => {
                     return Err(format!(
                         "bad extended option: {opt} (valid: hash_seed=UUID, \
-                         root_owner[=UID:GID])"
+                         root_owner[=UID:GID], mmp_update_interval=SECONDS)"
                     ))
                 }
             }
@@ -184,9 +202,12 @@ fn options(args: &MkfsArgs) -> Result<MkfsOptions, String> {
         hash_seed,
         features,
         upstream_defaults: args.upstream,
+        fs_type,
         creation_time,
         root_owner,
         seed: args.seed.as_ref().map(|s| s.as_bytes().to_vec()),
+        mmp_update_interval,
+        device_path: Some(args.image.clone()),
         ..MkfsOptions::default()
     })
 }
@@ -321,6 +342,33 @@ fn summary(r: &MkfsReport) -> String {
     s
 }
 
+/// mkfs onto what a spec names (a partition, a byte range, a qcow2 image's guest
+/// disk), claimed whole for the time of the format; SIZE defaults to the device's.
+fn mkfs_spec(
+    args: &MkfsArgs,
+    fill_with: (&Extras, bool),
+    spec: &rext4::ImageSpec,
+    opts: MkfsOptions,
+    size: Option<u64>,
+) -> Result<(), Failure> {
+    let failed = |e: rext4::Error| (1, format!("{}: {}", args.image.display(), reason(&e)));
+    let report = {
+        let _claim = rext4::Claim::write(spec.path()).map_err(failed)?;
+        if !confirm_overwrite(args) {
+            return Err((1, String::new()));
+        }
+        let dev = rext4::image::open_device(spec, false, false).map_err(failed)?;
+        let opts = MkfsOptions {
+            size_bytes: size,
+            ..opts
+        };
+        let r = mkfs::mkfs(&*dev, &opts).map_err(failed)?;
+        dev.flush().map_err(|e| failed(e.into()))?;
+        r
+    };
+    finish(args, fill_with, &report)
+}
+
 pub fn run(args: MkfsArgs) -> Result<(), Failure> {
     let opts = options(&args).map_err(|e| (2, e))?;
     let extras = extras(&args)?;
@@ -344,6 +392,30 @@ pub fn run(args: MkfsArgs) -> Result<(), Failure> {
     for l in &args.layers {
         if let Err(e) = std::fs::metadata(l) {
             return Err((1, format!("{}: {}", l.display(), term::io_reason(&e))));
+        }
+    }
+    // A spec (`disk.img?partition=2`) or a qcow2 image: formatted through the device
+    // the spec opens (its partition, the qcow2's guest disk), which must exist. A new
+    // file's name may hold '?': a bad spec is an error only over an existing file.
+    match crate::spec::image_spec(image) {
+        Ok(spec) => {
+            let is_qcow2 = || {
+                let mut m = [0u8; 4];
+                std::fs::File::open(spec.path()).is_ok_and(|f| f.read_exact_at(&mut m, 0).is_ok())
+                    && m == rext4::image::QCOW2_MAGIC
+            };
+            if !spec.is_plain() || is_qcow2() {
+                return mkfs_spec(&args, (&extras, from_dir), &spec, opts, size);
+            }
+        }
+        Err(e) => {
+            let text = image.to_string_lossy();
+            if text
+                .rfind('?')
+                .is_some_and(|i| Path::new(&text[..i]).exists())
+            {
+                return Err((1, e));
+            }
         }
     }
     let meta = std::fs::metadata(image).ok();
@@ -400,15 +472,26 @@ pub fn run(args: MkfsArgs) -> Result<(), Failure> {
         mkfs::mkfs_file(image, size, &opts).map_err(failed)?
     };
     drop(lock);
+    finish(&args, (&extras, from_dir), &report)
+}
+
+/// After the format: warnings, mke2fs's summary, and the -d copy-in (`fill_with`: the
+/// extras and whether the source is a directory).
+fn finish(
+    args: &MkfsArgs,
+    (extras, from_dir): (&Extras, bool),
+    report: &MkfsReport,
+) -> Result<(), Failure> {
+    let image = &args.image;
     for w in &report.warnings {
         errln!("warning: {w}");
     }
     if !args.quiet {
-        term::out(&summary(&report));
+        term::out(&summary(report));
     }
     fill(
-        &args,
-        &extras,
+        args,
+        extras,
         image,
         args.populate.as_deref(),
         from_dir,
@@ -635,13 +718,19 @@ mod tests {
         assert_eq!(o.features.remove.compat, 0x4);
         assert_eq!(o.features.add.compat, 0x1000);
         assert!(options(&parse(&["-E", "stride=4", "img"])).is_err());
+        let o = options(&parse(&["-O", "mmp", "-E", "mmp_update_interval=1", "img"]));
+        assert_eq!(o.expect("options").mmp_update_interval, Some(1));
+        assert!(options(&parse(&["-E", "mmp_update_interval=301", "img"])).is_err());
+        assert!(options(&parse(&["-E", "mmp_update_interval=x", "img"])).is_err());
         assert!(options(&parse(&["-E", "root_owner=1", "img"])).is_err());
         let o = options(&parse(&["-E", "root_owner=12:34,hash_seed=random", "img"]));
         assert!(o.is_err(), "hash_seed=random is not a UUID");
         let o = options(&parse(&["-E", "root_owner=12:34", "img"])).expect("options");
         assert_eq!(o.root_owner, Some((12, 34)));
         assert!(options(&parse(&["-U", "nope", "img"])).is_err());
-        assert!(options(&parse(&["-t", "ext3", "img"])).is_err());
+        let o = options(&parse(&["-t", "ext3", "img"])).expect("options");
+        assert_eq!(o.fs_type, mkfs::FsType::Ext3);
+        assert!(options(&parse(&["-t", "xfs", "img"])).is_err());
     }
 
     #[test]

@@ -96,6 +96,10 @@ fn info_matches_dumpe2fs() {
             "upstream 4k",
             MkfsOptions::new(4096, 64 << 20).upstream(true),
         ),
+        (
+            "debian 4k ea_inode",
+            MkfsOptions::new(4096, 32 << 20).arg("-O").arg("ea_inode"),
+        ),
     ];
     for (label, opts) in cases {
         let img = mkfs(&opts).expect("mkfs");
@@ -108,6 +112,20 @@ fn info_matches_dumpe2fs() {
         .expect("debugfs");
         check_info(img.path(), &format!("{label} after writes"));
     }
+}
+
+/// An image with multi-mount protection: the superblock's MMP fields and the MMP
+/// block section, as dumpe2fs -h prints them.
+#[test]
+fn info_matches_dumpe2fs_with_mmp() {
+    let img = mkfs(&MkfsOptions::new(4096, 32 << 20).arg("-O").arg("mmp")).expect("mkfs");
+    check_info(img.path(), "debian 4k mmp");
+    let r = rext4(&[OsStr::new("info"), img.path().as_os_str()]);
+    let text = r.stdout_str();
+    assert!(
+        text.contains("MMP block number:") && text.contains("    mmp_sequence: 0xff4d4d50"),
+        "{text}"
+    );
 }
 
 fn fixture_image(bs: u32) -> Image {

@@ -171,3 +171,73 @@ fn cp_r_matches_kernel_view_1k() {
 fn cp_r_matches_kernel_view_4k() {
     variant(4096);
 }
+
+/// setxattr(2) / getxattr(2) on a host path.
+fn host_set(p: &Path, name: &str, v: &[u8]) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path");
+    let n = std::ffi::CString::new(name).expect("name");
+    // SAFETY: NUL-terminated strings; `v` is valid for `v.len()` bytes.
+    let r = unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
+    assert_eq!(r, 0, "setxattr {name}: {}", std::io::Error::last_os_error());
+}
+
+/// Large xattr values (ea_inode) survive `rext4 cp` both ways: from a kernel-mounted
+/// ea_inode filesystem into an ea_inode image (the values go to inodes of their own:
+/// e2fsck clean, the kernel reads them back), and out of that image onto a kernel
+/// ea_inode mount.
+#[test]
+fn cp_keeps_large_xattrs_both_ways() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return skip("trusted.* xattrs and loop mounts need root");
+    }
+    let host = mkfs(&MkfsOptions::new(4096, 64 << 20).arg("-O").arg("ea_inode")).expect("mkfs");
+    let img = mkfs(&MkfsOptions::new(4096, 64 << 20).arg("-O").arg("ea_inode")).expect("mkfs");
+    let m = match LoopMount::new(host.path(), false, "") {
+        Ok(m) => m,
+        Err(e) => return skip(&format!("host ea_inode mount: {e}")),
+    };
+    let v30: Vec<u8> = (0..30 << 10).map(|i: u32| (i * 7 % 251) as u8).collect();
+    let v64: Vec<u8> = (0..64 << 10).map(|i: u32| (i * 13 % 241) as u8).collect();
+    let src = m.path().join("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    let f = src.join("f");
+    std::fs::write(&f, b"data").expect("write");
+    host_set(&f, "user.big", &v30);
+    host_set(&f, "trusted.max", &v64);
+    host_set(&f, "user.small", b"small");
+    let r = rext4(&[
+        OsStr::new("cp"),
+        OsStr::new("-r"),
+        OsStr::new("-q"),
+        src.as_os_str(),
+        &spec(img.path(), "/in"),
+    ]);
+    assert_eq!(r.code, 0, "cp in: {}", r.stderr);
+    let fsck = rext4_testkit::e2fsck_fn(img.path());
+    assert!(fsck.clean, "after cp in: {}", fsck.output);
+    let want: BTreeMap<Vec<u8>, Vec<u8>> = [
+        (b"user.big".to_vec(), v30.clone()),
+        (b"trusted.max".to_vec(), v64.clone()),
+        (b"user.small".to_vec(), b"small".to_vec()),
+    ]
+    .into_iter()
+    .collect();
+    {
+        let k = LoopMount::new(img.path(), true, "").expect("mount the copy");
+        let got = rext4_testkit::read_xattrs(&k.path().join("in/f")).expect("xattrs");
+        assert_eq!(got, want, "the kernel reads what cp wrote");
+    }
+    let out = m.path().join("out");
+    let r = rext4(&[
+        OsStr::new("cp"),
+        OsStr::new("-q"),
+        &spec(img.path(), "/in/f"),
+        out.as_os_str(),
+    ]);
+    assert_eq!(r.code, 0, "cp out: {}", r.stderr);
+    let got = rext4_testkit::read_xattrs(&out).expect("xattrs");
+    assert_eq!(got, want, "cp out keeps the values");
+    m.unmount().expect("unmount");
+}

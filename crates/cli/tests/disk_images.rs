@@ -1,6 +1,12 @@
 //! Image specs at the command line: `rext4 info DISK` lists a partitioned disk's
 //! partitions and which hold ext4; `DISK?partition=N:/path` works for the reading and
 //! writing commands and for the mount; a bad spec field is an error naming it.
+//!
+//! qcow2 images at the command line: `rext4 mkfs` onto an image `qemu-img create`
+//! made, writes through the CLI and the mount (v2, v3, an overlay over a backing
+//! file), then `qemu-img check` clean, the exported guest disk e2fsck-clean and, as
+//! root, what the kernel sees in it; `rext4 trim`, `fstrim` on the mount and `-o
+//! discard` give a qcow2 file's space back.
 
 mod common;
 mod fuse_mount;
@@ -267,4 +273,280 @@ fn trim_gives_space_back() {
     std::fs::remove_file(m.join("big")).expect("rm");
     assert!(m.unmount().success(), "{}", m.stderr());
     check("mount -o discard");
+}
+
+/// `qemu-img ARGS`; `None` (skipped) without qemu-img.
+fn qemu_img(args: &[&str]) -> Option<()> {
+    match Command::new("qemu-img").args(args).output() {
+        Ok(o) if o.status.success() => Some(()),
+        Ok(o) => panic!("qemu-img {args:?}: {}", String::from_utf8_lossy(&o.stderr)),
+        Err(e) => {
+            skip(&format!("qemu-img: {e}"));
+            None
+        }
+    }
+}
+
+/// `qemu-img check` of a qcow2 image: clean (exit 0, "No errors") or the output.
+fn assert_qemu_clean(q: &Path, label: &str) {
+    let o = Command::new("qemu-img")
+        .arg("check")
+        .arg(q)
+        .output()
+        .expect("qemu-img check");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        o.status.code() == Some(0) && text.contains("No errors were found"),
+        "[{label}] qemu-img check exit {:?}:\n{text}",
+        o.status.code()
+    );
+}
+
+/// The guest disk of `q`, exported raw by qemu-img.
+fn export(q: &Path, raw: &Path) {
+    let _ = std::fs::remove_file(raw);
+    qemu_img(&[
+        "convert",
+        "-O",
+        "raw",
+        &q.display().to_string(),
+        &raw.display().to_string(),
+    ])
+    .expect("qemu-img");
+}
+
+/// qcow2 images (v3, v2, and an overlay over a backing file) written through the CLI
+/// (mkfs onto the qemu-img-made image, mkdir, cp) and the mount: qemu-img check is
+/// clean after each, the exported guest disk is e2fsck -fn clean, rext4 reads back
+/// what was written and (as root) so does the kernel from the export; the backing
+/// file is unchanged.
+#[test]
+fn qcow2_written_through_cli_and_mount() {
+    let dir = TempDir::new("qcow2cli").expect("tmp");
+    let d = |n: &str| dir.join(n);
+    let s = |n: &str| d(n).display().to_string();
+    let payload: Vec<u8> = (0..(3 * MIB) as usize).map(|i| (i % 251) as u8).collect();
+    std::fs::write(d("payload"), &payload).expect("payload");
+    if qemu_img(&["create", "-q", "-f", "qcow2", &s("v3.qcow2"), "128M"]).is_none() {
+        return;
+    }
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        "compat=0.10",
+        &s("v2.qcow2"),
+        "128M",
+    ]);
+    // The backing file: made by rext4 mkfs too, with a file in it.
+    qemu_img(&["create", "-q", "-f", "qcow2", &s("backing.qcow2"), "128M"]);
+    for name in ["v3.qcow2", "v2.qcow2", "backing.qcow2"] {
+        let r = rext4(&["mkfs", "-q", "-L", "q", &s(name)]);
+        assert_eq!(r.code, 0, "[{name}] mkfs: {}", r.stderr);
+        assert_qemu_clean(&d(name), &format!("{name} after mkfs"));
+    }
+    let r = rext4(&[
+        "cp".to_string(),
+        s("payload"),
+        format!("{}:/from-backing", s("backing.qcow2")),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-b",
+        "backing.qcow2",
+        "-F",
+        "qcow2",
+        &s("over.qcow2"),
+    ]);
+    let backing = std::fs::read(d("backing.qcow2")).expect("read backing");
+    for name in ["v3.qcow2", "v2.qcow2", "over.qcow2"] {
+        let q = d(name);
+        let img = |p: &str| format!("{}:{p}", q.display());
+        let r = rext4(&["mkdir".to_string(), img("/cli")]);
+        assert_eq!(r.code, 0, "[{name}] mkdir: {}", r.stderr);
+        let r = rext4(&["cp".to_string(), s("payload"), img("/cli/payload")]);
+        assert_eq!(r.code, 0, "[{name}] cp: {}", r.stderr);
+        assert_qemu_clean(&q, &format!("{name} after cp"));
+        if cannot_mount().is_none() {
+            let mut m = Mounted::new(&q, &[]);
+            std::fs::create_dir(m.join("mnt")).expect("mkdir via mount");
+            std::fs::write(m.join("mnt/f"), &payload[..MIB as usize]).expect("write");
+            std::fs::write(m.join("mnt/small"), b"through the mount\n").expect("write");
+            assert!(m.unmount().success(), "[{name}] {}", m.stderr());
+            assert_qemu_clean(&q, &format!("{name} after the mount"));
+            let r = rext4(&["cat".to_string(), img("/mnt/small")]);
+            assert_eq!(r.stdout, b"through the mount\n", "{}", r.stderr);
+        }
+        let r = rext4(&["cat".to_string(), img("/cli/payload")]);
+        assert!(r.stdout == payload, "[{name}] {}", r.stderr);
+        let raw = d("export.raw");
+        export(&q, &raw);
+        let fsck = e2fsck_fn(&raw);
+        assert!(fsck.clean, "[{name}] {}", fsck.output);
+        match rext4_testkit::LoopMount::new(&raw, true, "noatime") {
+            Ok(m) => {
+                let got = std::fs::read(m.path().join("cli/payload")).expect("kernel read");
+                assert!(got == payload, "[{name}] the kernel reads other bytes");
+                if name == "over.qcow2" {
+                    let got = std::fs::read(m.path().join("from-backing")).expect("read");
+                    assert!(got == payload, "the backing file's file");
+                }
+                m.unmount().expect("unmount");
+            }
+            Err(e) => skip(&format!("kernel loop mount of the export: {e}")),
+        }
+    }
+    assert!(
+        std::fs::read(d("backing.qcow2")).expect("read backing") == backing,
+        "the backing file changed"
+    );
+}
+
+/// After writing and deleting 1 GiB on a 2 GiB qcow2 image, `rext4 trim` and `fstrim`
+/// on the mount each bring the qcow2 file's allocated size within 5% of what a fresh
+/// qcow2 image with the same tree needs; so does `-o discard` as files go;
+/// qemu-img check clean each time. Before qcow2 discard, the file kept the 1 GiB.
+#[test]
+fn qcow2_trim_gives_space_back() {
+    if let Some(why) = cannot_mount() {
+        return skip(&format!("qcow2 trim through the mount: {why}"));
+    }
+    let dir = TempDir::new("qtrim").expect("tmp");
+    let kept: Vec<u8> = (0..(4 * MIB) as usize)
+        .map(|i| (i * 31 % 253) as u8)
+        .collect();
+    let kept_src = dir.join("kept");
+    std::fs::write(&kept_src, &kept).expect("kept");
+    let make = |name: &str| {
+        let q = dir.join(name);
+        qemu_img(&[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            &q.display().to_string(),
+            "2G",
+        ])?;
+        let r = rext4(&[
+            "mkfs".to_string(),
+            "-q".into(),
+            "-b".into(),
+            "4096".into(),
+            q.display().to_string(),
+        ]);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        Some(q)
+    };
+    let Some(fresh) = make("fresh.qcow2") else {
+        return;
+    };
+    let r = rext4(&[
+        "cp".to_string(),
+        kept_src.display().to_string(),
+        arg(&fresh, ":/kept"),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let want = allocated(&fresh);
+    let Some(img) = make("img.qcow2") else { return };
+    let check = |label: &str| {
+        let have = allocated(&img);
+        eprintln!("[{label}] allocated {have} bytes, a fresh copy {want}");
+        assert!(
+            have as f64 <= want as f64 * 1.05,
+            "[{label}] the qcow2 file holds {have} bytes, a fresh copy {want}"
+        );
+        assert_qemu_clean(&img, label);
+        let r = rext4(&["cat".to_string(), arg(&img, ":/kept")]);
+        assert!(r.stdout == kept, "[{label}] kept file differs");
+    };
+
+    let mut m = Mounted::new(&img, &[]);
+    std::fs::write(m.join("kept"), &kept).expect("kept");
+    write_zeros(&m.join("big"), 1 << 30);
+    std::fs::remove_file(m.join("big")).expect("rm");
+    assert!(m.unmount().success(), "{}", m.stderr());
+    assert!(
+        allocated(&img) > want + (900 * MIB),
+        "the write did not reach the image"
+    );
+    let r = rext4(&["trim".to_string(), "-v".into(), arg(&img, "")]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    check("rext4 trim");
+
+    let mut m = Mounted::new(&img, &[]);
+    write_zeros(&m.join("big"), 1 << 30);
+    std::fs::remove_file(m.join("big")).expect("rm");
+    let out = Command::new("fstrim").arg("-v").arg(m.path()).output();
+    match out {
+        Ok(o) => assert!(
+            o.status.success(),
+            "fstrim: {}",
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(e) => {
+            m.unmount();
+            return skip(&format!("fstrim: {e}"));
+        }
+    }
+    // Given back while still mounted (the trim flushes the image).
+    let have = allocated(&img);
+    assert!(
+        have as f64 <= want as f64 * 1.05,
+        "after fstrim, still mounted: {have} bytes, a fresh copy {want}"
+    );
+    assert!(m.unmount().success(), "{}", m.stderr());
+    check("fstrim");
+
+    let mut m = Mounted::new(&img, &["discard"]);
+    write_zeros(&m.join("big"), 256 * MIB);
+    std::fs::remove_file(m.join("big")).expect("rm");
+    assert!(m.unmount().success(), "{}", m.stderr());
+    check("mount -o discard");
+    let raw = dir.join("export.raw");
+    export(&img, &raw);
+    let fsck = e2fsck_fn(&raw);
+    assert!(fsck.clean, "{}", fsck.output);
+}
+
+/// `rext4 mkfs DISK?partition=1` formats that partition only: e2fsck finds it clean
+/// at the partition's offset, the other partition's filesystem is untouched, and a
+/// bad spec over an existing disk is an error (no file made of its name).
+#[test]
+fn mkfs_onto_a_partition() {
+    let dir = TempDir::new("diskmkfs").expect("tmp");
+    let Some(disk) = gpt_disk(&dir) else { return };
+    let before = std::fs::read(&disk).expect("read");
+    let r = rext4(&["mkfs".to_string(), "-q".into(), arg(&disk, "?partition=1")]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let fsck = e2fsck_fn(Path::new(&arg(&disk, &format!("?offset={MIB}"))));
+    assert!(fsck.clean, "{}", fsck.output);
+    let after = std::fs::read(&disk).expect("read");
+    assert!(
+        after[9 * MIB as usize..] == before[9 * MIB as usize..],
+        "partition 2 changed"
+    );
+    assert!(
+        after[..MIB as usize] == before[..MIB as usize],
+        "the table changed"
+    );
+    let r = rext4(&["info".to_string(), arg(&disk, "?partition=1")]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = rext4(&["mkfs".to_string(), "-q".into(), arg(&disk, "?partiton=1")]);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.contains("unknown field 'partiton'"),
+        "{}",
+        r.stderr
+    );
+    assert!(!Path::new(&arg(&disk, "?partiton=1")).exists());
 }

@@ -1,7 +1,8 @@
 //! `rext4 mkfs` against `mkfs.ext4` through the command line: same UUID, hash seed and
 //! creation time give the same `dumpe2fs` output (full, with every group), except the
 //! two fields that must differ: "Lifetime writes" (mke2fs counts what its own write
-//! cache flushed) and the superblock "Checksum" (it covers that field).
+//! cache flushed) and the superblock "Checksum" (it covers that field), and with
+//! `-O mmp` the MMP block's update time and device name.
 
 use std::path::Path;
 use std::process::Command;
@@ -21,6 +22,17 @@ fn dumpe2fs(img: &std::path::Path) -> Vec<String> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|l| !l.starts_with("Lifetime writes:") && !l.starts_with("Checksum:"))
+        // An MMP block's time (mke2fs takes the real time, not the fake one) and device
+        // (each image's own path).
+        .filter(|l| {
+            ![
+                "    mmp_update_date:",
+                "    mmp_update_time:",
+                "    mmp_device_name:",
+            ]
+            .iter()
+            .any(|p| l.starts_with(p))
+        })
         .map(str::to_string)
         .collect()
 }
@@ -191,4 +203,54 @@ fn same_dumpe2fs_as_mkfs_ext4() {
         compare(size, &[]);
     }
     compare("64M", &["-b", "4096", "-N", "5000", "-L", "label"]);
+    compare("64M", &["-O", "mmp"]);
+    compare_with("16M", &["-O", "mmp"], ",mmp_update_interval=1");
+    // `rext4 mkfs -O ea_inode`: the feature as mke2fs sets it.
+    compare("64M", &["-O", "ea_inode"]);
+}
+
+/// `rext4 mkfs -t ext2|ext3` against `mkfs.ext4 -t ext2|ext3`, and `rext4 info` in
+/// dumpe2fs -h's words on them.
+#[test]
+fn same_dumpe2fs_as_mke2fs_for_ext2_and_ext3() {
+    if Command::new("mkfs.ext4").arg("-V").output().is_err() {
+        return skip("mkfs.ext4 not installed");
+    }
+    for t in ["ext2", "ext3"] {
+        for size in ["4M", "64M", "1G"] {
+            let d = compare_with(size, &["-t", t], "");
+            let img = d.join("ours.img");
+            let info = Command::new(env!("CARGO_BIN_EXE_rext4"))
+                .arg("info")
+                .arg(&img)
+                .env("TZ", "UTC")
+                .output()
+                .expect("rext4 info");
+            assert!(info.status.success());
+            let info = String::from_utf8_lossy(&info.stdout).into_owned();
+            let head = Command::new("dumpe2fs")
+                .arg("-h")
+                .arg(&img)
+                .env("TZ", "UTC")
+                .output()
+                .expect("dumpe2fs -h");
+            let head = String::from_utf8_lossy(&head.stdout).into_owned();
+            for l in info.lines().filter(|l| !l.trim().is_empty()) {
+                assert!(
+                    head.lines().any(|h| h == l),
+                    "{t} {size}: rext4 info says {l:?}, dumpe2fs -h does not:\n{head}"
+                );
+            }
+            let want = if t == "ext3" {
+                "has_journal ext_attr resize_inode dir_index filetype sparse_super large_file"
+            } else {
+                "ext_attr resize_inode dir_index filetype sparse_super large_file"
+            };
+            assert!(
+                info.lines()
+                    .any(|l| l == format!("Filesystem features:      {want}")),
+                "{t}: {info}"
+            );
+        }
+    }
 }

@@ -39,7 +39,7 @@ impl Fs {
     /// setxattr of an ACL (index ACCESS or DEFAULT), flags ignored as Linux does.
     pub(crate) fn set_acl_ino(&self, ino: Ino, index: u8, es: Vec<AclEntry>) -> Result<()> {
         let stored = fx::acl_encode_disk(&es);
-        if stored.len() > self.inner.block_size as usize {
+        if stored.len() > self.max_value_len() {
             return Err(Error::NoSpace);
         }
         let _h = self.handle();
@@ -83,7 +83,7 @@ impl Fs {
         self.update_xattrs(ino, |all, _| {
             for a in all.iter_mut() {
                 if a.index == fx::INDEX_POSIX_ACL_ACCESS {
-                    a.value = new.clone();
+                    *a = fx::Xattr::new(a.index, b"", &new);
                 }
             }
             Ok(())

@@ -506,9 +506,10 @@ impl Fs {
     ///
     /// Only blocks free in the bitmap and not busy are discarded: a block freed by a
     /// transaction not yet committed may still be what the committed state (what a
-    /// crash recovers) uses. Each group's mutex is held across its discards, so no
-    /// allocation takes a block of the group meanwhile and writes data that a discard
-    /// would then drop.
+    /// crash recovers) uses: a caller that wants what it freed just before given back
+    /// too commits first ([`Fs::sync_metadata`], as the mount's FITRIM does). Each
+    /// group's mutex is held across its discards, so no allocation takes a block of
+    /// the group meanwhile and writes data that a discard would then drop.
     pub fn trim(&self, start: u64, len: u64, min_len: u64) -> Result<u64> {
         self.check_writable()?;
         let sb = &self.inner.sb;
@@ -536,19 +537,20 @@ impl Fs {
                 let busy = self.inner.busy();
                 let mut x = from;
                 while x < to {
-                    if bitmap::test(&b, x) || busy.first_in(first + x, first + x + 1).is_some() {
-                        x += 1;
-                        continue;
-                    }
-                    let s = x;
-                    while x < to
-                        && !bitmap::test(&b, x)
-                        && busy.first_in(first + x, first + x + 1).is_none()
-                    {
-                        x += 1;
-                    }
-                    if x - s >= min_blocks {
-                        runs.push((first + s, x - s));
+                    // A free run of the bitmap (whole bytes skipped), less its busy runs.
+                    let s = next_bit(&b, x, to, false);
+                    let e = next_bit(&b, s, to, true);
+                    x = e;
+                    let mut y = s;
+                    while y < e {
+                        let stop = busy.first_in(first + y, first + e).map_or(e, |b| b - first);
+                        if stop - y >= min_blocks {
+                            runs.push((first + y, stop - y));
+                        }
+                        y = match busy.run_end(first + stop) {
+                            Some(end) if stop < e => (end - first).min(e),
+                            _ => e,
+                        };
                     }
                 }
             }
@@ -564,6 +566,11 @@ impl Fs {
                 trimmed += count * bs;
             }
             drop(grp);
+        }
+        if trimmed > 0 {
+            // Discards are done when durable: a device that frees what it was given only
+            // at a flush (a qcow2 image, once the unmapping is on disk) frees it now.
+            dev.flush()?;
         }
         Ok(trimmed)
     }
@@ -784,6 +791,141 @@ impl Fs {
         Ok(bitmap::test(&b, x))
     }
 
+    /// Mark `[start, start+len)`, free in the bitmaps, as used: blocks a journal
+    /// replay (fast commits) found mapped by a file. Every block is checked before any
+    /// bit is set: a block already in use refuses the whole run.
+    pub(crate) fn mark_blocks_used(&self, start: u64, len: u64) -> Result<()> {
+        self.check_writable()?;
+        let sb = &self.inner.sb;
+        let end = start.saturating_add(len);
+        if start < u64::from(sb.first_data_block) || end > sb.blocks_count {
+            return Err(Error::corrupted(
+                format!("blocks {start}+{len} are outside the filesystem"),
+                None,
+            ));
+        }
+        if self.in_system_zone(start, len) {
+            return Err(Error::corrupted(
+                format!("blocks {start}+{len} are the filesystem's own metadata"),
+                None,
+            ));
+        }
+        let mut blk = start;
+        while blk < end {
+            let g = self.group_of_block(blk);
+            let first = sb.group_first_block(g as u64);
+            let gend = (first + sb.blocks_in_group(g as u64)).min(end);
+            let mut grp = self.group(g)?;
+            let b = self.block_bitmap(g, &grp)?;
+            if let Some(x) = (blk..gend).find(|&x| bitmap::test(&b, x - first)) {
+                return Err(Error::corrupted(
+                    format!("block {x} is in use already"),
+                    Some(grp.desc.block_bitmap),
+                ));
+            }
+            drop(b);
+            let n = gend - blk;
+            let _c = crate::fs::space::claim_as(crate::fs::space::Claim::NoFail);
+            if self.inner.space.admit(n)? < n {
+                return Err(Error::NoSpace);
+            }
+            self.change_block_bitmap(g, &mut grp, |b| {
+                for x in blk..gend {
+                    bitmap::set(b, x - first, true);
+                }
+            })?;
+            grp.desc.free_blocks_count = grp.desc.free_blocks_count.saturating_sub(n as u32);
+            grp.longest_free = None;
+            drop(grp);
+            let mut live = self.live();
+            live.sb.free_blocks_count = live.sb.free_blocks_count.saturating_sub(n);
+            live.dirty = true;
+            blk = gend;
+        }
+        Ok(())
+    }
+
+    /// Whether block `blk` is in use in its group's bitmap.
+    pub(crate) fn block_in_use(&self, blk: u64) -> Result<bool> {
+        let g = self.group_of_block(blk);
+        let first = self.inner.sb.group_first_block(g as u64);
+        let grp = self.group(g)?;
+        let b = self.block_bitmap(g, &grp)?;
+        Ok(bitmap::test(&b, blk - first))
+    }
+
+    /// Mark inode `ino`, free in its bitmap, as used (a journal replay found it live):
+    /// counts, itable_unused and an uninitialized group's bitmaps as an allocation
+    /// there would leave them.
+    pub(crate) fn mark_inode_used(&self, ino: Ino, is_dir: bool) -> Result<()> {
+        self.check_writable()?;
+        let sb = &self.inner.sb;
+        let ipg = sb.inodes_per_group;
+        if ino.0 == 0 || ino.0 > sb.inodes_count {
+            return Err(Error::corrupted(
+                format!("inode number {} out of range", ino.0),
+                None,
+            ));
+        }
+        let g = ((ino.0 - 1) / ipg) as usize;
+        let x = u64::from((ino.0 - 1) % ipg);
+        let mut grp = self.group(g)?;
+        if grp.desc.has_flag(FLAG_BLOCK_UNINIT) {
+            self.store_block_bitmap(&mut grp, self.uninit_block_bitmap(g))?;
+        }
+        if grp.desc.has_flag(FLAG_INODE_UNINIT) {
+            let bs = self.inner.block_size as usize;
+            let mut b = vec![0u8; bs];
+            for k in u64::from(ipg)..(bs as u64 * 8) {
+                bitmap::set(&mut b, k, true);
+            }
+            bitmap::set(&mut b, x, true);
+            grp.desc.flags &= !FLAG_INODE_UNINIT;
+            self.store_inode_bitmap(&mut grp, b)?;
+        } else {
+            let b = self
+                .cache()
+                .read(grp.desc.inode_bitmap, Kind::Bitmap, |_| Ok(()))?;
+            if bitmap::test(&b, x) {
+                return Err(Error::corrupted(
+                    format!("inode {} is in use already", ino.0),
+                    Some(grp.desc.inode_bitmap),
+                ));
+            }
+            drop(b);
+            self.change_inode_bitmap(&mut grp, |b| bitmap::set(b, x, true))?;
+        }
+        grp.desc.free_inodes_count = grp.desc.free_inodes_count.saturating_sub(1);
+        if is_dir {
+            grp.desc.used_dirs_count = grp.desc.used_dirs_count.saturating_add(1);
+        }
+        let used = x as u32 + 1;
+        if ipg.saturating_sub(grp.desc.itable_unused) < used {
+            grp.desc.itable_unused = ipg - used;
+        }
+        self.group_changed(&mut grp);
+        drop(grp);
+        let mut live = self.live();
+        live.sb.free_inodes_count = live.sb.free_inodes_count.saturating_sub(1);
+        live.dirty = true;
+        Ok(())
+    }
+
+    /// A used inode became a directory (`1`) or stopped being one (`-1`): its group's
+    /// directory count follows.
+    pub(crate) fn count_dir(&self, ino: Ino, delta: i32) -> Result<()> {
+        let ipg = self.inner.sb.inodes_per_group;
+        let g = ((ino.0.max(1) - 1) / ipg) as usize;
+        let mut grp = self.group(g)?;
+        grp.desc.used_dirs_count = if delta > 0 {
+            grp.desc.used_dirs_count.saturating_add(1)
+        } else {
+            grp.desc.used_dirs_count.saturating_sub(1)
+        };
+        self.group_changed(&mut grp);
+        Ok(())
+    }
+
     /// Return inode `ino` to the free pool.
     pub(crate) fn free_inode(&self, ino: Ino, is_dir: bool) -> Result<()> {
         self.check_writable()?;
@@ -829,5 +971,59 @@ impl Fs {
         live.sb.free_inodes_count = live.sb.free_inodes_count.saturating_add(1);
         live.dirty = true;
         Ok(())
+    }
+}
+
+/// The first bit in `[from, to)` of bitmap `b` equal to `set`, or `to`; whole bytes
+/// of the other value are skipped at once (a trim of a large image walks every
+/// group's bitmap).
+fn next_bit(b: &[u8], from: u64, to: u64, set: bool) -> u64 {
+    let skip = if set { 0x00 } else { 0xFF };
+    let mut x = from;
+    while x < to {
+        if x.is_multiple_of(8) && to - x >= 8 && b.get((x / 8) as usize) == Some(&skip) {
+            x += 8;
+            continue;
+        }
+        if bitmap::test(b, x) == set {
+            return x;
+        }
+        x += 1;
+    }
+    to
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The byte-skipping search finds what a bit-by-bit walk finds, at every start.
+    #[test]
+    fn next_bit_matches_a_bit_by_bit_walk() {
+        let mut b = vec![0u8; 64];
+        let mut r = 0x1234_5678_9abc_def1u64;
+        for (i, x) in b.iter_mut().enumerate() {
+            r ^= r << 13;
+            r ^= r >> 7;
+            r ^= r << 17;
+            *x = match i % 4 {
+                0 => 0xFF,
+                1 => 0x00,
+                _ => r as u8,
+            };
+        }
+        for set in [false, true] {
+            for from in 0..512u64 {
+                for to in [from, from + 1, from + 9, 300, 512] {
+                    if to < from {
+                        continue;
+                    }
+                    let slow = (from..to)
+                        .find(|&x| bitmap::test(&b, x) == set)
+                        .unwrap_or(to);
+                    assert_eq!(next_bit(&b, from, to, set), slow, "{set} {from}..{to}");
+                }
+            }
+        }
     }
 }

@@ -23,8 +23,8 @@
 //! is open, and refuses an image someone writes.
 //!
 //! The checks see this mount namespace's mounts and this machine's loop devices; an
-//! image shared over a network with another machine is not detected (ext4's MMP is
-//! made for that, and rext4 refuses MMP images by name in the feature gate).
+//! image shared over a network with another machine is not detected here: ext4's
+//! multi-mount protection is made for that (`crate::mmp`, on images made with it).
 
 use std::fs::{File, Metadata, OpenOptions};
 use std::os::fd::AsRawFd;

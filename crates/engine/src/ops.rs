@@ -24,10 +24,9 @@ use rext4_format::extent::Extent;
 use rext4_format::inode::{flags, mode as m, Inode, Timestamp};
 use rext4_format::superblock::feature;
 
-use crate::cache::Kind;
 use crate::dir_write;
 use crate::error::{Error, Result};
-use crate::fs::inode_write::{now_ts, with_tree, FsDir};
+use crate::fs::inode_write::{map_new_blocks, now_ts, unmap_range, with_tree, FsDir};
 use crate::fs::map::{Mapping, MAX_LOGICAL};
 use crate::fs::{Fs, Ino};
 use crate::icache::{Dent, DentKey, DentRef};
@@ -616,23 +615,11 @@ impl Fs {
                 self.write_new_inode(ino, &inode)?;
                 written = true;
             } else {
-                inode.flags |= flags::EXTENTS;
-                crate::extent_write::init_empty(&mut inode.block);
-                let goal = self.data_goal(ino, &inode, 0);
-                let (p, _) = self.alloc_blocks(goal, 1)?;
-                let put = with_tree(self, ino, &mut inode, |t| {
-                    t.insert(Extent {
-                        logical: 0,
-                        len: 1,
-                        physical: p,
-                        unwritten: false,
-                    })
-                });
-                if let Err(e) = put {
-                    let _ = self.free_blocks(p, 1);
-                    return Err(e);
-                }
-                inode.blocks_raw += (bs / 512) as u64;
+                // A slow symlink: one block, mapped as the filesystem maps new files
+                // (the kernel's ext4_new_inode).
+                self.map_by_extents(&mut inode);
+                let mut alloc = |goal: u64, n: u32| self.alloc_blocks(goal, n);
+                let (p, _) = map_new_blocks(self, ino, &mut inode, 0, 1, false, &mut alloc)?;
                 // Recorded first, so that a failure below frees the block with it.
                 self.write_new_inode(ino, &inode)?;
                 written = true;
@@ -838,25 +825,16 @@ impl Fs {
         // Cached data goes with the inode (no writeback can be running: it pins).
         self.inner.pagecache.discard(ino);
         let is_dir = inode.is_dir();
-        if inode.has_flag(flags::EXTENTS) {
+        {
             // Removing extents may split one (a new leaf): from the pool if need be.
+            // A block map frees its data and indirect blocks.
             let _c = crate::fs::space::claim_as(crate::fs::space::Claim::NoFail);
-            with_tree(self, ino, &mut inode, |t| {
-                t.remove(0, MAX_LOGICAL).map(|_| ())
-            })?;
-        } else if crate::fs::inode_write::uses_block_map(&inode) {
-            // An ext2/3 block map (a converted image): its data and indirect blocks.
-            let c = self.block_map_contents(&inode)?;
-            for &(_, p, n) in &c.runs {
-                self.free_blocks(p, n)?;
-            }
-            for &b in &c.indirect {
-                self.free_blocks(b, 1)?;
-            }
-            inode.block = [0; 60];
-            inode.blocks_raw = 0;
+            unmap_range(self, ino, &mut inode, 0, MAX_LOGICAL)?;
         }
-        self.release_xattr_block(&mut inode)?;
+        if crate::fs::inode_write::uses_block_map(&inode) {
+            inode.block = [0; 60];
+        }
+        self.release_xattrs(ino, &mut inode)?;
         inode.links_count = 0;
         inode.size = 0;
         inode.dtime = self.now().sec as u32;
@@ -1240,7 +1218,8 @@ impl Fs {
         let _io = self.io_exclusive(ino);
         let _dax = self.dax_change(ino);
         self.check_writable()?;
-        truncate_allowed(&self.read_live_inode(ino)?, size, self.max_file_size())?;
+        let i = self.read_live_inode(ino)?;
+        truncate_allowed(&i, size, self.max_size_of(&i))?;
         let cut = self.prepare_size_change(ino, size)?;
         let _w = self.write_lock();
         self.check_writable()?;
@@ -1299,58 +1278,6 @@ impl Fs {
         inode = self.read_live_inode(ino)?;
         inode.size = self.vfs_size(ino, &inode);
         Ok(self.metadata_of(ino, &inode))
-    }
-
-    /// Replace the ext2/3 block map of `inode` (a regular file or directory of an image
-    /// with the extent feature) by an extent tree over the same data blocks, and free
-    /// its indirect blocks; the caller holds the write lock and writes the inode. Space
-    /// for the tree is checked first, so a refusal (ENOSPC) changes nothing.
-    pub(crate) fn migrate_to_extents(&self, ino: Ino, inode: &mut Inode) -> Result<()> {
-        let c = self.block_map_contents(inode)?;
-        // Runs longer than an extent holds are split.
-        let mut exts = Vec::new();
-        for &(l, p, n) in &c.runs {
-            let mut off = 0;
-            while off < n {
-                let len = (n - off).min(u64::from(rext4_format::extent::MAX_INIT_LEN));
-                exts.push(Extent {
-                    logical: (l + off) as u32,
-                    len: len as u16,
-                    physical: p + off,
-                    unwritten: false,
-                });
-                off += len;
-            }
-        }
-        let per_node = (u64::from(self.inner.block_size) - 12) / 12;
-        let leaves = if exts.len() <= 4 {
-            0
-        } else {
-            (exts.len() as u64).div_ceil(per_node) + 1
-        };
-        let need = leaves + leaves.div_ceil(per_node) + 1;
-        if self.statfs().blocks_free < need {
-            return Err(Error::NoSpace);
-        }
-        let old = (inode.block, inode.flags, inode.blocks_raw);
-        crate::extent_write::init_empty(&mut inode.block);
-        inode.flags |= flags::EXTENTS;
-        let r = with_tree(self, ino, inode, |t| {
-            for e in &exts {
-                t.insert(*e)?;
-            }
-            Ok(())
-        });
-        if let Err(e) = r {
-            (inode.block, inode.flags, inode.blocks_raw) = old;
-            return Err(e);
-        }
-        let per_block = u64::from(self.inner.block_size) / 512;
-        for &b in &c.indirect {
-            self.free_blocks(b, 1)?;
-            inode.blocks_raw = inode.blocks_raw.saturating_sub(per_block);
-        }
-        Ok(())
     }
 
     /// Whether `ino` may be opened for writing (`write`), with O_APPEND (`append`) or
@@ -1459,7 +1386,8 @@ impl Fs {
         let _io = self.io_exclusive(ino);
         let _dax = self.dax_change(ino);
         self.check_writable()?;
-        truncate_allowed(&self.read_live_inode(ino)?, size, self.max_file_size())?;
+        let i = self.read_live_inode(ino)?;
+        truncate_allowed(&i, size, self.max_size_of(&i))?;
         let cut = self.prepare_size_change(ino, size)?;
         let _w = self.write_lock();
         self.check_writable()?;
@@ -1510,11 +1438,35 @@ impl Fs {
         (MAX_LOGICAL - 1) * u64::from(self.inner.block_size)
     }
 
-    /// The part of a write of `buf` at `offset` that fits under the size limit: a
-    /// write that starts at or past it fails with EFBIG, one that crosses it is short
-    /// (as the kernel's `generic_write_checks`).
-    pub(crate) fn clamp_write<'b>(&self, buf: &'b [u8], offset: u64) -> Result<&'b [u8]> {
-        let max = self.max_file_size();
+    /// The largest size of `inode`: [`Fs::max_file_size`], or for a block-mapped file
+    /// the kernel's `s_bitmap_maxbytes` (what its map and `i_blocks` can hold: 16 GiB
+    /// at 1 KiB blocks, about 2 TiB at 4 KiB without huge_file).
+    pub fn max_size_of(&self, inode: &Inode) -> u64 {
+        if inode.has_flag(flags::EXTENTS) {
+            return self.max_file_size();
+        }
+        crate::blockmap_write::max_bytes(
+            self.inner.block_size,
+            self.inner.sb.has_ro_compat(feature::RO_COMPAT_HUGE_FILE),
+        )
+        .min(self.max_file_size())
+    }
+
+    /// [`Fs::max_size_of`] inode `ino`.
+    pub fn max_size_of_ino(&self, ino: Ino) -> Result<u64> {
+        Ok(self.max_size_of(&self.read_live_inode(ino)?))
+    }
+
+    /// The part of a write of `buf` at `offset` of `inode` that fits under its size
+    /// limit: a write that starts at or past it fails with EFBIG, one that crosses it
+    /// is short (as the kernel's `generic_write_checks`).
+    pub(crate) fn clamp_write<'b>(
+        &self,
+        inode: &Inode,
+        buf: &'b [u8],
+        offset: u64,
+    ) -> Result<&'b [u8]> {
+        let max = self.max_size_of(inode);
         if offset >= max {
             return Err(Error::FileTooLarge);
         }
@@ -1525,15 +1477,13 @@ impl Fs {
 
     fn truncate_locked(&self, ino: Ino, size: u64) -> Result<()> {
         let mut inode = self.read_live_inode(ino)?;
-        truncate_allowed(&inode, size, self.max_file_size())?;
+        truncate_allowed(&inode, size, self.max_size_of(&inode))?;
         let bs = u64::from(self.inner.block_size);
         if size < inode.size {
             let first_gone = size.div_ceil(bs);
             // Removing extents may split one (a new leaf): from the pool if need be.
             let _c = crate::fs::space::claim_as(crate::fs::space::Claim::NoFail);
-            with_tree(self, ino, &mut inode, |t| {
-                t.remove(first_gone as u32, MAX_LOGICAL).map(|_| ())
-            })?;
+            unmap_range(self, ino, &mut inode, first_gone, MAX_LOGICAL)?;
             // The bytes past the new EOF in its last block stay on disk until the file
             // grows again (`zero_past_eof`): zeroing them now would change the
             // committed file before this truncate commits.
@@ -1884,7 +1834,7 @@ impl Fs {
         if buf.is_empty() {
             return Ok(0);
         }
-        let buf = self.clamp_write(buf, offset)?;
+        let buf = self.clamp_write(&inode, buf, offset)?;
         if offset > inode.size {
             self.zero_past_eof(ino, &inode, offset)?;
         }
@@ -1969,6 +1919,30 @@ impl Fs {
                     }
                     *pos = run_end;
                 }
+                Mapping::Hole { len } if crate::fs::inode_write::uses_block_map(inode) => {
+                    // A block map: the blocks (and the indirect blocks they need) are
+                    // mapped first, then written; the write lock keeps the mapping from
+                    // being committed before the data is on the device. A failed data
+                    // write unmaps them again.
+                    let want_blk = len.min(end.div_ceil(bs) - lblk);
+                    let mut alloc = |goal: u64, n: u32| self.alloc_blocks(goal, n);
+                    let (p, got) =
+                        map_new_blocks(self, ino, inode, lblk, want_blk, false, &mut alloc)?;
+                    let run_end = ((lblk + got) * bs).min(end);
+                    let start_in = (pos_now - lblk * bs) as usize;
+                    let n = (run_end - pos_now) as usize;
+                    if let Err(e) = write_zero_padded(
+                        self,
+                        &buf[(pos_now - offset) as usize..][..n],
+                        start_in,
+                        (got * bs) as usize,
+                        p * bs,
+                    ) {
+                        let _ = unmap_range(self, ino, inode, lblk, lblk + got);
+                        return Err(e);
+                    }
+                    *pos = run_end;
+                }
                 Mapping::Hole { len } => {
                     let want_blk = len
                         .min(end.div_ceil(bs) - lblk)
@@ -2020,6 +1994,24 @@ impl Fs {
         let end = offset.checked_add(len).ok_or(Error::FileTooLarge)?;
         if end > self.max_file_size() {
             return Err(Error::FileTooLarge);
+        }
+        if mode != FallocMode::PunchHole {
+            // The kernel's ext4 fallocates only extent-mapped files: on a block map
+            // every mode but punching a hole is EOPNOTSUPP (after the VFS's checks).
+            let i = self.read_live_inode(ino)?;
+            if !i.has_flag(flags::EXTENTS) {
+                may_change(
+                    &i,
+                    "fallocate",
+                    matches!(mode, FallocMode::Allocate | FallocMode::KeepSize),
+                )?;
+                falloc_target(&i)?;
+                return Err(Error::Unsupported(format!(
+                    "inode {} is block-mapped: of fallocate's modes only punching a hole \
+                     works on it (as on the kernel's ext4)",
+                    ino.0
+                )));
+            }
         }
         if matches!(mode, FallocMode::CollapseRange | FallocMode::InsertRange) {
             return self.shift_range(ino, mode, offset, len);
@@ -2190,9 +2182,7 @@ impl Fs {
         if first_full < end_full {
             // Removing extents may split one (a new leaf): from the pool if need be.
             let _c = crate::fs::space::claim_as(crate::fs::space::Claim::NoFail);
-            with_tree(self, ino, inode, |t| {
-                t.remove(first_full as u32, end_full).map(|_| ())
-            })?;
+            unmap_range(self, ino, inode, first_full, end_full)?;
         }
         // Partial blocks at the edges: zeroed in the cached page if there is one (the
         // device copy follows at writeback), else on the device.
@@ -2229,33 +2219,6 @@ impl Fs {
             inodes_free: u64::from(sb.free_inodes_count),
             name_max: NAME_MAX as u32,
         }
-    }
-
-    /// Drop this inode's reference to its xattr block (freeing it with the last one).
-    pub(crate) fn release_xattr_block(&self, inode: &mut Inode) -> Result<()> {
-        let blk = inode.file_acl;
-        if blk == 0 {
-            return Ok(());
-        }
-        // A shared block's count is changed by each of its inodes' writers.
-        let _b = self.block_lock(blk);
-        let data = self.cache().read(blk, Kind::Xattr, |_| Ok(()))?.to_vec();
-        let refs = u32::from_le_bytes([data[4], data[5], data[6], data[7]]);
-        if refs <= 1 {
-            self.free_blocks(blk, 1)?;
-        } else {
-            let mut d = data;
-            d[4..8].copy_from_slice(&(refs - 1).to_le_bytes());
-            if self.inner.metadata_csum {
-                rext4_format::xattr::set_block_csum(&mut d, self.inner.csum_seed, blk);
-            }
-            self.cache().write(blk, Kind::Xattr, d, |_| Ok(()))?;
-        }
-        inode.file_acl = 0;
-        inode.blocks_raw = inode
-            .blocks_raw
-            .saturating_sub(u64::from(self.inner.block_size) / 512);
-        Ok(())
     }
 }
 

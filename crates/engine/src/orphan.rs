@@ -255,6 +255,28 @@ impl Fs {
 
     /// Finish every orphan left by a crash (read-write open, after journal replay).
     /// Returns how many were processed.
+    /// The inodes the orphan lists name now (the orphan file's slots and the legacy
+    /// chain, which is followed at most `inodes_count` steps): what `process_orphans`
+    /// will finish. Reads only.
+    pub(crate) fn orphans_listed(&self) -> Result<std::collections::BTreeSet<u32>> {
+        let mut out = std::collections::BTreeSet::new();
+        if let Some(of) = self.orphan_file() {
+            let (blocks, _) = self.orphan_blocks(of)?;
+            for b in blocks {
+                let data = self.cache().read(b, Kind::Raw, |_| Ok(()))?;
+                out.extend(fo::decode(&data).map_err(|e| Error::from(e.at_block(b)))?);
+            }
+        }
+        let limit = self.inner.sb.inodes_count;
+        let mut cur = self.live().sb.last_orphan;
+        let mut steps = 0;
+        while cur != 0 && cur <= limit && steps < limit && out.insert(cur) {
+            cur = self.read_inode(Ino(cur))?.dtime;
+            steps += 1;
+        }
+        Ok(out)
+    }
+
     pub(crate) fn process_orphans(&self) -> Result<usize> {
         let _w = self.write_lock();
         let mut todo: Vec<Ino> = Vec::new();
@@ -309,11 +331,13 @@ impl Fs {
                 // A truncate in progress: drop blocks past i_size.
                 let bs = u64::from(self.inner.block_size);
                 let first_gone = inode.size.div_ceil(bs);
-                if inode.has_flag(rext4_format::inode::flags::EXTENTS) && first_gone < MAX_LOGICAL {
-                    crate::fs::inode_write::with_tree(self, ino, &mut inode, |t| {
-                        t.remove(first_gone as u32, MAX_LOGICAL).map(|_| ())
-                    })?;
-                }
+                crate::fs::inode_write::unmap_range(
+                    self,
+                    ino,
+                    &mut inode,
+                    first_gone,
+                    MAX_LOGICAL,
+                )?;
                 self.write_inode(ino, &inode)?;
             } else {
                 self.write_inode(ino, &inode)?;

@@ -14,7 +14,10 @@
 //! random operations at once (`crash_random_ops`): creates, atomic replaces, appends,
 //! truncates, overwrites in place, unlinks, renames within and between directories,
 //! mkdir/rmdir, syncs, mostly fsynced but some not, in directories of their own and in
-//! one they share, with files from empty to ~200 KiB.
+//! one they share, with files from empty to ~200 KiB; on an ea_inode image, two threads
+//! setting, replacing and removing xattr values of up to 64 KiB (kept in inodes of
+//! their own) and unlinking files that hold them (`crash_xattr_values`), each value
+//! checked as a file is (keys `PATH#NAME`).
 //!
 //! The random workload's model ([`PathLog`]) keeps, per path, every state it went
 //! through, when the change to it began and when an fsync or sync made it durable.
@@ -240,7 +243,18 @@ fn rw(dev: Arc<Recorder>) -> Fs {
 }
 
 fn base_image() -> Vec<u8> {
-    let img = mkfs(&MkfsOptions::new(1024, 8 << 20)).expect("mkfs");
+    base_image_of(false)
+}
+
+/// The image a sweep starts from: mke2fs's ext4 at 1 KiB blocks, or (`ext3`) its
+/// ext3 — block-mapped files, a journal without checksum features (8-byte tags), no
+/// flex_bg — so block maps are swept too.
+fn base_image_of(ext3: bool) -> Vec<u8> {
+    let mut opts = MkfsOptions::new(1024, 8 << 20);
+    if ext3 {
+        opts = opts.arg("-t").arg("ext3");
+    }
+    let img = mkfs(&opts).expect("mkfs");
     std::fs::read(img.path()).expect("read")
 }
 
@@ -767,10 +781,9 @@ impl Worker {
 
 /// Four threads run random operations at once on one filesystem (see the module
 /// note), `REXT4_CRASH_STEPS` each.
-fn random_ops() -> Run {
-    let steps = env_u64("REXT4_CRASH_STEPS", 60);
+fn random_ops(base: Vec<u8>, default_steps: u64) -> Run {
+    let steps = env_u64("REXT4_CRASH_STEPS", default_steps);
     let seed = env_u64("REXT4_CRASH_SEED", 0x5_EED0_F0B5);
-    let base = base_image();
     let dev = Arc::new(Recorder::new(base.clone()));
     let fs = rw(dev.clone());
     for d in ["/r", "/r/shared", "/r/t0", "/r/t1", "/r/t2", "/r/t3"] {
@@ -883,8 +896,7 @@ fn deep_trees() -> Run {
     }
 }
 
-fn appends_and_truncates() -> Run {
-    let base = base_image();
+fn appends_and_truncates(base: Vec<u8>) -> Run {
     let dev = Arc::new(Recorder::new(base.clone()));
     let fs = rw(dev.clone());
     let f = fs.create("/log").expect("create");
@@ -1033,6 +1045,138 @@ fn direct_batches() -> Run {
     }
 }
 
+/// The image of the xattr sweep: 16 MiB, 4 KiB blocks (values from a few bytes to a
+/// block's worth go in the inode or the xattr block, larger ones to inodes of their
+/// own), with ea_inode.
+fn ea_base_image() -> Vec<u8> {
+    let img = mkfs(&MkfsOptions::new(4096, 16 << 20).arg("-O").arg("ea_inode")).expect("mkfs");
+    std::fs::read(img.path()).expect("read")
+}
+
+/// Two threads, each on files of its own in `/x`, set xattr values (small ones in the
+/// inode, 1-3.5 KiB ones in the block or an inode of their own, 4-64 KiB ones in inodes
+/// of their own), replace and remove them, unlink files holding them and make new
+/// ones, fsyncing every change; `REXT4_CRASH_STEPS` changes per thread (default 30).
+/// Every value (`PATH#NAME`) and file has a history of its own.
+fn xattr_values() -> Run {
+    let steps = env_u64("REXT4_CRASH_STEPS", 30);
+    let base = ea_base_image();
+    let dev = Arc::new(Recorder::new(base.clone()));
+    let fs = rw(dev.clone());
+    fs.create_dir("/x").expect("mkdir");
+    fs.sync().expect("sync");
+    let before = fs.journal_stats().commits;
+    let histories: Vec<BTreeMap<String, History>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..2u64)
+            .map(|t| {
+                let (fs, dev) = (fs.clone(), dev.clone());
+                sc.spawn(move || xattr_worker(t, &fs, &dev, steps))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("thread")).collect()
+    });
+    // As in `concurrent_fsyncs`: one image per flush that ended a commit.
+    let syncs = (fs.journal_stats().commits - before) as usize;
+    fs.close().expect("close");
+    Run {
+        base,
+        logs: BTreeMap::new(),
+        torn: BTreeMap::new(),
+        events: dev.take(),
+        syncs,
+        files: histories.into_iter().flatten().collect(),
+    }
+}
+
+fn xattr_worker(t: u64, fs: &Fs, dev: &Recorder, steps: u64) -> BTreeMap<String, History> {
+    let mut rng = Rng((t + 7).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut files: BTreeMap<String, History> = BTreeMap::new();
+    // This thread's files and the names of the values each holds now.
+    let mut live: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let (mut nfiles, mut nnames) = (0u64, 0u64);
+    let mut done = 0;
+    while done < steps {
+        if live.len() < 2 || (live.len() < 4 && rng.below(8) == 0) {
+            nfiles += 1;
+            let p = format!("/x/t{t}-f{nfiles}");
+            let d = data(rng.next_u64(), rng.below(3000) as usize);
+            let start = dev.len();
+            let f = fs.create(&p).expect("create");
+            f.write_all_at(&d, 0).expect("write");
+            f.sync_all().expect("fsync");
+            files
+                .entry(p.clone())
+                .or_default()
+                .versions
+                .push((start, dev.len(), d));
+            live.insert(p, Vec::new());
+            continue;
+        }
+        done += 1;
+        let i = rng.below(live.len() as u64) as usize;
+        let p = live.keys().nth(i).cloned().expect("file");
+        let start = dev.len();
+        let op = rng.below(100);
+        if op >= 90 {
+            fs.remove_file(&p).expect("unlink");
+
+            for (k, h) in files.iter_mut() {
+                if k == &p || k.starts_with(&format!("{p}{XATTR_KEY}")) {
+                    // (A value removed before keeps the first point it may be gone.)
+                    h.deleted_from.get_or_insert(start);
+                }
+            }
+            live.remove(&p);
+            continue;
+        }
+        let names = live.get_mut(&p).expect("names");
+        match op {
+            0..=69 => {
+                let name = if names.is_empty() || (names.len() < 4 && rng.below(2) == 0) {
+                    nnames += 1;
+                    let n = format!(
+                        "{}.v{nnames}",
+                        if rng.below(4) == 0 { "trusted" } else { "user" }
+                    );
+                    names.push(n.clone());
+                    n
+                } else {
+                    names[rng.below(names.len() as u64) as usize].clone()
+                };
+                let len = match rng.below(100) {
+                    0..=29 => 1 + rng.below(400),
+                    30..=54 => 1000 + rng.below(2600),
+                    _ => 4041 + rng.below(65536 - 4041 + 1),
+                } as usize;
+                let v = data(rng.next_u64(), len);
+                let ino = fs.resolve(p.as_bytes(), false).expect("resolve");
+                fs.set_xattr_ino(ino, name.as_bytes(), &v, rext4::XattrFlags::default())
+                    .unwrap_or_else(|e| panic!("set {p} {name} ({len} bytes): {e}"));
+                fs.open_file(&p).expect("open").sync_all().expect("fsync");
+                files
+                    .entry(format!("{p}{XATTR_KEY}{name}"))
+                    .or_default()
+                    .versions
+                    .push((start, dev.len(), v));
+            }
+            _ if !names.is_empty() => {
+                let name = names.remove(rng.below(names.len() as u64) as usize);
+                let ino = fs.resolve(p.as_bytes(), false).expect("resolve");
+                fs.remove_xattr_ino(ino, name.as_bytes())
+                    .expect("removexattr");
+                fs.open_file(&p).expect("open").sync_all().expect("fsync");
+
+                files
+                    .get_mut(&format!("{p}{XATTR_KEY}{name}"))
+                    .expect("history")
+                    .deleted_from = Some(start);
+            }
+            _ => {}
+        }
+    }
+    files
+}
+
 /// Recover an image file the way `how` says; returns a description of a failure.
 fn recover(path: &std::path::Path, how: &str) -> Result<(), String> {
     match how {
@@ -1087,8 +1231,18 @@ impl std::ops::AddAssign for Checked {
 /// is wrong, and reading it whole would take the machine's memory.
 const MOST_BYTES: u64 = 16 << 20;
 
+/// A key `PATH#NAME` of `Run::files` names xattr NAME of the file at PATH: its value
+/// is checked as a file's content, an absent one is `NotFound`.
+const XATTR_KEY: char = '#';
+
 /// Read `file` whole after recovery, failing on a size no workload wrote.
 fn read_checked(fs: &Fs, file: &str, label: &str) -> rext4::Result<Vec<u8>> {
+    if let Some((path, name)) = file.split_once(XATTR_KEY) {
+        let ino = fs.resolve(path.as_bytes(), false)?;
+        return fs
+            .get_xattr_ino(ino, name.as_bytes())?
+            .ok_or(rext4::Error::NotFound);
+    }
     let len = fs.metadata(file)?.len();
     assert!(
         len <= MOST_BYTES,
@@ -1124,7 +1278,12 @@ fn check(path: &std::path::Path, run: &Run, lo: usize, hi: usize, label: &str) -
                 n.files += 1;
             }
             Err(rext4::Error::NotFound) if may_be_gone => {}
-            Err(err) => panic!("{label}: {file} unreadable after its fsync completed: {err}"),
+            Err(err) => panic!(
+                "{label}: {file} unreadable after its fsync completed: {err} (crash at event \
+                 {lo}; versions (begun, durable) {:?}, may be gone from {:?})",
+                h.versions.iter().map(|v| (v.0, v.1)).collect::<Vec<_>>(),
+                h.deleted_from
+            ),
         }
     }
     for (file, versions) in &run.torn {
@@ -1337,7 +1496,22 @@ fn crash_deep_trees_unlink() {
 
 #[test]
 fn crash_appends_truncates() {
-    sweep("appends-truncates", appends_and_truncates(), &recoverers());
+    sweep(
+        "appends-truncates",
+        appends_and_truncates(base_image()),
+        &recoverers(),
+    );
+}
+
+/// Appends and truncates of one file on ext3: its block map grows through the IND
+/// and into the DIND range and is cut back, each step fsynced.
+#[test]
+fn crash_appends_truncates_ext3() {
+    sweep(
+        "appends-truncates-ext3",
+        appends_and_truncates(base_image_of(true)),
+        &recoverers(),
+    );
 }
 
 #[test]
@@ -1348,6 +1522,26 @@ fn crash_concurrent_fsyncs() {
 #[test]
 fn crash_direct_batches() {
     sweep("direct-batches", direct_batches(), &recoverers());
+}
+
+/// The ea_inode sweep: CI runs a short one (~520 images). The long one:
+/// `REXT4_CRASH_STEPS=150 REXT4_CRASH_VARIANTS=10 REXT4_CRASH_MIN_IMAGES=5000` (6,493
+/// images from 593 flush points, 23 minutes on a loaded 2-core machine).
+#[test]
+fn crash_xattr_values() {
+    let s = sweep("xattr-values", xattr_values(), &recoverers());
+    assert!(
+        s.checked.files >= s.images,
+        "xattr-values: only {} values and files read in {} images",
+        s.checked.files,
+        s.images
+    );
+    let least = env_u64("REXT4_CRASH_MIN_IMAGES", 0) as usize;
+    assert!(
+        s.images >= least,
+        "xattr-values: {} crash images, fewer than REXT4_CRASH_MIN_IMAGES={least}",
+        s.images
+    );
 }
 
 #[test]
@@ -1361,16 +1555,30 @@ fn crash_early_commits() {
 /// 750 steps gave 4,637 to 5,153 of them, 49,600 to 56,000 images).
 #[test]
 fn crash_random_ops() {
-    let s = sweep("random-ops", random_ops(), &recoverers());
+    random_ops_sweep("random-ops", random_ops(base_image(), 60));
+}
+
+/// The random concurrent sweep on ext3: block-mapped files and directories, the
+/// journal without checksums, recovered by rext4, the kernel and e2fsck. CI runs 30
+/// steps per thread (~800 images); the long run (≥ 5,000 images):
+/// `REXT4_CRASH_MIN_IMAGES=5000 REXT4_CRASH_VARIANTS=10 REXT4_CRASH_STEPS=120`, in
+/// release.
+#[test]
+fn crash_random_ops_ext3() {
+    random_ops_sweep("random-ops-ext3", random_ops(base_image_of(true), 30));
+}
+
+fn random_ops_sweep(name: &str, run: Run) {
+    let s = sweep(name, run, &recoverers());
     eprintln!(
-        "random-ops: built {} crash images, made {} file checks",
+        "{name}: built {} crash images, made {} file checks",
         s.images, s.checked.paths
     );
     // Most paths are at rest most of the time: on average every image must have
     // compared several and read several files whole, or the model let them all off.
     assert!(
         s.checked.paths >= 8 * s.images && s.checked.files >= 4 * s.images,
-        "random-ops: only {} paths checked and {} files read in {} images",
+        "{name}: only {} paths checked and {} files read in {} images",
         s.checked.paths,
         s.checked.files,
         s.images
@@ -1378,7 +1586,7 @@ fn crash_random_ops() {
     let least = env_u64("REXT4_CRASH_MIN_IMAGES", 0) as usize;
     assert!(
         s.images >= least,
-        "random-ops: {} crash images, fewer than REXT4_CRASH_MIN_IMAGES={least}",
+        "{name}: {} crash images, fewer than REXT4_CRASH_MIN_IMAGES={least}",
         s.images
     );
 }

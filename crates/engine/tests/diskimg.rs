@@ -314,3 +314,53 @@ fn discard_waits_for_the_commit() {
     assert_eq!(fs.read("/keep").expect("read"), vec![9u8; MIB as usize]);
     fs.close().expect("close");
 }
+
+/// `Fs::trim` finds free runs a byte of the bitmap at a time and cuts the busy runs
+/// out of them: blocks freed by a transaction not yet committed stay, blocks freed
+/// and committed go, blocks in use stay.
+#[test]
+fn trim_skips_blocks_freed_since_the_last_commit() {
+    let dev = std::sync::Arc::new(Discards {
+        mem: rext4::device::MemDevice::new(common::base_image(4096, 64 * MIB)),
+        seen: Default::default(),
+    });
+    let fs = Fs::open_device(dev.clone(), rw()).expect("open");
+    for (name, len) in [
+        ("/a", 2 * MIB),
+        ("/b", 3 * MIB),
+        ("/c", MIB),
+        ("/keep", MIB),
+    ] {
+        fs.write(name, vec![5u8; len as usize]).expect("write");
+    }
+    fs.sync().expect("sync");
+    let (a, b, c, keep) = (
+        common::blocks_of(&fs, "/a"),
+        common::blocks_of(&fs, "/b"),
+        common::blocks_of(&fs, "/c"),
+        common::blocks_of(&fs, "/keep"),
+    );
+    fs.remove_file("/b").expect("rm b");
+    fs.sync().expect("sync");
+    // /a and /c freed in the running transaction: busy, on both sides of /b's run.
+    fs.remove_file("/a").expect("rm a");
+    fs.remove_file("/c").expect("rm c");
+    dev.seen.lock().expect("seen").clear();
+    let n = fs.trim(0, u64::MAX, 0).expect("trim");
+    let seen = dev.seen.lock().expect("seen").clone();
+    let hit = |blk: u64| {
+        seen.iter()
+            .any(|&(o, l)| blk * 4096 < o + l && (blk + 1) * 4096 > o)
+    };
+    assert!(
+        b.iter().all(|&x| hit(x)),
+        "a committed free was not discarded"
+    );
+    for (what, blocks) in [("busy /a", &a), ("busy /c", &c), ("/keep", &keep)] {
+        assert!(!blocks.iter().any(|&x| hit(x)), "trim discarded {what}");
+    }
+    let discarded: u64 = seen.iter().map(|&(_, l)| l).sum();
+    assert_eq!(n, discarded, "trim's count and its discards differ");
+    assert_eq!(fs.read("/keep").expect("read"), vec![5u8; MIB as usize]);
+    fs.close().expect("close");
+}

@@ -220,21 +220,3 @@ fn a_second_writer_is_refused_and_named() {
     drop((a, r));
     fsck_clean(img.path());
 }
-
-#[test]
-fn mmp_images_are_refused_by_name() {
-    let img = match mkfs(&MkfsOptions::new(4096, 16 << 20).arg("-O").arg("mmp")) {
-        Ok(i) => i,
-        Err(e) => return skip(&format!("mkfs -O mmp: {e}")),
-    };
-    for opts in [FsOptions::default(), rw()] {
-        match Fs::open_with(img.path(), opts) {
-            Err(Error::Unsupported(m)) => {
-                assert!(m.contains("mmp") && m.contains("multi-mount"), "{m}")
-            }
-            Err(e) => panic!("wrong error: {e}"),
-            Ok(_) => panic!("opened an mmp image"),
-        }
-    }
-    fsck_clean(img.path());
-}

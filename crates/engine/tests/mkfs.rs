@@ -36,7 +36,22 @@ const ALLOWED_DUMPE2FS: &[(&str, &str)] = &[
         "Checksum:",
         "the superblock checksum covers s_kbytes_written",
     ),
+    (
+        "    mmp_update_date:",
+        "mke2fs stamps the MMP block with the real time (E2FSPROGS_FAKE_TIME does not \
+         reach it); rext4 with the creation time",
+    ),
+    ("    mmp_update_time:", "as mmp_update_date"),
+    (
+        "    mmp_device_name:",
+        "each tool records the path it was given, and the two images have their own",
+    ),
 ];
+
+/// Byte ranges of the MMP block allowed to differ, for the reasons above: mmp_time
+/// (0x8..0x10), mmp_bdevname (0x50..0x70) and the checksum that covers them
+/// (0x3FC..0x400).
+const ALLOWED_MMP_BYTES: &[(usize, usize)] = &[(0x8, 0x10), (0x50, 0x70), (0x3FC, 0x400)];
 
 /// Superblock byte ranges (relative to each copy) allowed to differ: s_kbytes_written
 /// (0x178..0x180) and s_checksum (0x3FC..0x400), for the reasons above.
@@ -85,6 +100,12 @@ impl Case {
         self.args.push("-N".into());
         self.args.push(n.to_string());
         self.opts.inodes = Some(n);
+        self
+    }
+    fn fs_type(mut self, t: &str) -> Case {
+        self.args.push("-t".into());
+        self.args.push(t.into());
+        self.opts.fs_type = rext4::mkfs::FsType::parse(t).expect("fs type");
         self
     }
     fn label(mut self, l: &str) -> Case {
@@ -208,6 +229,20 @@ fn superblock_offsets(r: &MkfsReport) -> Vec<u64> {
     v
 }
 
+/// Byte offset of the image's MMP block, when it has multi-mount protection.
+fn mmp_block_offset(img: &Path) -> Option<u64> {
+    let mut b = vec![0u8; 1024];
+    File::open(img)
+        .and_then(|f| {
+            use std::os::unix::fs::FileExt;
+            f.read_exact_at(&mut b, 1024)
+        })
+        .expect("read superblock");
+    let sb = rext4::format::superblock::Superblock::decode(&b).expect("superblock");
+    sb.has_incompat(rext4::format::superblock::feature::INCOMPAT_MMP)
+        .then(|| sb.mmp_block * u64::from(sb.block_size()))
+}
+
 /// Compare both images over the union of their data ranges; returns the differing
 /// byte offsets outside the allowed superblock fields (at most `limit`).
 fn byte_diff(theirs: &Path, ours: &Path, r: &MkfsReport, limit: usize) -> Vec<u64> {
@@ -218,13 +253,16 @@ fn byte_diff(theirs: &Path, ours: &Path, r: &MkfsReport, limit: usize) -> Vec<u6
             .collect(),
     );
     let sbs = superblock_offsets(r);
+    let mmp_at = mmp_block_offset(ours);
     let allowed = |off: u64| {
-        sbs.iter().any(|&s| {
-            off >= s
-                && ALLOWED_SB_BYTES
+        let within = |start: u64, ranges: &[(usize, usize)]| {
+            off >= start
+                && ranges
                     .iter()
-                    .any(|&(a, b)| off - s >= a as u64 && off - s < b as u64)
-        })
+                    .any(|&(a, b)| off - start >= a as u64 && off - start < b as u64)
+        };
+        sbs.iter().any(|&s| within(s, ALLOWED_SB_BYTES))
+            || mmp_at.is_some_and(|m| within(m, ALLOWED_MMP_BYTES))
     };
     let (mut fa, mut fb) = (
         File::open(theirs).expect("open"),
@@ -383,6 +421,29 @@ fn same_as_mke2fs_other_sizes() {
     assert_eq!(r.blocks_count, 20000);
 }
 
+/// `-t ext2` and `-t ext3`: the base features, no flex_bg, block-mapped root,
+/// lost+found and (ext3) journal, its indirect blocks where libext2fs puts them.
+#[test]
+fn same_as_mke2fs_ext2_ext3() {
+    for t in ["ext2", "ext3"] {
+        for size in [4 * M, 64 * M, G] {
+            compare(&Case::new(size, false).fs_type(t));
+        }
+        compare(&Case::new(256 * M, true).fs_type(t));
+        compare(&Case::new(512 * M, false).fs_type(t).block_size(1024));
+        compare(
+            &Case::new(64 * M, false)
+                .fs_type(t)
+                .features("^resize_inode"),
+        );
+    }
+    compare(
+        &Case::new(64 * M, false)
+            .fs_type("ext3")
+            .features("extent,uninit_bg"),
+    );
+}
+
 #[test]
 fn same_as_mke2fs_with_options() {
     compare(&Case::new(64 * M, false).inodes(5000).label("rext4-label"));
@@ -407,10 +468,50 @@ fn same_as_mke2fs_with_options() {
         "^metadata_csum,uninit_bg",
         "^sparse_super,^resize_inode",
         "metadata_csum_seed",
+        "ea_inode",
+        "ea_inode,^metadata_csum",
     ] {
         compare(&Case::new(64 * M, false).features(spec));
         compare(&Case::new(G, true).features(spec));
     }
+}
+
+/// `-O mmp` (and `-E mmp_update_interval`): the MMP block where mke2fs puts it (the
+/// first free block after the journal), clean, with this host's name, the image's
+/// path and the creation time; the superblock's interval.
+#[test]
+fn same_as_mke2fs_with_mmp() {
+    for (case, interval) in [
+        (Case::new(64 * M, false).features("mmp"), 5),
+        (Case::new(G, true).features("mmp"), 5),
+        (Case::new(16 * M, false).block_size(1024).features("mmp"), 5),
+    ] {
+        let (dir, r) = compare(&case);
+        let img = dir.join("rext4.img");
+        let at = mmp_block_offset(&img).expect("mmp block");
+        let mut b = vec![0u8; r.block_size as usize];
+        File::open(&img)
+            .and_then(|f| {
+                use std::os::unix::fs::FileExt;
+                f.read_exact_at(&mut b, at)
+            })
+            .expect("read MMP block");
+        let m = rext4::format::mmp::MmpBlock::decode(&b, None).expect("MMP block");
+        assert_eq!(m.seq, rext4::format::mmp::SEQ_CLEAN);
+        assert_eq!(m.time, TIME as u64);
+        assert_eq!(m.check_interval, interval);
+        let path = img.as_os_str().to_string_lossy().into_owned();
+        assert_eq!(m.bdevname_text(), path[..path.len().min(32)]);
+    }
+    let mut c = Case::new(64 * M, false).features("mmp");
+    // mke2fs keeps only its last -E: this one repeats the hash seed.
+    c.args.push("-E".into());
+    c.args
+        .push(format!("hash_seed={HASH_SEED},mmp_update_interval=1"));
+    c.opts.mmp_update_interval = Some(1);
+    let (dir, _) = compare(&c);
+    let h = rext4_testkit::dumpe2fs_h(&dir.join("rext4.img")).expect("dumpe2fs");
+    assert_eq!(h["MMP update interval"], "1");
 }
 
 #[test]

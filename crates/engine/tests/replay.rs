@@ -210,56 +210,6 @@ fn kernel_journal_4k_debian() {
     case(4096, false);
 }
 
-/// A kernel crash copy of a `fast_commit` image, whose fsync went out as a fast commit:
-/// rext4 cannot replay fast commits, so every open (read-only too) refuses with the
-/// remedy in the message and changes nothing; after `e2fsck -fy` (which replays them)
-/// rext4 opens the image and the fsynced file is there.
-#[test]
-fn kernel_fast_commit_journal_is_refused_with_the_remedy() {
-    let mut o = MkfsOptions::new(4096, 64 << 20);
-    o.extra_args = vec!["-O".into(), "fast_commit".into()];
-    let img = mkfs(&o).expect("mkfs");
-    let m = match LoopMount::new(img.path(), false, "commit=60") {
-        Ok(m) => m,
-        Err(e) => return skip(&format!("needs a kernel mount: {e}")),
-    };
-    let data = b"fsynced through a fast commit\n".repeat(40);
-    {
-        let f = std::fs::File::create(m.path().join("f")).expect("create");
-        std::io::Write::write_all(&mut &f, &data).expect("write");
-        f.sync_all().expect("fsync");
-    }
-    let copy = img.path().with_extension("crash");
-    std::fs::copy(img.path(), &copy).expect("copy while mounted");
-    m.unmount().expect("unmount");
-    let before = std::fs::read(&copy).expect("read copy");
-    for read_only in [true, false] {
-        let e = Fs::open_with(
-            &copy,
-            FsOptions {
-                read_only,
-                ..FsOptions::default()
-            },
-        )
-        .err()
-        .unwrap_or_else(|| panic!("read_only={read_only}: a fast-commit journal replayed"));
-        let msg = e.to_string();
-        assert!(
-            msg.contains("fast_commit") && msg.contains("e2fsck -fy"),
-            "read_only={read_only}: {msg}"
-        );
-        assert!(
-            std::fs::read(&copy).expect("read copy") == before,
-            "a refused open changed the image"
-        );
-    }
-    let fy = e2fsck_fy(&copy);
-    assert!(fy.exit_code <= 1, "e2fsck -fy: {}", fy.output);
-    let fs = Fs::open(&copy).expect("open after e2fsck -fy");
-    assert_eq!(fs.read("/f").expect("read /f"), data);
-    let _ = std::fs::remove_file(copy);
-}
-
 // ---------------------------------------------------------------------------------
 // rext4::journal::replay on its own (no open/close around it), against e2fsck -fy.
 // ---------------------------------------------------------------------------------

@@ -167,23 +167,27 @@ fn meta_bg_images_allocate_around_their_descriptor_blocks() {
     assert!(fs.read("/big").expect("read") == data);
 }
 
+/// An image without the extent feature (ext3) opens read-write: new files get block
+/// maps, as the kernel's ext4 driver gives them there.
 #[test]
-fn images_without_extents_open_read_only_with_a_reason() {
+fn images_without_extents_open_read_write_with_block_maps() {
     let img = mkfs(&MkfsOptions::new(4096, 16 << 20).arg("-t").arg("ext3")).expect("mkfs");
     let opts = rext4::FsOptions {
         read_only: false,
         ..rext4::FsOptions::default()
     };
     let fs = Fs::open_with(img.path(), opts).expect("opens");
-    assert!(fs.is_read_only());
-    assert!(
-        fs.warnings()
-            .iter()
-            .any(|w| w.contains("no extent feature")),
-        "{:?}",
-        fs.warnings()
+    assert!(!fs.is_read_only(), "{:?}", fs.warnings());
+    fs.write("/a", b"x").expect("write");
+    let i = fs.resolve(b"/a", false).expect("resolve");
+    assert_eq!(
+        fs.inode_attr(i).expect("inode").flags & 0x8_0000,
+        0,
+        "block-mapped"
     );
-    assert!(matches!(fs.write("/a", b"x"), Err(rext4::Error::ReadOnly)));
+    fs.close().expect("close");
+    let r = e2fsck_fn(img.path());
+    assert!(r.clean, "{}", r.output);
 }
 
 /// A create that fails after allocating its inode — here ENOSPC growing the directory
@@ -371,10 +375,10 @@ fn inode_flags_kept_enforced_and_refused() {
 }
 
 /// An ext3 image converted with `tune2fs -O extents` keeps its old files on block
-/// maps. rext4 frees them whole (data and indirect blocks) when they go, and before
-/// changing one's mapping (a write that allocates, a truncate, a directory that grows)
-/// migrates it to an extent tree over the same blocks. e2fsck stays clean and the
-/// kernel reads what was written.
+/// maps. rext4 frees them whole (data and indirect blocks) when they go, and changes
+/// them in place — a write that allocates, a truncate, a directory that grows — as
+/// the kernel does (no migration to an extent tree); new files get extents. e2fsck
+/// stays clean and the kernel reads what was written.
 #[test]
 fn block_mapped_files_of_a_converted_image_are_written_and_freed() {
     use rext4_testkit::{debugfs_w_checked, TempDir};
@@ -384,7 +388,7 @@ fn block_mapped_files_of_a_converted_image_are_written_and_freed() {
     let big: Vec<u8> = (0..300_000u32).map(|i| (i * 31 + i / 977) as u8).collect();
     std::fs::write(host.join("big"), &big).expect("host file");
     std::fs::write(host.join("small"), b"small").expect("host file");
-    // 300 separate 1 KiB pieces: 300 runs, a depth-2 extent tree once migrated.
+    // 300 separate 1 KiB pieces: 300 runs, across the IND and DIND ranges.
     let sparse_len = 300 * 3 * 1024;
     {
         use std::os::unix::fs::FileExt;
@@ -441,24 +445,26 @@ fn block_mapped_files_of_a_converted_image_are_written_and_freed() {
         .expect("write past the end");
     f.set_len(350_000).expect("truncate");
     drop(f);
-    assert_ne!(flags_of(&fs, "/big") & 0x8_0000, 0, "migrated to extents");
-    // Dropping the last piece migrates the sparse file; its tree comes out packed.
+    assert_eq!(flags_of(&fs, "/big") & 0x8_0000, 0, "still block-mapped");
+    // Dropping the last piece of the sparse file.
     let sp = OpenOptions::new()
         .write(true)
         .open(&fs, "/sparse")
         .expect("open");
     sp.set_len((sparse_len - 3072) as u64).expect("truncate");
     drop(sp);
-    assert_ne!(
-        flags_of(&fs, "/sparse") & 0x8_0000,
-        0,
-        "migrated to extents"
-    );
+    assert_eq!(flags_of(&fs, "/sparse") & 0x8_0000, 0, "still block-mapped");
     // A block-mapped directory grows.
     for i in 0..200 {
         fs.write(format!("/d/new-file-with-a-longer-name-{i:03}"), b"n")
             .expect("create in an old directory");
     }
+    assert_eq!(flags_of(&fs, "/d") & 0x8_0000, 0, "still block-mapped");
+    assert_ne!(
+        flags_of(&fs, "/d/new-file-with-a-longer-name-000") & 0x8_0000,
+        0,
+        "new files get extents"
+    );
     fs.close().expect("close");
     let r = e2fsck_fn(img.path());
     assert!(r.clean, "e2fsck: {}", r.output);

@@ -145,9 +145,11 @@ pub const INCOMPAT_SUPPORTED: u32 = INCOMPAT_FILETYPE
     | INCOMPAT_META_BG
     | INCOMPAT_EXTENTS
     | INCOMPAT_64BIT
+    | INCOMPAT_MMP
     | INCOMPAT_FLEX_BG
     | INCOMPAT_CSUM_SEED
-    | INCOMPAT_LARGEDIR;
+    | INCOMPAT_LARGEDIR
+    | INCOMPAT_EA_INODE;
 /// ro_compat features the engine honours when writing; others force read-only.
 pub const RO_COMPAT_SUPPORTED: u32 = RO_COMPAT_SPARSE_SUPER
     | RO_COMPAT_LARGE_FILE

@@ -1431,7 +1431,10 @@ impl Filesystem for Adapter {
         let cached = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         let r = match r {
             Ok(n) if cached && n < data.len() => {
-                if offset.saturating_add(data.len() as u64) > s.fs.max_file_size() {
+                let max =
+                    s.fs.max_size_of_ino(ino)
+                        .unwrap_or_else(|_| s.fs.max_file_size());
+                if offset.saturating_add(data.len() as u64) > max {
                     Err(Error::FileTooLarge)
                 } else {
                     Err(Error::NoSpace)
@@ -1710,17 +1713,18 @@ impl Filesystem for Adapter {
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let s = &self.s;
+        // The names alone: values kept in inodes of their own are not read.
         let all = tri!(
             reply,
-            s.fs.xattrs_ino(to_ext4(ino))
+            s.fs.xattr_names_ino(to_ext4(ino))
                 .map_err(|e| s.fail("listxattr", &e))
         );
         let mut names = Vec::new();
         // As ext4: trusted.* names are listed only to privileged callers.
         let privileged = req.uid() == 0;
-        for (n, _) in all
+        for n in all
             .into_iter()
-            .filter(|(n, _)| privileged || !n.starts_with(b"trusted."))
+            .filter(|n| privileged || !n.starts_with(b"trusted."))
         {
             names.extend_from_slice(&n);
             names.push(0);
@@ -1968,9 +1972,13 @@ impl Filesystem for Adapter {
                     u64::from_ne_bytes(a)
                 };
                 let (start, len, minlen) = (word(0), word(8), word(16));
+                // Blocks freed by the running transaction are busy, which the trim
+                // skips: committed first, what was deleted before `fstrim` (the
+                // kernel's FUSE sends no syncfs) is given back too.
                 let done = tri!(
                     reply,
-                    s.fs.trim(start, len, minlen)
+                    s.fs.sync_metadata()
+                        .and_then(|()| s.fs.trim(start, len, minlen))
                         .map_err(|e| s.fail("fitrim", &e))
                 );
                 let mut out = [0u8; 24];

@@ -13,7 +13,8 @@
 //! changes and a torn write cannot leave half a record), and a flush again. Log blocks
 //! that follow each other on the device go out in one write (`LogBatch`). The log
 //! never wraps: the caller checkpoints (writes the logged blocks home, flushes, then
-//! [`Log::checkpointed`]) when [`Log::has_room`] says no.
+//! [`Log::checkpointed`]) when [`Log::has_room`] says no. It ends where a fast-commit
+//! area begins (`JournalSuperblock::log_last`), which is the kernel's to write.
 //!
 //! Early commits (rext4's own, for a crash of the process rather than the machine):
 //! transactions written to an empty log without a flush, each ending in an EARLY block
@@ -108,6 +109,9 @@ pub struct Log {
     /// The chain of early commits since the last commit, if any (only ever started on
     /// an empty log).
     early: Option<Early>,
+    /// Recovery left fast commits in the journal ([`Log::adopt_fast_commit_log`]): the
+    /// superblock keeps saying so until the first commit replaces them.
+    fast_commits_pending: bool,
 }
 
 /// A log's map: runs of log blocks on consecutive device blocks, in log order.
@@ -224,6 +228,7 @@ impl Log {
             head: None,
             next_tid,
             early: None,
+            fast_commits_pending: false,
         })
     }
 
@@ -232,6 +237,15 @@ impl Log {
     /// what was committed. `None`: the time of each commit.
     pub fn set_fixed_time(&mut self, secs: Option<u64>) {
         self.fixed_time = secs;
+    }
+
+    /// Take the log as recovery leaves it when fast commits remain to be replayed (no
+    /// whole transaction; `s_start` where its scan ended, `s_sequence` the fast
+    /// commits' transaction; see `recover`): empty for writing — the first commit gets
+    /// that transaction's number and is written from `s_first`, replacing them in one
+    /// step — but its superblock is left saying so until then. Before `prepare_rw`.
+    pub fn adopt_fast_commit_log(&mut self) {
+        self.fast_commits_pending = true;
     }
 
     fn fmt(&self) -> LogFormat {
@@ -246,7 +260,7 @@ impl Log {
         metadata_csum: bool,
         is64: bool,
     ) -> Result<()> {
-        if self.jsb.start != 0 {
+        if self.jsb.start != 0 && !self.fast_commits_pending {
             return Err(Error::InvalidInput(
                 "journal is not empty (recovery needed)".into(),
             ));
@@ -287,7 +301,7 @@ impl Log {
     /// Metadata blocks one transaction that also carries `revokes` revoke records may
     /// carry.
     pub fn max_blocks_with(&self, revokes: usize) -> usize {
-        let cap = (self.jsb.maxlen - self.jsb.first) as usize;
+        let cap = self.jsb.log_last().saturating_sub(self.jsb.first) as usize;
         let tpd = jbd2::tag_capacity(self.bs, &self.jsb.features()).max(1);
         let rb = self.revoke_blocks_for(revokes) as usize;
         cap.saturating_sub(2 + rb) * tpd / (tpd + 1)
@@ -306,9 +320,10 @@ impl Log {
         n.div_ceil(per) as u32
     }
 
-    /// Whether the log holds no transaction (everything committed is home).
+    /// Whether the log holds no transaction (everything committed is home) and its
+    /// superblock says so (not the fast commits recovery left: a checkpoint empties it).
     pub fn log_is_empty(&self) -> bool {
-        self.head.is_none()
+        self.head.is_none() && !self.fast_commits_pending
     }
 
     /// Whether a transaction of `n` blocks and `revokes` revoke records fits after the
@@ -316,7 +331,7 @@ impl Log {
     pub fn has_room(&self, n: usize, revokes: usize) -> bool {
         let need = u64::from(self.log_blocks_for(n)) + u64::from(self.revoke_blocks_for(revokes));
         self.head
-            .is_none_or(|h| u64::from(h) + need <= u64::from(self.jsb.maxlen))
+            .is_none_or(|h| u64::from(h) + need <= u64::from(self.jsb.log_last()))
     }
 
     /// Write descriptors and `blocks` of transaction `tid` at log block `pos`;
@@ -398,6 +413,10 @@ impl Log {
                 "early commit into a log that holds transactions".into(),
             ));
         }
+        if self.fast_commits_pending {
+            // The chain's record would not replace them: commit first.
+            return Ok(EarlyOutcome::NoRoom);
+        }
         let first = self.jsb.first;
         let tid = self.next_tid;
         let next = self.early.as_ref().map_or(first, |e| e.next);
@@ -422,7 +441,7 @@ impl Log {
         // Room for this and for the commit of everything that must follow it.
         let need = u64::from(self.log_blocks_for(changed.len()))
             + u64::from(self.log_blocks_for(blocks.len()));
-        if u64::from(next) + need > u64::from(self.jsb.maxlen) {
+        if u64::from(next) + need > u64::from(self.jsb.log_last()) {
             return Ok(EarlyOutcome::NoRoom);
         }
         if self.early.is_none() {
@@ -479,7 +498,8 @@ impl Log {
             ));
         }
         let first = self.jsb.first;
-        let maxlen = u64::from(self.jsb.maxlen);
+        // The log ends where a fast-commit area begins.
+        let maxlen = u64::from(self.jsb.log_last());
         let need = u64::from(self.log_blocks_for(blocks.len()))
             + u64::from(self.revoke_blocks_for(revokes.len()));
         let tid = self.next_tid;
@@ -533,6 +553,7 @@ impl Log {
         dev.flush()?;
         self.head = Some(pos + 1);
         self.next_tid = tid.wrapping_add(1);
+        self.fast_commits_pending = false;
         Ok(tid)
     }
 
@@ -549,6 +570,7 @@ impl Log {
     /// Every committed block is home and flushed: empty the log (and clear the record
     /// of a chain of early commits, which a commit had ended). The caller flushes.
     pub fn checkpointed<D: Device + ?Sized>(&mut self, dev: &D) -> Result<()> {
+        self.fast_commits_pending = false;
         self.jsb.start = 0;
         self.jsb.sequence = self.next_tid;
         self.head = None;
@@ -779,13 +801,13 @@ mod tests {
             buf
         };
         // Without `write`: what a replay would do, nothing written.
-        let dry = recover(&dev, map.as_slice(), BS, 4096, false, None).expect("dry run");
+        let dry = recover(&dev, map.as_slice(), BS, 4096, 256, false, None).expect("dry run");
         assert_eq!(
             (dry.transactions, dry.blocks_replayed, dry.revoke_hits),
             (2, 2, 1)
         );
         assert!(home(501).iter().all(|&x| x == 0));
-        let r = recover(&dev, map.as_slice(), BS, 4096, true, None).expect("recover");
+        let r = recover(&dev, map.as_slice(), BS, 4096, 256, true, None).expect("recover");
         assert_eq!(r, dry);
         assert_eq!(r.first_sequence, t1);
         assert_eq!(r.new_sequence, t1.wrapping_add(3), "one tid skipped");
@@ -793,14 +815,119 @@ mod tests {
         assert!(home(501).iter().all(|&x| x == 2));
         assert!(home(502).iter().all(|&x| x == 3));
         // The log is empty now: a second recovery finds nothing.
-        let again = recover(&dev, map.as_slice(), BS, 4096, true, None).expect("again");
+        let again = recover(&dev, map.as_slice(), BS, 4096, 256, true, None).expect("again");
         assert_eq!((again.transactions, again.end), (0, LogEnd::Empty));
         // A home block past the filesystem's end is corruption, and nothing is written.
         let (dev, map) = fresh();
         let mut log = Log::open(&dev, map.clone(), BS).expect("open");
         log.prepare_rw(&dev, true, true).expect("prepare");
         log.commit(&dev, &[(9000, block(5))], &[]).expect("commit");
-        let e = recover(&dev, map.as_slice(), BS, 4096, true, None).expect_err("outside");
+        let e = recover(&dev, map.as_slice(), BS, 4096, 256, true, None).expect_err("outside");
         assert!(e.to_string().contains("outside"), "{e}");
+    }
+
+    /// A journal of `LEN` log blocks and a fast-commit area of 64 after them.
+    fn fresh_fc() -> (Mem, Vec<u64>) {
+        const FC: u32 = 64;
+        let mut jsb = JournalSuperblock::new(BS as u32, LEN as u32 + FC, [7; 16]);
+        jsb.feature_incompat |= jbd2::INCOMPAT_FAST_COMMIT;
+        jsb.num_fc_blks = FC;
+        jsb.enable_csum_v3(true);
+        let total = LEN + FC as usize;
+        let mut bytes = vec![0u8; (AT as usize + total) * BS];
+        let at = AT as usize * BS;
+        jsb.encode(&mut bytes[at..at + jbd2::SB_SIZE])
+            .expect("encode jsb");
+        let map = (AT..AT + total as u64).collect();
+        (
+            Mem {
+                bytes: Mutex::new(bytes),
+                flushes: Mutex::new(0),
+            },
+            map,
+        )
+    }
+
+    /// The log of a fast-commit journal ends where the area begins: transactions
+    /// fill the log up to it and never touch it.
+    #[test]
+    fn the_log_leaves_the_fast_commit_area_alone() {
+        let (dev, map) = fresh_fc();
+        let mut log = Log::open(&dev, map.clone(), BS).expect("open");
+        log.prepare_rw(&dev, true, true).expect("prepare");
+        let mut n = 0u64;
+        while log.has_room(100, 0) {
+            let blocks: Vec<(u64, Arc<[u8]>)> = (0..100).map(|b| (3000 + b, block(0xAB))).collect();
+            log.commit(&dev, &blocks, &[]).expect("commit");
+            n += 1;
+        }
+        assert!(n >= 9, "{n} transactions");
+        let b = dev.bytes.lock().expect("bytes");
+        let area = &b[(AT as usize + LEN) * BS..];
+        assert!(area.iter().all(|&x| x == 0), "the log wrote into the area");
+    }
+
+    /// Fast commits of the first transaction not in the log: recovery replays the log,
+    /// returns the fast commits and leaves the journal needing them (a second recovery
+    /// finds them again); the filesystem's first commit then replaces them.
+    #[test]
+    fn fast_commits_are_returned_and_replaced_by_the_next_commit() {
+        use rext4_format::extent::Extent;
+        use rext4_format::fast_commit::{Tag, Writer, TAG_CREAT};
+        let (dev, map) = fresh_fc();
+        let mut log = Log::open(&dev, map.clone(), BS).expect("open");
+        log.prepare_rw(&dev, true, true).expect("prepare");
+        let t1 = log.commit(&dev, &[(500, block(1))], &[]).expect("commit");
+        // The kernel's fast commits of t1 + 1, at log_last + 1.
+        let mut w = Writer::new(BS, t1 + 1);
+        w.inode(20, &[0u8; 160]);
+        w.add_range(
+            20,
+            &Extent {
+                logical: 0,
+                len: 3,
+                physical: 700,
+                unwritten: false,
+            },
+        );
+        w.dentry(TAG_CREAT, 2, 20, b"new");
+        w.tail();
+        for (k, blk) in w.blocks().iter().enumerate() {
+            dev.write_at(blk, map[LEN + 1 + k] * BS as u64)
+                .expect("write fc");
+        }
+        let r = recover(&dev, map.as_slice(), BS, 4096, 256, true, None).expect("recover");
+        assert_eq!((r.transactions, r.fast_commit_count), (1, 1));
+        let names: Vec<&str> = r.fast_commits.iter().map(Tag::name).collect();
+        assert_eq!(names, ["HEAD", "INODE", "ADD_RANGE", "CREAT", "TAIL"]);
+        assert_eq!(r.new_sequence, t1 + 1, "the journal waits for t1 + 1");
+        let again = recover(&dev, map.as_slice(), BS, 4096, 256, true, None).expect("again");
+        assert_eq!((again.transactions, again.fast_commits.len()), (0, 5));
+        // The filesystem replays them and commits: its first transaction is t1 + 1.
+        let mut log = Log::open(&dev, map.clone(), BS).expect("open");
+        assert!(log.prepare_rw(&dev, true, true).is_err(), "not empty");
+        log.adopt_fast_commit_log();
+        log.prepare_rw(&dev, true, true).expect("prepare");
+        assert!(!log.log_is_empty());
+        let t2 = log.commit(&dev, &[(501, block(2))], &[]).expect("commit");
+        assert_eq!(t2, t1 + 1);
+        let r = recover(&dev, map.as_slice(), BS, 4096, 256, true, None).expect("recover");
+        assert_eq!((r.transactions, r.fast_commits.len()), (1, 0));
+        // A checkpoint of a log whose fast commits changed nothing empties it too.
+        let (dev, map) = fresh_fc();
+        let mut log = Log::open(&dev, map.clone(), BS).expect("open");
+        log.prepare_rw(&dev, true, true).expect("prepare");
+        let t = log.commit(&dev, &[(500, block(1))], &[]).expect("commit");
+        let mut w = Writer::new(BS, t + 1);
+        w.tail();
+        dev.write_at(&w.blocks()[0], map[LEN + 1] * BS as u64)
+            .expect("write fc");
+        recover(&dev, map.as_slice(), BS, 4096, 256, true, None).expect("recover");
+        let mut log = Log::open(&dev, map.clone(), BS).expect("open");
+        log.adopt_fast_commit_log();
+        log.prepare_rw(&dev, true, true).expect("prepare");
+        log.checkpointed(&dev).expect("checkpointed");
+        let r = recover(&dev, map.as_slice(), BS, 4096, 256, true, None).expect("recover");
+        assert_eq!((r.transactions, r.fast_commits.len()), (0, 0));
     }
 }

@@ -16,11 +16,23 @@
 //! "journal transaction N is corrupt", and nothing is written. A data block whose tag
 //! checksum fails is skipped and reported (`bad_checksums`).
 //!
+//! Fast commits (journal feature FAST_COMMIT): after the SCAN of the log, the
+//! fast-commit area (journal blocks `log_last + 1` to the end) is scanned for the fast
+//! commits of the first transaction not in the log (`rext4_format::fast_commit::Scan`).
+//! Their records are not jbd2's to replay: they are returned ([`Recovery::fast_commits`])
+//! for the filesystem to apply, and the journal superblock is left saying so — `s_start`
+//! at the block after the log's last commit, `s_sequence` that transaction — a log with
+//! no whole transaction whose fast commits every recoverer (kernel, e2fsck, rext4)
+//! still replays. The filesystem's first commit (that transaction's number, written from
+//! `s_first`) then replaces them. An area that is damaged before its first whole fast
+//! commit fails recovery, as the kernel's does; damage after it ends the area there.
+//!
 //! rext4's early commits: when no committed transaction is in the log and the journal
 //! superblock records a chain of them written in boot `boot_id`, the chain's complete
 //! transactions (descriptors, every tag checksum and the EARLY block verified) are
 //! replayed in order. In another boot the chain does not exist.
 
+use rext4_format::fast_commit;
 use rext4_format::jbd2::{
     self, unescape, verify_tag, EarlyRecord, JournalSuperblock, LogEnd, ScanResult, Scanner,
 };
@@ -96,6 +108,12 @@ pub struct Recovery {
     /// Of `transactions`, rext4's early commits (replayed only in the boot that wrote
     /// them).
     pub early_transactions: usize,
+    /// The records of the whole fast commits of transaction `end_sequence`, for the
+    /// filesystem to replay (empty when there are none); the journal was left needing
+    /// them (see the module note).
+    pub fast_commits: Vec<fast_commit::Tag>,
+    /// Fast commits found whole.
+    pub fast_commit_count: usize,
 }
 
 impl Default for Recovery {
@@ -115,6 +133,8 @@ impl Default for Recovery {
             end: LogEnd::Empty,
             journal_errno: 0,
             early_transactions: 0,
+            fast_commits: Vec::new(),
+            fast_commit_count: 0,
         }
     }
 }
@@ -135,7 +155,7 @@ fn early_chain<D: Device + ?Sized, M: LogMap + ?Sized>(
     let (Some(rec), Some(boot)) = (EarlyRecord::from_sb(jsb), boot_id) else {
         return Ok(Vec::new());
     };
-    if rec.boot_id != boot || rec.start < jsb.first || rec.start >= jsb.maxlen {
+    if rec.boot_id != boot || rec.start < jsb.first || rec.start >= jsb.log_last() {
         return Ok(Vec::new());
     }
     let fmt = jsb.log_format();
@@ -146,7 +166,7 @@ fn early_chain<D: Device + ?Sized, M: LogMap + ?Sized>(
     let mut pos = rec.start;
     let mut tid = rec.first_tid;
     let mut cur: Vec<jbd2::LoggedBlock> = Vec::new();
-    while pos < jsb.maxlen {
+    while pos < jsb.log_last() {
         read(dev, map, bs, u64::from(pos), &mut buf)?;
         if jbd2::is_early(&buf, tid, &boot, fmt.j_seed) {
             chain.push((tid, std::mem::take(&mut cur)));
@@ -164,7 +184,7 @@ fn early_chain<D: Device + ?Sized, M: LogMap + ?Sized>(
         let mut whole = true;
         for (k, tag) in tags.iter().enumerate() {
             let at = pos + 1 + k as u32;
-            if at >= jsb.maxlen {
+            if at >= jsb.log_last() {
                 whole = false;
                 break;
             }
@@ -221,15 +241,6 @@ fn load_jsb<D: Device + ?Sized, M: LogMap + ?Sized>(
 ) -> Result<JournalSuperblock> {
     let at = map.physical(0)?;
     let jsb = read_superblock(dev, map, bs)?;
-    let f = jsb.features();
-    if f.fast_commit() {
-        return Err(Error::Unsupported(
-            "journal feature fast_commit: fast-commit replay is not supported (the kernel \
-             left its journal to replay: `e2fsck -fy IMAGE` or a kernel mount replays it, \
-             then rext4 opens the image)"
-                .into(),
-        ));
-    }
     if jsb.blocksize as usize != bs || u64::from(jsb.maxlen) > map.blocks() {
         return Err(corrupted(
             format!(
@@ -243,6 +254,43 @@ fn load_jsb<D: Device + ?Sized, M: LogMap + ?Sized>(
         ));
     }
     Ok(jsb)
+}
+
+/// The fast commits of transaction `tid` in the journal's fast-commit area (none
+/// without the feature): the records of those found whole.
+fn scan_fast_commits<D: Device + ?Sized, M: LogMap + ?Sized>(
+    dev: &D,
+    map: &M,
+    jsb: &JournalSuperblock,
+    tid: u32,
+    inode_size: usize,
+) -> Result<(Vec<fast_commit::Tag>, usize)> {
+    let last = jsb.log_last();
+    if !jsb.features().fast_commit() || last >= jsb.maxlen {
+        return Ok((Vec::new(), 0));
+    }
+    let bs = jsb.blocksize as usize;
+    let mut buf = vec![0u8; bs];
+    let mut s = fast_commit::Scan::new(tid, inode_size);
+    // jbd2's j_fc_first is j_last + 1.
+    for j in last + 1..jsb.maxlen {
+        read(dev, map, bs, u64::from(j), &mut buf)?;
+        let step = s.feed(&buf).map_err(|e| {
+            let why = match e {
+                FormatError::Corrupted { what, .. } => what,
+                other => other.to_string(),
+            };
+            corrupted(
+                format!("fast commits of journal transaction {tid} are corrupt: {why}"),
+                map.physical(u64::from(j)).ok(),
+            )
+        })?;
+        if step == fast_commit::Step::Stop {
+            break;
+        }
+    }
+    let n = s.commits();
+    Ok((s.finish(), n))
 }
 
 /// The SCAN pass. A corrupt transaction fails with its tid.
@@ -269,17 +317,20 @@ fn scan<D: Device + ?Sized, M: LogMap + ?Sized>(
 }
 
 /// Recover the log on the blocks `map` of `dev` (block size `bs`; home blocks must lie
-/// below `fs_blocks`): replay what it holds, then empty it — or, without `write`, only
-/// say what a replay would do. `boot_id`: this boot's, for rext4's early commits.
+/// below `fs_blocks`; the filesystem's inodes are `inode_size` bytes, which bounds fast
+/// commits' inode records): replay what it holds, then empty it — or, without `write`,
+/// only say what a replay would do. `boot_id`: this boot's, for rext4's early commits.
+/// Fast commits are returned, not replayed (see the module note).
 ///
-/// Errors: `Unsupported` for journal features that cannot be replayed (fast commits),
-/// `Corrupted` for an unreadable journal or a corrupt transaction; in both cases
+/// Errors: `Unsupported` for journal features that cannot be replayed, `Corrupted` for
+/// an unreadable journal or a corrupt transaction or fast-commit area; in each case
 /// nothing was written.
 pub fn recover<D: Device + ?Sized, M: LogMap + ?Sized>(
     dev: &D,
     map: &M,
     bs: usize,
     fs_blocks: u64,
+    inode_size: usize,
     write: bool,
     boot_id: Option<[u8; 16]>,
 ) -> Result<Recovery> {
@@ -305,6 +356,10 @@ pub fn recover<D: Device + ?Sized, M: LogMap + ?Sized>(
         report.end = result.end;
         report.revoke_records = result.transactions.iter().map(|t| t.revoked.len()).sum();
         report.revoke_hits = logged - plan.len();
+        // Before anything is written: a damaged area fails recovery as a whole.
+        let (tags, n) = scan_fast_commits(dev, map, &jsb, result.end_sequence, inode_size)?;
+        report.fast_commits = tags;
+        report.fast_commit_count = n;
         let fmt = jsb.log_format();
         let mut buf = vec![0u8; bs];
         for w in &plan {
@@ -338,7 +393,7 @@ pub fn recover<D: Device + ?Sized, M: LogMap + ?Sized>(
     // commits): the chain, when this boot wrote it.
     let record = EarlyRecord::from_sb(&jsb).is_some();
     let mut chain_end = None;
-    if report.transactions == 0 && record {
+    if report.transactions == 0 && record && report.fast_commits.is_empty() {
         let chain = early_chain(dev, map, &jsb, boot_id)?;
         let mut buf = vec![0u8; bs];
         for (tid, blocks) in &chain {
@@ -375,6 +430,13 @@ pub fn recover<D: Device + ?Sized, M: LogMap + ?Sized>(
         if !jsb.is_empty() {
             new.start = 0;
             new.sequence = report.new_sequence;
+        }
+        if !report.fast_commits.is_empty() {
+            // No whole transaction left, the fast commits still to replay: the log
+            // starts where the scan ended, expecting their transaction.
+            new.start = report.log_head;
+            new.sequence = report.end_sequence;
+            report.new_sequence = report.end_sequence;
         }
         if let Some(end) = chain_end {
             // As after jbd2's replay: one tid skipped past the last replayed.

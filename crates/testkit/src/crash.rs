@@ -10,7 +10,9 @@
 //!   that was in flight when the power went).
 //!
 //! Writes before a flush are durable; writes after it may be lost, reordered or torn —
-//! the guarantees a disk gives, and the ones the journal's ordering relies on.
+//! the guarantees a disk gives, and the ones the journal's ordering relies on. A write
+//! past the end of the image extends it (a growing image file, such as a qcow2 file);
+//! lost, it leaves the file shorter.
 //!
 //! One assumption: a write of the primary superblock (the 1,024 bytes at byte 1,024)
 //! is lost or made whole, never torn. Its checksum spans both of its sectors, so any
@@ -37,11 +39,14 @@ pub fn flush_points(events: &[Event]) -> Vec<usize> {
         .collect()
 }
 
-fn apply(img: &mut [u8], offset: u64, data: &[u8]) {
+/// A write past the end extends the image (zeros between): an image file that grows,
+/// such as a qcow2 file recorded under its qcow2 layer.
+fn apply(img: &mut Vec<u8>, offset: u64, data: &[u8]) {
     let o = offset as usize;
-    if let Some(dst) = img.get_mut(o..o + data.len()) {
-        dst.copy_from_slice(data);
+    if img.len() < o + data.len() {
+        img.resize(o + data.len(), 0);
     }
+    img[o..o + data.len()].copy_from_slice(data);
 }
 
 /// The image with every write before event index `upto` applied.
@@ -80,13 +85,26 @@ pub fn image_with_lost_writes(
     durable: usize,
     rng: &mut Rng,
 ) -> Vec<u8> {
+    image_with_lost_writes_keeping(base, events, durable, rng, &touches_superblock)
+}
+
+/// [`image_with_lost_writes`] where `whole(offset, len)` names the writes that are
+/// lost or kept whole, never torn (the primary superblock's, wherever a layer under
+/// the filesystem puts it).
+pub fn image_with_lost_writes_keeping(
+    base: &[u8],
+    events: &[Event],
+    durable: usize,
+    rng: &mut Rng,
+    whole: &dyn Fn(u64, usize) -> bool,
+) -> Vec<u8> {
     let mut img = image_at(base, events, durable);
     for e in &events[durable.min(events.len())..] {
         match e {
             Event::Flush => break,
             Event::Write { offset, data } => match rng.below(4) {
                 0 => {} // lost
-                1 if !touches_superblock(*offset, data.len()) => {
+                1 if !whole(*offset, data.len()) => {
                     // torn: some sectors made it
                     for (i, sector) in data.chunks(SECTOR).enumerate() {
                         if rng.below(2) == 0 {

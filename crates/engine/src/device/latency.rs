@@ -218,6 +218,14 @@ impl BlockDevice for Counted {
     fn dax(&self) -> Option<&super::dax::DaxDevice> {
         self.inner.dax()
     }
+    fn read_fresh(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.counters().read(buf.len());
+        self.inner.read_fresh(buf, offset)
+    }
+    fn write_through(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.counters().write(buf.len());
+        self.inner.write_through(buf, offset)
+    }
 }
 
 /// A delay per request.
@@ -364,6 +372,14 @@ impl BlockDevice for LatencyDevice {
     }
     fn is_read_only(&self) -> bool {
         self.inner.is_read_only()
+    }
+    fn read_fresh(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.counts.read(buf.len());
+        self.serve(self.read, || self.inner.read_fresh(buf, offset))
+    }
+    fn write_through(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.counts.write(buf.len());
+        self.serve(self.write, || self.inner.write_through(buf, offset))
     }
 }
 

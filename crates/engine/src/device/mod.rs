@@ -85,6 +85,23 @@ pub trait BlockDevice: Send + Sync {
     /// (`fs::write_ahead`): a buffered image file has the host read it into its cache
     /// now. Changes nothing else; the default ignores it.
     fn will_need(&self, _offset: u64, _len: u64) {}
+    /// Read what the medium holds now, past every cache on this host that could keep
+    /// an older copy: another host sharing the medium may have written it. Multi-mount
+    /// protection reads its block this way (`crate::mmp`). The default is
+    /// [`Self::read_at`], right for a backend that keeps no copy on this host (memory;
+    /// a network block device that asks its server each time). A backend with a cache
+    /// of its own (a page cache, a client-side cache) bypasses it here, and a wrapper
+    /// passes the call to what it wraps.
+    fn read_fresh(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.read_at(buf, offset)
+    }
+    /// Write so that the next [`Self::read_fresh`] of any host sharing the medium sees
+    /// it (multi-mount protection's block). The default writes and flushes; a backend
+    /// that can reach the medium without flushing everything else (O_DIRECT) does so.
+    fn write_through(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_at(buf, offset)?;
+        self.flush()
+    }
 }
 
 /// A write to a device opened read-only: refused, the same way by every backend.
@@ -145,6 +162,10 @@ pub struct FileDevice {
     direct: bool,
     /// A block device (discard is BLKDISCARD), not a regular file (a punched hole).
     block_device: bool,
+    /// An O_DIRECT descriptor of the same file for [`BlockDevice::read_fresh`] and
+    /// [`BlockDevice::write_through`], opened at their first use (`None` inside when
+    /// the file cannot be opened so: those then go around the page cache otherwise).
+    uncached: std::sync::OnceLock<Option<File>>,
 }
 
 /// BLKDISCARD, `_IO(0x12, 119)`: discard a byte range of a block device.
@@ -180,7 +201,51 @@ impl FileDevice {
             read_only,
             direct,
             block_device,
+            uncached: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The O_DIRECT descriptor of [`FileDevice::uncached`]: the file reopened through
+    /// /proc/self/fd (the same file, whatever happened to its path since).
+    fn uncached(&self) -> Option<&File> {
+        self.uncached
+            .get_or_init(|| {
+                if self.direct {
+                    return None;
+                }
+                let path = format!("/proc/self/fd/{}", self.file.as_raw_fd());
+                OpenOptions::new()
+                    .read(true)
+                    .write(!self.read_only)
+                    .custom_flags(O_DIRECT)
+                    .open(path)
+                    .ok()
+            })
+            .as_ref()
+    }
+
+    /// `f` on an O_DIRECT descriptor with a sector-aligned copy of the request: `None`
+    /// when there is none here or it refuses this size or alignment (EINVAL), so the
+    /// caller goes another way.
+    fn direct_io(
+        &self,
+        len: usize,
+        offset: u64,
+        f: impl FnOnce(&File, &mut [u8]) -> io::Result<()>,
+    ) -> Option<io::Result<()>> {
+        if !Self::direct_ok(len, offset) {
+            return None;
+        }
+        let file = if self.direct {
+            &self.file
+        } else {
+            self.uncached()?
+        };
+        let (mut v, s) = Self::aligned_bounce(len);
+        match f(file, &mut v[s..s + len]) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => None,
+            r => Some(r),
+        }
     }
 
     fn aligned_bounce(len: usize) -> (Vec<u8>, usize) {
@@ -399,6 +464,66 @@ impl BlockDevice for FileDevice {
     fn is_read_only(&self) -> bool {
         self.read_only
     }
+
+    /// O_DIRECT (as e2fsprogs reads the MMP block of a device): neither this host's
+    /// page cache nor a network filesystem's client cache answers. Where O_DIRECT is
+    /// refused, the range's cached pages are dropped first, so the read goes to the
+    /// medium.
+    fn read_fresh(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        check_range(offset, buf.len(), self.size)?;
+        let n = buf.len();
+        let direct = self.direct_io(n, offset, |f, b| {
+            f.read_exact_at(b, offset)?;
+            buf.copy_from_slice(b);
+            Ok(())
+        });
+        if let Some(r) = direct {
+            return r;
+        }
+        let f = self.unaligned.as_ref().unwrap_or(&self.file);
+        // SAFETY: posix_fadvise(2) on our descriptor, plain integers.
+        unsafe {
+            libc::posix_fadvise(
+                f.as_raw_fd(),
+                offset as libc::off_t,
+                n as libc::off_t,
+                libc::POSIX_FADV_DONTNEED,
+            );
+        }
+        f.read_exact_at(buf, offset)
+    }
+
+    /// O_DIRECT, or a buffered write whose range (only) is written out and waited for
+    /// (`sync_file_range`): the device holds it, without a flush of everything else
+    /// the image has dirty.
+    fn write_through(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        refuse_if_read_only(self.read_only)?;
+        check_range(offset, buf.len(), self.size)?;
+        let direct = self.direct_io(buf.len(), offset, |f, b| {
+            b.copy_from_slice(buf);
+            f.write_all_at(b, offset)
+        });
+        if let Some(r) = direct {
+            return r;
+        }
+        let f = self.unaligned.as_ref().unwrap_or(&self.file);
+        f.write_all_at(buf, offset)?;
+        // SAFETY: sync_file_range(2) on our descriptor, plain integers.
+        let r = unsafe {
+            libc::sync_file_range(
+                f.as_raw_fd(),
+                offset as libc::off64_t,
+                buf.len() as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                    | libc::SYNC_FILE_RANGE_WRITE
+                    | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
 }
 
 /// An in-memory device (tests, and images built in memory).
@@ -545,6 +670,49 @@ mod tests {
             assert!(ro.write_many(&reqs).is_err(), "read-only");
             let _ = std::fs::remove_file(&p);
         }
+    }
+
+    /// `read_fresh` sees a write made behind the device's back (as another host's),
+    /// `write_through` reaches a reader of the file; aligned requests go through
+    /// O_DIRECT, unaligned ones the fallback, on buffered and O_DIRECT devices alike.
+    #[test]
+    fn file_device_fresh_reads_and_writes_through() {
+        let p = std::env::temp_dir().join(format!("rext4-dev-f-{}", std::process::id()));
+        std::fs::write(&p, vec![0u8; 16384]).expect("write");
+        for direct in [false, true] {
+            let d = match FileDevice::open(&p, false, direct) {
+                Ok(d) => d,
+                Err(e) => {
+                    rext4_testkit::skip(&format!("O_DIRECT open in the temp directory: {e}"));
+                    continue;
+                }
+            };
+            let mut b = vec![0u8; 4096];
+            d.read_at(&mut b, 4096).expect("read");
+            let other = OpenOptions::new().write(true).open(&p).expect("open");
+            for (off, len, fill) in [(4096u64, 4096usize, 0x5Au8), (5000, 100, 0x33)] {
+                other
+                    .write_all_at(&vec![fill; len], off)
+                    .expect("write behind");
+                let mut got = vec![0u8; len];
+                d.read_fresh(&mut got, off).expect("read_fresh");
+                assert!(got.iter().all(|&x| x == fill), "direct={direct} at {off}");
+                d.write_through(&vec![fill ^ 0xFF; len], off)
+                    .expect("write_through");
+                let mut seen = vec![0u8; len];
+                std::fs::File::open(&p)
+                    .and_then(|f| f.read_exact_at(&mut seen, off))
+                    .expect("read back");
+                assert!(
+                    seen.iter().all(|&x| x == fill ^ 0xFF),
+                    "direct={direct} at {off}"
+                );
+            }
+            assert!(d.read_fresh(&mut b, 16000).is_err(), "past the end");
+            let ro = FileDevice::open(&p, true, direct).expect("read-only");
+            assert!(ro.write_through(&b, 0).is_err(), "read-only");
+        }
+        let _ = std::fs::remove_file(&p);
     }
 
     #[test]

@@ -72,6 +72,14 @@ impl BlockDevice for Window {
         check_range(offset, usize::try_from(len).unwrap_or(usize::MAX), self.len)?;
         self.inner.discard(self.start + offset, len)
     }
+    fn read_fresh(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        check_range(offset, buf.len(), self.len)?;
+        self.inner.read_fresh(buf, self.start + offset)
+    }
+    fn write_through(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        check_range(offset, buf.len(), self.len)?;
+        self.inner.write_through(buf, self.start + offset)
+    }
     fn will_need(&self, offset: u64, len: u64) {
         if offset < self.len {
             self.inner

@@ -10,10 +10,11 @@ use rext4_format::extent;
 use rext4_format::inode::{self as fi, flags, Inode, Timestamp};
 use rext4_format::superblock::feature;
 
+use crate::blockmap_write::BlockMap;
 use crate::cache::Kind;
 use crate::error::{Error, Result};
 use crate::extent_write::ExtentTree;
-use crate::fs::map::Mapping;
+use crate::fs::map::{Mapping, MAX_LOGICAL};
 use crate::fs::{Fs, Ino};
 use crate::store::{BlockStore, DirStore};
 
@@ -242,6 +243,11 @@ impl Fs {
                 return physical + 1;
             }
         }
+        self.home_goal(ino)
+    }
+
+    /// Where a file with nothing mapped near starts: its inode's group.
+    pub(crate) fn home_goal(&self, ino: Ino) -> u64 {
         let sb = &self.inner.sb;
         let g = u64::from((ino.0 - 1) / sb.inodes_per_group);
         sb.group_first_block(g)
@@ -329,10 +335,11 @@ pub(crate) fn uses_block_map(inode: &Inode) -> bool {
         || (ft == rext4_format::inode::mode::S_IFLNK && inode.size >= 60)
 }
 
-/// Run `f` on the extent tree of `inode`. A regular file or directory still mapped
-/// by an ext2/3 block map (an image converted with `tune2fs -O extents`) is first
-/// migrated to an extent tree, as the kernel's `chattr +e` does; elsewhere the inode
-/// must have EXTENTS_FL. The caller holds the write lock and writes the inode.
+/// Run `f` on the extent tree of `inode`, which must have EXTENTS_FL: a block-mapped
+/// inode is changed through [`map_new_blocks`] and [`unmap_range`] instead (it keeps
+/// its block map, as the kernel keeps it), and has no operation that needs a tree
+/// (unwritten extents, collapse and insert range: EOPNOTSUPP, as on the kernel). The
+/// caller holds the write lock (or the tree lock in a handle) and writes the inode.
 pub(crate) fn with_tree<R>(
     fs: &Fs,
     ino: Ino,
@@ -340,20 +347,10 @@ pub(crate) fn with_tree<R>(
     f: impl FnOnce(&mut ExtentTree<'_, FsBlocks<'_>>) -> Result<R>,
 ) -> Result<R> {
     if !inode.has_flag(flags::EXTENTS) {
-        let ft = inode.mode & rext4_format::inode::mode::S_IFMT;
-        let migratable = fs
-            .inner
-            .sb
-            .has_incompat(rext4_format::superblock::feature::INCOMPAT_EXTENTS)
-            && uses_block_map(inode)
-            && ft != rext4_format::inode::mode::S_IFLNK;
-        if !migratable {
-            return Err(Error::Unsupported(format!(
-                "inode {} uses block maps; rext4 writes only extent-mapped files",
-                ino.0
-            )));
-        }
-        fs.migrate_to_extents(ino, inode)?;
+        return Err(Error::Unsupported(format!(
+            "inode {} is not extent-mapped",
+            ino.0
+        )));
     }
     let seed = fs.owned_seed(ino, inode);
     let mut store = FsBlocks { fs, seed };
@@ -366,6 +363,139 @@ pub(crate) fn with_tree<R>(
     inode.block = root;
     inode.blocks_raw = blocks;
     r
+}
+
+/// [`BlockStore`] over the filesystem for one inode's block map: indirect blocks
+/// through the buffer cache (no checksum and no magic: nothing to verify), allocated
+/// at the goal the map gives, as the kernel's `ext4_new_meta_blocks` (next to the
+/// data, not at the end of the group as extent-tree blocks), under the caller's claim.
+pub(crate) struct FsIndirect<'a> {
+    pub fs: &'a Fs,
+}
+
+impl BlockStore for FsIndirect<'_> {
+    fn block_size(&self) -> usize {
+        self.fs.inner.block_size as usize
+    }
+    fn read_meta(&self, blk: u64) -> Result<Vec<u8>> {
+        Ok(self
+            .fs
+            .cache()
+            .read(blk, Kind::Indirect, |_| Ok(()))?
+            .to_vec())
+    }
+    fn write_meta(&mut self, blk: u64, data: &[u8]) -> Result<()> {
+        self.fs.cache().write(blk, Kind::Indirect, data, |_| Ok(()))
+    }
+    fn alloc(&mut self, goal: u64, max_len: u32) -> Result<(u64, u32)> {
+        self.fs.alloc_blocks(goal, max_len)
+    }
+    fn free(&mut self, start: u64, len: u64) -> Result<()> {
+        self.fs.free_blocks(start, len)
+    }
+}
+
+/// Run `f` on the block map of `inode` (one for which [`uses_block_map`] holds).
+fn with_block_map<R>(
+    fs: &Fs,
+    ino: Ino,
+    inode: &mut Inode,
+    f: impl FnOnce(&mut BlockMap<'_, FsIndirect<'_>>) -> Result<R>,
+) -> Result<R> {
+    let home = fs.home_goal(ino);
+    let valid = fs.valid_blocks();
+    let mut store = FsIndirect { fs };
+    let mut blocks = inode.blocks_raw;
+    let mut root = inode.block;
+    let r = f(&mut BlockMap::new(
+        &mut store,
+        &mut root,
+        &mut blocks,
+        home,
+        valid,
+    ));
+    inode.block = root;
+    inode.blocks_raw = blocks;
+    r
+}
+
+/// The block map of `inode` walked whole and checked (the audit): pointers inside the
+/// filesystem, no block twice.
+pub(crate) fn block_map_report(
+    fs: &Fs,
+    ino: Ino,
+    inode: &Inode,
+) -> Result<crate::blockmap_write::MapReport> {
+    let mut copy = inode.clone();
+    with_block_map(fs, ino, &mut copy, |m| m.check())
+}
+
+/// Map new blocks at the hole at logical block `lblk` of `ino`, whichever map it has:
+/// up to `want` blocks from `data(goal, len)` (the caller's allocation under its own
+/// space claim; tree and indirect blocks come under the claim the caller holds around
+/// this call). An extent-mapped file gets them as one extent, unwritten when asked; a
+/// block-mapped one through its map, after the indirect blocks it lacks (no unwritten
+/// state: the caller must have the data on the device before the mapping can be
+/// committed — it holds the write lock or its handle until then). `i_blocks` grows by
+/// every block mapped or made. Returns the run (physical start, blocks). On error
+/// nothing is mapped and the blocks `data` gave are freed.
+pub(crate) fn map_new_blocks(
+    fs: &Fs,
+    ino: Ino,
+    inode: &mut Inode,
+    lblk: u64,
+    want: u64,
+    unwritten: bool,
+    data: &mut dyn FnMut(u64, u32) -> Result<(u64, u32)>,
+) -> Result<(u64, u64)> {
+    if uses_block_map(inode) {
+        return with_block_map(fs, ino, inode, |m| m.alloc(lblk, want, data));
+    }
+    if lblk >= MAX_LOGICAL {
+        return Err(Error::FileTooLarge);
+    }
+    let want = want.clamp(1, u64::from(crate::extent_write::max_len(unwritten)));
+    let goal = fs.data_goal(ino, inode, lblk);
+    let (p, got) = data(goal, want as u32)?;
+    let ext = extent::Extent {
+        logical: lblk as u32,
+        len: got as u16,
+        physical: p,
+        unwritten,
+    };
+    if let Err(e) = with_tree(fs, ino, inode, |t| t.insert(ext)) {
+        let _ = fs.free_blocks(p, u64::from(got));
+        return Err(e);
+    }
+    inode.blocks_raw += u64::from(got) * u64::from(fs.inner.block_size) / 512;
+    Ok((p, u64::from(got)))
+}
+
+/// Free the blocks of logical `[start, end)` of `ino`, whichever map it has. Extent
+/// removal may split an extent (a new leaf: the caller's claim decides whether the
+/// pool may be used); a block map frees its emptied indirect blocks too, but keeps
+/// the path of a range where the page cache holds delayed pages (their promises
+/// counted only the indirect blocks missing when they were dirtied). An inode with
+/// no block map (a fast symlink, a device) has nothing to free.
+pub(crate) fn unmap_range(
+    fs: &Fs,
+    ino: Ino,
+    inode: &mut Inode,
+    start: u64,
+    end: u64,
+) -> Result<()> {
+    if start >= end.min(MAX_LOGICAL) {
+        return Ok(());
+    }
+    if inode.has_flag(flags::EXTENTS) {
+        return with_tree(fs, ino, inode, |t| t.remove(start as u32, end).map(|_| ()));
+    }
+    if !uses_block_map(inode) {
+        return Ok(());
+    }
+    let keep = |a: u64, b: u64| fs.pc_delalloc_in(ino, a, b);
+    fs.pc_forget_indirect(ino);
+    with_block_map(fs, ino, inode, |m| m.remove(start, end, &keep).map(|_| ()))
 }
 
 /// What a record write starts from: zeros (a new inode), given bytes (the in-inode
@@ -467,22 +597,10 @@ impl DirStore for FsDir<'_> {
         if lblk >= u64::from(u32::MAX) {
             return Err(Error::NoSpace);
         }
-        let goal = self.fs.data_goal(self.ino, &self.inode, lblk);
-        let (p, _) = self.fs.alloc_blocks(goal, 1)?;
         let ino = self.ino;
         let fs = self.fs;
-        let r = with_tree(fs, ino, &mut self.inode, |t| {
-            t.insert(extent::Extent {
-                logical: lblk as u32,
-                len: 1,
-                physical: p,
-                unwritten: false,
-            })
-        });
-        if let Err(e) = r {
-            let _ = self.fs.free_blocks(p, 1);
-            return Err(e);
-        }
+        let mut alloc = |goal: u64, n: u32| fs.alloc_blocks(goal, n);
+        let (p, _) = map_new_blocks(fs, ino, &mut self.inode, lblk, 1, false, &mut alloc)?;
         // The new block starts as a valid empty leaf, never stale bytes: should the
         // change that appended it stop here (ENOSPC at its next step), the directory
         // written as it stands is still well formed.
@@ -493,7 +611,6 @@ impl DirStore for FsDir<'_> {
             rext4_format::dir::set_leaf_csum(&mut b, s)?;
         }
         self.fs.cache().write(p, Kind::Raw, b, |_| Ok(()))?;
-        self.inode.blocks_raw += bs / 512;
         self.inode.size += bs;
         self.dirty = true;
         Ok(lblk)

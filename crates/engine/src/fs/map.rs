@@ -11,7 +11,6 @@
 
 use rext4_format::extent::{self, Node, NodeRef};
 use rext4_format::inode::{flags, Inode};
-use rext4_format::resize;
 
 use crate::cache::Kind;
 use crate::error::{AtBlock, Error, Result};
@@ -180,45 +179,60 @@ impl Fs {
         }
     }
 
+    /// One block's mapping in an ext2/3 block map, as a run: the blocks that follow
+    /// it physically in the same pointer array, or the hole up to the next pointer
+    /// (`blockmap_write::lookup_with`); indirect blocks through the cache.
     fn map_indirect(&self, inode: &Inode, lblk: u64) -> Result<Mapping> {
+        crate::blockmap_write::lookup_with(
+            &inode.block,
+            self.inner.block_size,
+            self.valid_blocks(),
+            lblk,
+            |b| self.cache().read(b, Kind::Indirect, |_| Ok(())),
+        )
+    }
+
+    /// The indirect blocks a block-mapped `inode` lacks to map the logical blocks
+    /// `lblks` (ascending), each named once: what allocating them would add besides
+    /// the data blocks (the page cache promises them).
+    pub(crate) fn indirect_missing(
+        &self,
+        inode: &Inode,
+        lblks: &[u64],
+    ) -> Result<Vec<crate::blockmap_write::IndirectKey>> {
         let bs = self.inner.block_size;
-        let Some(path) = resize::map_path(lblk, bs) else {
-            return Ok(Mapping::Hole {
-                len: MAX_LOGICAL.saturating_sub(lblk).max(1),
-            });
-        };
-        let apb = u64::from(resize::addr_per_block(bs));
-        let idx = path.indexes();
-        // A zero pointer at level k leaves the rest of that pointer's span unmapped.
-        let hole_from = |k: usize| -> Mapping {
-            let below = (idx.len() - k) as u32;
-            let span = apb.saturating_pow(below);
-            let mut within = 0u64;
-            for (j, &x) in idx.iter().enumerate().skip(k) {
-                within += u64::from(x) * apb.saturating_pow((idx.len() - 1 - j) as u32);
+        let mut out = Vec::new();
+        let mut last_leaf = None;
+        for &l in lblks {
+            let Some(leaf) = crate::blockmap_write::leaf_key(l, bs) else {
+                continue;
+            };
+            if last_leaf == Some(leaf) {
+                continue;
             }
-            Mapping::Hole {
-                len: span.saturating_sub(within).max(1),
+            last_leaf = Some(leaf);
+            let missing = crate::blockmap_write::missing_with(
+                &inode.block,
+                bs,
+                self.valid_blocks(),
+                l,
+                |b| self.cache().read(b, Kind::Indirect, |_| Ok(())),
+            )?;
+            for k in missing {
+                if !out.contains(&k) {
+                    out.push(k);
+                }
             }
-        };
-        let mut blk = u64::from(rext4_format::bytes::le32(&inode.block, path.slot * 4));
-        for (k, &ix) in idx.iter().enumerate() {
-            if blk == 0 {
-                return Ok(hole_from(k));
-            }
-            self.check_physical(blk, 1, None)?;
-            let data = self.cache().read(blk, Kind::Indirect, |_| Ok(()))?;
-            blk = u64::from(rext4_format::bytes::le32(&data, ix as usize * 4));
         }
-        if blk == 0 {
-            return Ok(Mapping::Hole { len: 1 });
-        }
-        self.check_physical(blk, 1, None)?;
-        Ok(Mapping::Mapped {
-            physical: blk,
-            len: 1,
-            unwritten: false,
-        })
+        Ok(out)
+    }
+
+    /// The block numbers a file's map may name: first data block .. blocks count.
+    pub(crate) fn valid_blocks(&self) -> (u64, u64) {
+        (
+            u64::from(self.inner.sb.first_data_block),
+            self.inner.sb.blocks_count,
+        )
     }
 
     /// Every extent of an extent-mapped inode, in logical order (for fiemap-like tools
@@ -241,72 +255,6 @@ impl Fs {
                 }
             };
             l = l.saturating_add(len.max(1));
-        }
-        Ok(out)
-    }
-}
-
-/// What an ext2/3-style block map holds: its data as runs of (logical, physical,
-/// blocks), contiguous on both sides and in logical order, and every indirect block
-/// (IND, DIND, TIND and their children) it uses.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct BlockMapContents {
-    pub runs: Vec<(u64, u64, u64)>,
-    pub indirect: Vec<u64>,
-}
-
-impl Fs {
-    /// Walk the block map of `inode` (not extent-mapped; the caller knows `i_block`
-    /// holds block pointers, not a fast symlink's target or a device number). Every
-    /// pointer is checked against the filesystem; a walk reads each indirect block
-    /// once and goes strictly down, so a corrupt map cannot loop.
-    pub(crate) fn block_map_contents(&self, inode: &Inode) -> Result<BlockMapContents> {
-        let bs = self.inner.block_size;
-        let apb = u64::from(resize::addr_per_block(bs));
-        let mut out = BlockMapContents::default();
-        let push = |out: &mut BlockMapContents, l: u64, p: u64| match out.runs.last_mut() {
-            Some((rl, rp, n)) if *rl + *n == l && *rp + *n == p => *n += 1,
-            _ => out.runs.push((l, p, 1)),
-        };
-        for slot in 0..15usize {
-            let blk = u64::from(rext4_format::bytes::le32(&inode.block, slot * 4));
-            if blk == 0 {
-                continue;
-            }
-            self.check_physical(blk, 1, None)?;
-            if slot < resize::DIRECT_BLOCKS {
-                push(&mut out, slot as u64, blk);
-                continue;
-            }
-            // Depth 1..=3 below this slot, and the first logical block it covers.
-            let depth = (slot - resize::DIRECT_BLOCKS + 1) as u32;
-            let mut first = resize::DIRECT_BLOCKS as u64;
-            for d in 1..depth {
-                first += apb.pow(d);
-            }
-            // (block, levels of pointers below it, first logical block it covers)
-            let mut stack = vec![(blk, depth, first)];
-            while let Some((b, level, base)) = stack.pop() {
-                out.indirect.push(b);
-                let data = self.cache().read(b, Kind::Indirect, |_| Ok(()))?.to_vec();
-                let span = apb.pow(level - 1);
-                // Children pushed in reverse so they pop in logical order.
-                let mut kids = Vec::new();
-                for (i, p) in resize::indirect_entries(&data).enumerate() {
-                    if p == 0 {
-                        continue;
-                    }
-                    let p = u64::from(p);
-                    self.check_physical(p, 1, Some(b))?;
-                    let l = base + i as u64 * span;
-                    if level == 1 {
-                        push(&mut out, l, p);
-                    } else {
-                        kids.push((p, level - 1, l));
-                    }
-                }
-                stack.extend(kids.into_iter().rev());
-            }
         }
         Ok(out)
     }

@@ -4,9 +4,13 @@
 //! Opening (`Fs::open_device`): read and verify the superblock, gate on features
 //! (unknown incompat ⇒ refuse, naming them; unknown ro_compat ⇒ read-only), check the
 //! geometry against the device size (so no later allocation or loop is bounded only by
-//! on-disk numbers), read and verify every group descriptor. An image whose journal
+//! on-disk numbers), take the MMP block for a read-write open of an image with
+//! multi-mount protection (`crate::mmp`, released last by close), read and verify
+//! every group descriptor. An image whose journal
 //! needs recovery is replayed first (`crate::journal`): on the device for a read-write
-//! open, into an in-memory overlay for a read-only one. A read-write open then loads
+//! open, into an in-memory overlay for a read-only one; fast commits left after the
+//! log are replayed by a read-write filesystem opened for that on the same device
+//! (`crate::fc_replay`), before this open goes on. A read-write open then loads
 //! the journal for rext4's own commits (`crate::fs::jwrite`), sets needs_recovery (or,
 //! without a journal, clears VALID_FS), and finishes orphans (`crate::orphan`).
 //!
@@ -414,6 +418,9 @@ pub(crate) struct Inner {
     pub(crate) boot_id: Option<[u8; 16]>,
     /// The image claimed against other users (opens by path), released by `close`.
     pub(crate) claim: Mutex<Option<crate::claim::Claim>>,
+    /// The MMP block held while open read-write (`crate::mmp`), marked clean by
+    /// `close` after its last write.
+    mmp: Mutex<Option<crate::mmp::Session>>,
     /// File data bypasses the page cache (`FsOptions::dax`; the device is a
     /// `DaxDevice`).
     pub(crate) dax: bool,
@@ -512,23 +519,30 @@ impl Fs {
         };
         let part_whole = spec.part == crate::image::Part::Whole;
         let hint_dev = dev.clone();
-        Self::open_claimed(dev, opts, Some(claim), note.into_iter().collect()).map_err(|e| {
-            match e {
-                // A whole disk with a partition table: say which partitions to open.
-                Error::NotExt4(why) if part_whole => {
-                    match crate::image::partition_hint(&*hint_dev) {
-                        Some(h) => Error::NotExt4(format!("{why}; {h}")),
-                        None => Error::NotExt4(why),
-                    }
-                }
-                e => e,
-            }
+        use std::os::unix::ffi::OsStrExt;
+        let name = path.as_os_str().as_bytes();
+        Self::open_claimed(
+            dev,
+            opts,
+            Some(claim),
+            note.into_iter().collect(),
+            name,
+            false,
+        )
+        .map_err(|e| match e {
+            // A whole disk with a partition table: say which partitions to open.
+            Error::NotExt4(why) if part_whole => match crate::image::partition_hint(&*hint_dev) {
+                Some(h) => Error::NotExt4(format!("{why}; {h}")),
+                None => Error::NotExt4(why),
+            },
+            e => e,
         })
     }
 
-    /// Open a filesystem on `dev` (not claimed: the caller keeps others away).
+    /// Open a filesystem on `dev` (not claimed: the caller keeps others away; an MMP
+    /// image is still protected against other nodes, see [`crate::mmp`]).
     pub fn open_device(dev: Arc<dyn BlockDevice>, opts: FsOptions) -> Result<Fs> {
-        Self::open_claimed(dev, opts, None, Vec::new())
+        Self::open_claimed(dev, opts, None, Vec::new(), b"", false)
     }
 
     fn open_claimed(
@@ -536,9 +550,16 @@ impl Fs {
         opts: FsOptions,
         claim: Option<crate::claim::Claim>,
         mut warnings: Vec<String>,
+        dev_name: &[u8],
+        replaying: bool,
     ) -> Result<Fs> {
+        // Multi-mount protection reads and writes its block on the device itself,
+        // around the request counters, and closes the fence under everything else
+        // when another node takes the image.
+        let mmp_dev = under.clone();
+        let fence = Arc::new(crate::mmp::Fence::new(under));
         // Every request is counted (`Fs::io_stats`), open's included.
-        let counted = Arc::new(crate::device::latency::Counted::new(under));
+        let counted = Arc::new(crate::device::latency::Counted::new(fence.clone()));
         let mut dev: Arc<dyn BlockDevice> = counted.clone();
         if opts.dax && dev.dax().is_none() {
             return Err(Error::InvalidInput(
@@ -582,27 +603,70 @@ impl Fs {
             ));
             read_only = true;
         }
-        if !sb.has_incompat(feature::INCOMPAT_EXTENTS) && !read_only {
-            // New files and directories would need block maps, which rext4 reads but
-            // does not write.
-            warnings.push(
-                "read-only: the image has no extent feature (ext2/ext3 layout); rext4 \
-                 writes extent-mapped files only"
-                    .to_string(),
-            );
+        if !read_only && dev.is_read_only() {
             read_only = true;
         }
+        // ---- multi-mount protection (owner: crate::mmp) ----
+        // Before anything is written, journal replay included; read-only opens leave
+        // the MMP block alone, as the kernel's.
+        let mmp = if !read_only && !replaying && sb.has_incompat(feature::INCOMPAT_MMP) {
+            Some(crate::mmp::Session::start(mmp_dev, &sb, dev_name, fence)?)
+        } else {
+            None
+        };
         let mut sb = sb;
         let boot_id = opts.boot_id.or_else(crate::journal::current_boot_id);
+        let mut fast_commits = Vec::new();
         if sb.has_incompat(feature::INCOMPAT_RECOVER) && sb.has_compat(feature::COMPAT_HAS_JOURNAL)
         {
             // ---- journal recovery (owner: crate::journal) ----
             // Read-write: replay on the device. Read-only (asked, forced above, or a
             // read-only device): replay into an in-memory overlay and open that, so
             // the image is unchanged. Continue with the superblock as replayed.
-            let r = crate::journal::recover_for_open(dev.clone(), read_only, boot_id)?;
+            let mut r = crate::journal::recover_for_open(dev.clone(), read_only, boot_id)?;
             warnings.extend(r.warnings);
             read_only |= r.read_only;
+            if !r.fast_commits.is_empty() {
+                if replaying {
+                    // Replayed below, once this filesystem is open read-write.
+                    fast_commits = std::mem::take(&mut r.fast_commits);
+                } else {
+                    // Fast commits need an open filesystem: one of their own, read-write
+                    // on the recovered device (the image, or a read-only open's
+                    // overlay), replays and commits them and closes; this open then
+                    // goes on from the superblock it left.
+                    let nested = Fs::open_claimed(
+                        r.device.clone(),
+                        FsOptions {
+                            read_only: false,
+                            direct_io: false,
+                            commit_secs: 0,
+                            early_commit_ms: 0,
+                            prefetch_block_bitmaps: false,
+                            dax: false,
+                            boot_id,
+                            errors: opts.errors,
+                            ..FsOptions::default()
+                        },
+                        None,
+                        Vec::new(),
+                        b"",
+                        true,
+                    )?;
+                    warnings.extend(
+                        nested
+                            .warnings()
+                            .iter()
+                            .filter(|w| w.starts_with("fast commits replayed"))
+                            .cloned(),
+                    );
+                    nested.close()?;
+                    drop(nested);
+                    let (raw, sb) = crate::journal::read_superblock(r.device.as_ref())?;
+                    r.raw = raw;
+                    r.sb = sb;
+                }
+            }
             let fc = r.sb.check_features();
             if !fc.unsupported_incompat.is_empty() {
                 return Err(unsupported_incompat(&fc.unsupported_incompat));
@@ -740,6 +804,7 @@ impl Fs {
                 warnings,
                 system_zone,
                 claim: Mutex::new(claim),
+                mmp: Mutex::new(mmp),
                 boot_id,
                 dax,
                 dax_files: crate::fs::dax_file::DaxFiles::default(),
@@ -772,6 +837,9 @@ impl Fs {
                 Some(mut j) => {
                     j.set_fixed_time(fs.inner.repro.as_ref().map(|r| r.epoch.max(0) as u64));
                     let is64 = fs.inner.sb.has_incompat(feature::INCOMPAT_64BIT);
+                    if !fast_commits.is_empty() {
+                        j.adopt_fast_commit_log();
+                    }
                     j.prepare_rw(fs.cache().device().as_ref(), metadata_csum, is64)?;
                     fs.inner.max_txn.store(j.max_blocks().max(1), Relaxed);
                     *fs.inner.journal() = Some(j);
@@ -795,6 +863,19 @@ impl Fs {
             drop(live);
             fs.inner.write_superblock()?;
             fs.cache().device().flush()?;
+            if !fast_commits.is_empty() {
+                // Before orphans, as the kernel's recovery: one commit, which replaces
+                // them in the journal (`crate::fc_replay`).
+                let rep = fs.replay_fast_commits(&fast_commits)?;
+                fs.sync()?;
+                let w = format!(
+                    "fast commits replayed: {} records, {} inodes, {} entries added, {} removed",
+                    rep.records, rep.inodes, rep.entries_added, rep.entries_removed
+                );
+                if let Some(i) = Arc::get_mut(&mut fs.inner) {
+                    i.warnings.push(w);
+                }
+            }
             // Finish what a crash left on the orphan list (as the kernel does at mount).
             let sbn = fs.superblock();
             if sbn.last_orphan != 0 || sbn.has_ro_compat(feature::RO_COMPAT_ORPHAN_PRESENT) {
@@ -815,6 +896,26 @@ impl Fs {
             }
         }
         let _ = fs.inner.io_at_open.set(fs.inner.io.counts());
+        // Last, so that the open's `Arc::get_mut`s above still work (meanwhile the
+        // fence kept every write off the device if the block was lost).
+        if let Some(m) = fs
+            .inner
+            .mmp
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            // Another node took the block: shut down, as the kernel's error handling
+            // makes the filesystem read-only (the fence already refuses writes, so
+            // the journal's error record is not written either).
+            let inner = Arc::downgrade(&fs.inner);
+            m.on_lost(Box::new(move |why| {
+                if let Some(i) = inner.upgrade() {
+                    i.shut_down(why);
+                }
+            }));
+        }
+
         if !fs.inner.read_only && opts.prefetch_block_bitmaps && fs.inner.repro.is_none() {
             prefetch::start_prefetcher(&fs);
         }
@@ -1168,6 +1269,29 @@ impl Fs {
     pub fn superblock(&self) -> Superblock {
         self.live().sb.clone()
     }
+
+    /// The MMP block as the device holds it now (read past every cache: another node
+    /// may have written it), when the image has multi-mount protection.
+    pub fn mmp_block(&self) -> Result<Option<rext4_format::mmp::MmpBlock>> {
+        let sb = &self.inner.sb;
+        if !sb.has_incompat(feature::INCOMPAT_MMP) {
+            return Ok(None);
+        }
+        let blk = sb.mmp_block;
+        if blk <= u64::from(sb.first_data_block) || blk >= sb.blocks_count {
+            return Err(Error::corrupted(
+                format!("MMP block number {blk} is outside the filesystem"),
+                None,
+            ));
+        }
+        let bs = u64::from(self.inner.block_size);
+        let mut b = vec![0u8; bs as usize];
+        self.cache().device().read_fresh(&mut b, blk * bs)?;
+        let seed = self.inner.metadata_csum.then_some(self.inner.csum_seed);
+        let m = rext4_format::mmp::MmpBlock::decode(&b, seed)
+            .map_err(|e| Error::from(e.at_block(blk)))?;
+        Ok(Some(m))
+    }
     /// Every group descriptor as it is now.
     pub fn group_descs(&self) -> Vec<GroupDesc> {
         (0..self.inner.groups.len())
@@ -1441,7 +1565,7 @@ impl Inner {
     /// Latch the shutdown (a failed commit, early commit or checkpoint): every later
     /// change fails with `ShutDown` naming the first reason, which is also logged —
     /// an error of a background commit reaches the next fsync or sync and the log.
-    fn shut_down(&self, why: String) {
+    pub(crate) fn shut_down(&self, why: String) {
         let mut s = self.shutdown.lock().unwrap_or_else(|p| p.into_inner());
         if s.is_none() {
             log::error!("rext4: shutting the filesystem down: {why}");
@@ -1749,8 +1873,18 @@ impl Inner {
         self.cache.write(blk, Kind::Raw, data, |_| Ok(()))
     }
 
-    /// Caller holds the write lock (or is the last owner).
+    /// Caller holds the write lock (or is the last owner). The MMP block is released
+    /// last, whatever the rest did: nothing more is written after a close.
     fn close(&self) -> Result<()> {
+        let r = self.close_journaled();
+        let mmp = self.mmp.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match mmp {
+            Some(m) => r.and(m.stop()),
+            None => r,
+        }
+    }
+
+    fn close_journaled(&self) -> Result<()> {
         if self.read_only || self.live().closed {
             return Ok(());
         }
@@ -1941,19 +2075,10 @@ impl Drop for Fs {
 
 /// The feature gate's refusal, naming the features.
 fn unsupported_incompat(names: &[String]) -> Error {
-    let mut msg = format!(
+    Error::Unsupported(format!(
         "image uses incompatible features rext4 does not support: {}",
         names.join(", ")
-    );
-    if names.iter().any(|n| n == "mmp") {
-        // MMP guards an image shared between machines; rext4 would neither check nor
-        // update the MMP block, so it opens such images not at all.
-        msg.push_str(
-            " (mmp: multi-mount protection, which rext4 does not take part in, so it does \
-             not open the image; tune2fs -O ^mmp turns it off once no other host uses it)",
-        );
-    }
-    Error::Unsupported(msg)
+    ))
 }
 
 /// The filesystem's own blocks (the kernel's "system zone"), merged and sorted.
@@ -1986,6 +2111,14 @@ fn system_zone(sb: &Superblock, groups: &[GroupDesc]) -> Vec<(u64, u64)> {
             .iter()
             .map(|gd| (gd.inode_table, gd.inode_table + itable)),
     );
+    // The MMP block belongs to no file either (e2fsck marks it as the filesystem's).
+    let mmp = sb.mmp_block;
+    if sb.has_incompat(feature::INCOMPAT_MMP)
+        && mmp > u64::from(sb.first_data_block)
+        && mmp < sb.blocks_count
+    {
+        v.push((mmp, mmp + 1));
+    }
     v.sort();
     let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
     for (a, b) in v {
@@ -2111,6 +2244,20 @@ pub(crate) fn mem_fs_rw(size: usize) -> Fs {
 #[cfg(test)]
 mod tests {
     use super::Busy;
+
+    /// The MMP block is the filesystem's own: no file map may free it.
+    #[test]
+    fn the_mmp_block_is_in_the_system_zone() {
+        let fs = super::mem_fs_rw(8 << 20);
+        let mut sb = fs.superblock();
+        let groups = fs.group_descs();
+        let free_blk = sb.blocks_count - 10;
+        let inside = |z: &[(u64, u64)]| z.iter().any(|&(a, b)| a <= free_blk && free_blk < b);
+        assert!(!inside(&super::system_zone(&sb, &groups)));
+        sb.feature_incompat |= rext4_format::superblock::feature::INCOMPAT_MMP;
+        sb.mmp_block = free_blk;
+        assert!(inside(&super::system_zone(&sb, &groups)));
+    }
 
     #[test]
     fn busy_runs_merge_and_answer_run_ends() {

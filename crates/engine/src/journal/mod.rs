@@ -6,7 +6,8 @@
 //! extent tree or block map with no `Fs`: replay runs before the filesystem is opened),
 //! [`replay`] / [`examine`] and [`ReplayReport`] (in `replay.rs`), [`Overlay`] (in
 //! `overlay.rs`), and `recover_for_open`, the one call `Fs::open_device` makes when the
-//! superblock has has_journal + RECOVER.
+//! superblock has has_journal + RECOVER (it returns the fast commits the log leaves to
+//! replay, which need the open filesystem: `crate::fc_replay`).
 //!
 //! Must hold:
 //! - The journal inode is read from its home location before anything is replayed (the
@@ -346,6 +347,8 @@ pub(crate) struct Recovered {
     pub(crate) warnings: Vec<String>,
     /// The filesystem must be opened read-only (it lives in an overlay).
     pub(crate) read_only: bool,
+    /// Fast commits left to replay (on `device`; RECOVER is still set there).
+    pub(crate) fast_commits: Vec<rext4_format::fast_commit::Tag>,
 }
 
 /// Recover the journal of the image on `dev` for an open. Read-write (`read_only`
@@ -379,11 +382,13 @@ pub(crate) fn recover_for_open(
     }
     warnings.extend(report.warnings());
     let (raw, sb) = read_superblock(device.as_ref())?;
+    let fast_commits = report.log.fast_commits.clone();
     Ok(Recovered {
         device,
         raw,
         sb,
         warnings,
         read_only: ro,
+        fast_commits,
     })
 }

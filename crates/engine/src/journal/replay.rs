@@ -14,8 +14,11 @@
 //! with "journal transaction N is corrupt" and writes nothing (the kernel refuses the
 //! mount the same way).
 //!
-//! Not handled: fast-commit replay (a journal with FAST_COMMIT is refused as
-//! unsupported), external journals.
+//! Fast commits (`report.fast_commits`) are not applied here: they need the open
+//! filesystem (`Fs::open_device` replays them). The journal is left needing them and
+//! RECOVER stays set, so every recoverer still replays them (see `rext4_jbd2::recover`).
+//!
+//! Not handled: external journals.
 
 use rext4_format::superblock::{feature, SB_OFFSET, STATE_ERROR};
 
@@ -79,6 +82,15 @@ impl ReplayReport {
                 list.join(", ")
             ));
         }
+        if !self.fast_commits.is_empty() {
+            w.push(format!(
+                "the journal holds {} fast commit(s) of transaction {} ({} records), \
+                 replayed by the read-write open",
+                self.fast_commit_count,
+                self.end_sequence,
+                self.fast_commits.len()
+            ));
+        }
         if self.journal_errno != 0 {
             w.push(format!(
                 "the journal recorded an error from a previous mount (errno {}); \
@@ -136,14 +148,24 @@ fn run(dev: &dyn BlockDevice, write: bool, boot_id: Option<[u8; 16]>) -> Result<
     let map = JournalMap::locate(dev, &sb)?;
     let report = ReplayReport {
         needed: true,
-        log: rext4_jbd2::recover(dev, &map, bs, sb.blocks_count, write, boot_id)?,
+        log: rext4_jbd2::recover(
+            dev,
+            &map,
+            bs,
+            sb.blocks_count,
+            usize::from(sb.inode_size),
+            write,
+            boot_id,
+        )?,
     };
     if !write {
         return Ok(report);
     }
     // The journal may have carried the superblock itself: re-read it.
     let (mut raw, mut sb) = read_superblock(dev)?;
-    sb.feature_incompat &= !feature::INCOMPAT_RECOVER;
+    if report.fast_commits.is_empty() {
+        sb.feature_incompat &= !feature::INCOMPAT_RECOVER;
+    }
     if !report.bad_checksums.is_empty() || report.journal_errno != 0 {
         sb.state |= STATE_ERROR;
     }

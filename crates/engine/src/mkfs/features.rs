@@ -31,14 +31,66 @@ const DEBIAN: Features = Features {
 const _: () = assert!(DEBIAN.compat == 0x3c && DEBIAN.incompat == 0x2c2);
 const _: () = assert!(DEBIAN.ro_compat == 0x46b);
 
-/// What rext4's mkfs knows how to lay out.
+/// mke2fs.conf's base_features (both Debian's and the release's): what `-t ext2`
+/// makes; `-t ext3` adds has_journal.
+const BASE: Features = Features {
+    compat: COMPAT_EXT_ATTR | COMPAT_RESIZE_INODE | COMPAT_DIR_INDEX,
+    incompat: INCOMPAT_FILETYPE,
+    ro_compat: RO_COMPAT_SPARSE_SUPER | RO_COMPAT_LARGE_FILE,
+};
+const _: () = assert!(BASE.compat == 0x38 && BASE.incompat == 0x2 && BASE.ro_compat == 0x3);
+
+/// mke2fs's `-t`: which of mke2fs.conf's fs_types the defaults come from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FsType {
+    Ext2,
+    Ext3,
+    #[default]
+    Ext4,
+}
+
+impl FsType {
+    /// `ext2`, `ext3` or `ext4`.
+    pub fn parse(name: &str) -> Option<FsType> {
+        match name {
+            "ext2" => Some(FsType::Ext2),
+            "ext3" => Some(FsType::Ext3),
+            "ext4" => Some(FsType::Ext4),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FsType::Ext2 => "ext2",
+            FsType::Ext3 => "ext3",
+            FsType::Ext4 => "ext4",
+        }
+    }
+}
+
+/// What rext4's mkfs knows how to lay out (ea_inode is a bit in the superblock alone,
+/// as mke2fs sets it).
 const BUILDABLE: Features = Features {
     compat: DEBIAN.compat | COMPAT_ORPHAN_FILE,
-    incompat: DEBIAN.incompat | INCOMPAT_CSUM_SEED,
+    incompat: DEBIAN.incompat | INCOMPAT_CSUM_SEED | INCOMPAT_MMP | INCOMPAT_EA_INODE,
     ro_compat: DEBIAN.ro_compat | RO_COMPAT_GDT_CSUM,
 };
 
 impl Features {
+    /// The defaults of mke2fs 1.47.0 for `-t ty`: ext2 and ext3 are the base features
+    /// (ext3 with a journal) in both configurations; ext4 as [`Features::defaults`].
+    pub fn defaults_for(ty: FsType, upstream: bool) -> Features {
+        match ty {
+            FsType::Ext2 => BASE,
+            FsType::Ext3 => Features {
+                compat: BASE.compat | COMPAT_HAS_JOURNAL,
+                ..BASE
+            },
+            FsType::Ext4 => Features::defaults(upstream),
+        }
+    }
+
     /// The ext4 defaults of mke2fs 1.47.0: Debian's configuration, or with `upstream`
     /// the release's own, which adds orphan_file and metadata_csum_seed.
     pub fn defaults(upstream: bool) -> Features {
@@ -95,13 +147,16 @@ impl Features {
                 extra.names().join(", ")
             ));
         }
-        let need = [
-            (INCOMPAT_EXTENTS, "extent"),
-            (INCOMPAT_FILETYPE, "filetype"),
-        ];
-        for (bit, name) in need {
-            if !self.has_incompat(bit) {
-                return Err(format!("rext4 mkfs always needs the {name} feature"));
+        if !self.has_incompat(INCOMPAT_FILETYPE) {
+            return Err("rext4 mkfs always needs the filetype feature".into());
+        }
+        if !self.has_incompat(INCOMPAT_EXTENTS) {
+            // mke2fs's own refusal.
+            if self.has_incompat(INCOMPAT_64BIT) {
+                return Err("extents must be enabled for a 64-bit filesystem".into());
+            }
+            if self.has_compat(COMPAT_ORPHAN_FILE) {
+                return Err("rext4 mkfs makes the orphan file only with the extent feature".into());
             }
         }
         if self.has_compat(COMPAT_RESIZE_INODE) && !self.has_ro_compat(RO_COMPAT_SPARSE_SUPER) {
@@ -243,7 +298,18 @@ mod tests {
         let no_csum = FeatureSet::parse("^metadata_csum").expect("parse");
         let f = no_csum.apply(u).normalized();
         assert!(!f.has_incompat(INCOMPAT_CSUM_SEED));
+        // Without extents: not with 64bit (as mke2fs refuses); ext2 and ext3 are the
+        // base features.
         let no_extents = FeatureSet::parse("^extent").expect("parse");
         assert!(no_extents.apply(u).check_buildable().is_err());
+        let ext3 = Features::defaults_for(FsType::Ext3, true);
+        assert_eq!(
+            (ext3.compat, ext3.incompat, ext3.ro_compat),
+            (0x3c, 0x2, 0x3)
+        );
+        assert!(ext3.check_buildable().is_ok());
+        assert!(Features::defaults_for(FsType::Ext2, false)
+            .check_buildable()
+            .is_ok());
     }
 }

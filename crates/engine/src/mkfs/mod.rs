@@ -29,10 +29,11 @@ mod write;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub use features::{FeatureSet, Features};
+pub use features::{FeatureSet, Features, FsType};
 
 use crate::device::{BlockDevice, FileDevice};
 use crate::error::{Error, Result};
+use rext4_format::superblock::feature::INCOMPAT_MMP;
 
 /// What to build. `Default` gives mke2fs's ext4 defaults with Debian's configuration.
 #[derive(Debug, Clone, Default)]
@@ -53,6 +54,9 @@ pub struct MkfsOptions {
     /// Start from e2fsprogs 1.47.0's own mke2fs.conf (adds orphan_file and
     /// metadata_csum_seed) instead of Debian's.
     pub upstream_defaults: bool,
+    /// `-t`: the defaults of ext2 (block maps, no journal), ext3 (block maps, a
+    /// journal) or ext4.
+    pub fs_type: FsType,
     /// Creation time (seconds since the epoch) for every timestamp mkfs writes, like
     /// `E2FSPROGS_FAKE_TIME`; when `None`, `SOURCE_DATE_EPOCH` from the environment
     /// if set (see [`crate::repro`]), else now.
@@ -71,6 +75,13 @@ pub struct MkfsOptions {
     /// `-E root_owner=UID:GID`: owner of the root directory; 0:0 when `None`, as
     /// mke2fs 1.43+ does. lost+found stays 0:0 either way, as with mke2fs.
     pub root_owner: Option<(u32, u32)>,
+    /// `-E mmp_update_interval=SECONDS`: how often a holder of an image with
+    /// multi-mount protection (`-O mmp`) rewrites its MMP block; `None`: 5, as
+    /// mke2fs (at most 300).
+    pub mmp_update_interval: Option<u16>,
+    /// The device name an MMP block records, as mke2fs records the path it was given
+    /// ([`mkfs_file`] uses its path); `None`: empty.
+    pub device_path: Option<std::path::PathBuf>,
 }
 
 /// What was built.
@@ -155,6 +166,20 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<MkfsReport> {
                 .unwrap_or(0),
         },
     };
+    let mmp_update_interval = match opts.mmp_update_interval {
+        Some(0) | None if features.has_incompat(INCOMPAT_MMP) => {
+            rext4_format::mmp::DEFAULT_UPDATE_INTERVAL
+        }
+        Some(n) => n,
+        None => 0,
+    };
+    let device_name = {
+        use std::os::unix::ffi::OsStrExt;
+        opts.device_path
+            .as_ref()
+            .map(|p| p.as_os_str().as_bytes().to_vec())
+            .unwrap_or_default()
+    };
     let mut report = write::build(
         dev,
         &geo,
@@ -164,6 +189,8 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<MkfsReport> {
             label,
             now,
             root_owner: opts.root_owner.unwrap_or((0, 0)),
+            mmp_update_interval,
+            device_name,
         },
         opts.device_zeroed,
     )?;
@@ -177,9 +204,16 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<MkfsReport> {
 fn plan(size: u64, opts: &MkfsOptions) -> Result<(Features, geometry::Geometry)> {
     let features = opts
         .features
-        .apply(Features::defaults(opts.upstream_defaults))
+        .apply(Features::defaults_for(opts.fs_type, opts.upstream_defaults))
         .normalized();
     features.check_buildable().map_err(Error::Unsupported)?;
+    if opts.mmp_update_interval.unwrap_or(0) > rext4_format::mmp::MAX_UPDATE_INTERVAL {
+        return Err(Error::InvalidInput(format!(
+            "MMP update interval {} s is above the largest, {} s",
+            opts.mmp_update_interval.unwrap_or(0),
+            rext4_format::mmp::MAX_UPDATE_INTERVAL
+        )));
+    }
     let geo = geometry::Geometry::compute(&geometry::Request {
         size_bytes: size,
         block_size: opts.block_size,
@@ -222,6 +256,10 @@ pub fn mkfs_file(path: &Path, size_bytes: u64, opts: &MkfsOptions) -> Result<Mkf
         let opts = MkfsOptions {
             size_bytes: Some(size_bytes),
             device_zeroed: true,
+            device_path: opts
+                .device_path
+                .clone()
+                .or_else(|| Some(path.to_path_buf())),
             ..opts.clone()
         };
         let report = mkfs(&dev, &opts)?;

@@ -5,8 +5,9 @@
 //! first: `create_lost_and_found`); reserved inodes 1, 3..10; the resize inode's DIND
 //! block (goal: after group 0's tables as if unpacked, `res_gdt.c`); the journal
 //! (inode 8, from the block returned by `get_midpoint_journal_block`, filling free
-//! runs in order, extents of at most 32768 blocks); the orphan file (inode 12, from
-//! the first free block). Then bitmaps, descriptors, backups and the superblock.
+//! runs in order, extents of at most 32768 blocks); the MMP block (feature mmp: the
+//! first free block, `ext2fs_mmp_init`); the orphan file (inode 12, from the first
+//! free block). Then bitmaps, descriptors, backups and the superblock.
 //!
 //! Must hold: inode records, directory blocks, extent blocks and orphan blocks carry
 //! their checksums when metadata_csum is on; reserved inodes 1..10 get zero records
@@ -50,6 +51,10 @@ pub(crate) struct Identity {
     pub now: i64,
     /// uid and gid of the root directory.
     pub root_owner: (u32, u32),
+    /// `s_mmp_update_interval` (mke2fs's default 5 with mmp, else 0 unless given).
+    pub mmp_update_interval: u16,
+    /// The device name the MMP block records (mke2fs: the path it was given).
+    pub device_name: Vec<u8>,
 }
 
 /// Device writes with a byte counter.
@@ -114,10 +119,15 @@ fn extents_of(runs: &[(u64, u64)]) -> Vec<Extent> {
     out
 }
 
-/// A file's block map: the 60-byte i_block and, beyond 4 extents, one leaf block.
+/// A file's block map: the 60-byte i_block and, beyond 4 extents, one leaf block; or,
+/// without the extent feature, an ext2/3 block map and its indirect blocks.
 struct Mapped {
     i_block: [u8; 60],
     leaf: Option<(u64, Vec<Extent>)>,
+    /// A block map's indirect blocks and their contents.
+    indirect: Vec<(u64, Vec<u8>)>,
+    /// EXTENTS_FL, or 0 for a block map.
+    flags: u32,
     /// Blocks used, data and tree.
     blocks: u64,
 }
@@ -143,6 +153,8 @@ fn map_extents(alloc: &mut Alloc, runs: &[(u64, u64)]) -> Result<Mapped> {
         return Ok(Mapped {
             i_block,
             leaf: None,
+            indirect: Vec::new(),
+            flags: flags::EXTENTS,
             blocks: data,
         });
     }
@@ -190,8 +202,101 @@ fn map_extents(alloc: &mut Alloc, runs: &[(u64, u64)]) -> Result<Mapped> {
     Ok(Mapped {
         i_block,
         leaf: Some((leaf, exts)),
+        indirect: Vec::new(),
+        flags: flags::EXTENTS,
         blocks: data + 1,
     })
+}
+
+/// The block store of a file mkfs maps without extents: indirect blocks from the
+/// allocator (first free at or after the goal, as `ext2fs_alloc_block`), kept in
+/// memory until written.
+struct MapStore<'a, 'g> {
+    alloc: &'a std::cell::RefCell<&'a mut Alloc<'g>>,
+    meta: BTreeMap<u64, Vec<u8>>,
+    bs: usize,
+}
+
+impl crate::store::BlockStore for MapStore<'_, '_> {
+    fn block_size(&self) -> usize {
+        self.bs
+    }
+    fn read_meta(&self, blk: u64) -> Result<Vec<u8>> {
+        self.meta.get(&blk).cloned().ok_or_else(|| {
+            Error::corrupted("mkfs: an indirect block read before written", Some(blk))
+        })
+    }
+    fn write_meta(&mut self, blk: u64, data: &[u8]) -> Result<()> {
+        self.meta.insert(blk, data.to_vec());
+        Ok(())
+    }
+    fn alloc(&mut self, goal: u64, _max_len: u32) -> Result<(u64, u32)> {
+        Ok((self.alloc.borrow_mut().take(goal)?, 1))
+    }
+    fn free(&mut self, start: u64, _len: u64) -> Result<()> {
+        Err(Error::corrupted("mkfs frees no block", Some(start)))
+    }
+}
+
+/// Map `len` new blocks of inode `ino` with an ext2/3 block map, allocated as
+/// libext2fs's `ext2fs_bmap2(BMAP_ALLOC)` does one block after the other (what
+/// `ext2fs_fallocate` does for a file without extents): the first data block at the
+/// start of the inode's group, each next one after the previous, and each indirect
+/// block, when its range is reached, just after the last block taken — the goals the
+/// kernel's allocator uses too (`blockmap_write`). Returns the map and the data runs.
+fn map_blocks(alloc: &mut Alloc, ino: u32, len: u64) -> Result<(Mapped, Vec<(u64, u64)>)> {
+    let geo = alloc.geo;
+    let home = alloc.inode_goal(ino);
+    let valid = (geo.first_data_block, geo.blocks_count);
+    let cell = std::cell::RefCell::new(alloc);
+    let mut store = MapStore {
+        alloc: &cell,
+        meta: BTreeMap::new(),
+        bs: geo.block_size as usize,
+    };
+    let mut i_block = [0u8; 60];
+    let mut sectors = 0u64;
+    let mut runs = Vec::new();
+    {
+        let mut map = crate::blockmap_write::BlockMap::new(
+            &mut store,
+            &mut i_block,
+            &mut sectors,
+            home,
+            valid,
+        );
+        let mut l = 0;
+        while l < len {
+            let mut data = |goal: u64, n: u32| {
+                let (s, got) = cell.borrow_mut().take_range(goal, u64::from(n))?;
+                Ok((s, got as u32))
+            };
+            let (p, got) = map.alloc(l, len - l, &mut data)?;
+            push_run(&mut runs, p, got);
+            l += got;
+        }
+    }
+    let blocks = sectors / (u64::from(geo.block_size) / 512);
+    let indirect = store.meta.into_iter().collect();
+    Ok((
+        Mapped {
+            i_block,
+            leaf: None,
+            indirect,
+            flags: 0,
+            blocks,
+        },
+        runs,
+    ))
+}
+
+/// i_block pointing at `blocks` directly (a block-mapped directory of at most 12).
+fn direct_map(blocks: &[u64]) -> [u8; 60] {
+    let mut ib = [0u8; 60];
+    for (i, b) in blocks.iter().enumerate().take(12) {
+        ib[i * 4..i * 4 + 4].copy_from_slice(&(*b as u32).to_le_bytes());
+    }
+    ib
 }
 
 /// `get_midpoint_journal_block` of mkjournal.c.
@@ -240,6 +345,8 @@ struct Files {
     journal_runs: Vec<(u64, u64)>,
     orphan: Option<Mapped>,
     orphan_runs: Vec<(u64, u64)>,
+    /// The MMP block (feature mmp).
+    mmp: Option<u64>,
     overhead: u64,
 }
 
@@ -295,15 +402,30 @@ fn allocate(alloc: &mut Alloc) -> Result<Files> {
     let journal = if geo.journal_blocks > 0 {
         let want = u64::from(geo.journal_blocks);
         overhead += want;
-        let mut goal = midpoint_journal_goal(alloc);
-        let mut got = 0;
-        while got < want {
-            let (start, n) = alloc.take_range(goal, want - got)?;
-            push_run(&mut journal_runs, start, n);
-            got += n;
-            goal = start + n;
+        if geo.features.has_incompat(INCOMPAT_EXTENTS) {
+            let mut goal = midpoint_journal_goal(alloc);
+            let mut got = 0;
+            while got < want {
+                let (start, n) = alloc.take_range(goal, want - got)?;
+                push_run(&mut journal_runs, start, n);
+                got += n;
+                goal = start + n;
+            }
+            Some(map_extents(alloc, &journal_runs)?)
+        } else {
+            // ext2fs_fallocate of a file without extents ignores the midpoint goal:
+            // block by block from the start of the inode's group.
+            let (m, runs) = map_blocks(alloc, JOURNAL_INO, want)?;
+            journal_runs = runs;
+            Some(m)
         }
-        Some(map_extents(alloc, &journal_runs)?)
+    } else {
+        None
+    };
+    // The MMP block (`ext2fs_mmp_init`): the first free block, not counted as
+    // overhead.
+    let mmp = if geo.features.has_incompat(INCOMPAT_MMP) {
+        Some(alloc.take(0)?)
     } else {
         None
     };
@@ -329,6 +451,7 @@ fn allocate(alloc: &mut Alloc) -> Result<Files> {
         journal_runs,
         orphan,
         orphan_runs,
+        mmp,
         overhead,
     })
 }
@@ -382,6 +505,7 @@ pub(crate) fn build(
     let bsz = geo.block_size as usize;
     let csum_on = geo.metadata_csum();
     let group_csum = geo.group_csum();
+    let extents = geo.features.has_incompat(INCOMPAT_EXTENTS);
     let mut alloc = Alloc::new(geo);
     let files = allocate(&mut alloc)?;
     alloc.finish_group_csum();
@@ -456,8 +580,12 @@ pub(crate) fn build(
     }
     out.block(files.root_blk, &blk)?;
     let mut root = rec.new_file(mode::S_IFDIR | 0o755, 3, bs, 1)?;
-    root.flags = flags::EXTENTS;
-    root.block = ext_root(files.root_blk, 1);
+    if extents {
+        root.flags = flags::EXTENTS;
+        root.block = ext_root(files.root_blk, 1);
+    } else {
+        root.block = direct_map(&[files.root_blk]);
+    }
     (root.uid, root.gid) = id.root_owner;
     rec.put(ROOT_INO, &root);
 
@@ -475,13 +603,16 @@ pub(crate) fn build(
     }
     let n = files.lpf_blks.len() as u64;
     let mut lpf = rec.new_file(mode::S_IFDIR | 0o700, 2, n * bs, n)?;
-    lpf.flags = flags::EXTENTS;
-    let mut runs = Vec::new();
-    for &b in &files.lpf_blks {
-        push_run(&mut runs, b, 1);
+    if extents {
+        lpf.flags = flags::EXTENTS;
+        let mut runs = Vec::new();
+        for &b in &files.lpf_blks {
+            push_run(&mut runs, b, 1);
+        }
+        lpf.block = map_extents_fixed(&runs)?;
+    } else {
+        lpf.block = direct_map(&files.lpf_blks);
     }
-    let m = map_extents_fixed(&runs)?;
-    lpf.block = m;
     rec.put(LPF_INO, &lpf);
 
     // Resize inode 7: DIND + the primary reserved GDT blocks as IND blocks.
@@ -529,8 +660,11 @@ pub(crate) fn build(
             }
         }
         write_leaf(&mut out, geo, j, csum::inode_seed(seed, JOURNAL_INO, 0))?;
+        for (b, d) in &j.indirect {
+            out.block(*b, d)?;
+        }
         let mut ji = rec.new_file(mode::S_IFREG | 0o600, 1, len * bs, j.blocks)?;
-        ji.flags = flags::EXTENTS;
+        ji.flags = j.flags;
         ji.block = j.i_block;
         rec.put(JOURNAL_INO, &ji);
         for (k, w) in j.i_block.chunks_exact(4).enumerate() {
@@ -557,9 +691,25 @@ pub(crate) fn build(
         write_leaf(&mut out, geo, o, fseed)?;
         let len = u64::from(geo.orphan_blocks);
         let mut oi = rec.new_file(mode::S_IFREG | 0o600, 1, len * bs, o.blocks)?;
-        oi.flags = flags::EXTENTS;
+        oi.flags = o.flags;
         oi.block = o.i_block;
         rec.put(ORPHAN_INO, &oi);
+    }
+
+    // The MMP block: clean, as `ext2fs_mmp_reset` leaves it (written at mkfs time,
+    // by this host, for this device).
+    if let Some(blk) = files.mmp {
+        let m = rext4_format::mmp::MmpBlock::new(
+            rext4_format::mmp::SEQ_CLEAN,
+            id.now.max(0) as u64,
+            &crate::mmp::nodename(),
+            &id.device_name,
+            id.mmp_update_interval
+                .max(rext4_format::mmp::MIN_CHECK_INTERVAL),
+        );
+        let mut b = vec![0u8; bsz];
+        m.encode_into(&mut b, csum_on.then_some(seed))?;
+        out.block(blk, &b)?;
     }
 
     // Inode tables: the blocks holding records (plus, on a device that is not known
@@ -694,6 +844,10 @@ pub(crate) fn build(
     }
     if files.orphan.is_some() {
         sb.orphan_file_inum = ORPHAN_INO;
+    }
+    sb.mmp_interval = id.mmp_update_interval;
+    if let Some(blk) = files.mmp {
+        sb.mmp_block = blk;
     }
     sb.kbytes_written = out.written >> 10;
 

@@ -391,6 +391,14 @@ impl<H: Hooks, D: rext4::device::BlockDevice> rext4::device::BlockDevice for Hoo
 pub fn fuzz_base(
     opts: &rext4_testkit::MkfsOptions,
 ) -> (std::sync::Arc<Vec<u8>>, u64, Vec<(u64, u64)>) {
+    fuzz_base_with(opts, |_| {})
+}
+
+/// [`fuzz_base`], with `extra` changing the populated image before it is read.
+pub fn fuzz_base_with(
+    opts: &rext4_testkit::MkfsOptions,
+    extra: impl FnOnce(&std::path::Path),
+) -> (std::sync::Arc<Vec<u8>>, u64, Vec<(u64, u64)>) {
     let img = rext4_testkit::mkfs(opts).expect("mkfs");
     let spec = rext4_testkit::Fixture {
         big_dir_entries: 300,
@@ -400,6 +408,7 @@ pub fn fuzz_base(
         ..rext4_testkit::Fixture::quick()
     };
     rext4_testkit::populate_debugfs(img.path(), &spec).expect("populate");
+    extra(img.path());
     let base = std::sync::Arc::new(std::fs::read(img.path()).expect("read"));
     let fs = open_patched(&base, vec![]).expect("opens");
     let bs = u64::from(fs.block_size());

@@ -176,6 +176,9 @@ impl Drop for FileRef {
     }
 }
 
+/// `FileState::tree_shape` of a block-mapped file (no extent tree has that depth).
+pub(crate) const BLOCK_MAP_SHAPE: (u16, u16) = (u16::MAX, 0);
+
 pub(crate) struct FileState {
     pub(crate) pages: BTreeMap<u64, Arc<Page>>,
     /// Indices of the dirty pages.
@@ -206,6 +209,12 @@ pub(crate) struct FileState {
     /// (depth, root entries) they were reckoned for (`space::tree_blocks_for`).
     pub(crate) resv_tree: u64,
     pub(crate) tree_shape: (u16, u16),
+    /// A block-mapped file (`tree_shape` is [`BLOCK_MAP_SHAPE`]): the indirect blocks
+    /// its tree promise counted lately, so that the pages of one missing indirect
+    /// block dirtied by successive writes promise it once (`Fs::promise_pages`).
+    /// Forgotten when the file holds no promise any more, and when a truncate or punch
+    /// frees indirect blocks.
+    pub(crate) bm_counted: Vec<crate::blockmap_write::IndirectKey>,
     /// Discarded (the inode was freed): nothing may be added or written back.
     pub(crate) dead: bool,
     /// Pages being read in from the device (`instantiate`): while any is, no clean
@@ -432,6 +441,7 @@ impl PageCache {
                         inflight: 0,
                         resv_tree: 0,
                         tree_shape: (0, 0),
+                        bm_counted: Vec::new(),
                         dead: false,
                         loading: 0,
                         direct_in_flight: Vec::new(),
@@ -545,7 +555,19 @@ impl PageCache {
     }
 
     /// Give back the part of the file's tree promise its delalloc pages no longer need.
+    /// A block-mapped file's promise names indirect blocks, not a count a formula
+    /// could shrink: it goes back whole when no page holds a promise any more.
     pub(crate) fn settle_tree(&self, st: &mut FileState) {
+        if st.tree_shape == BLOCK_MAP_SHAPE {
+            if st.delalloc + st.pending + st.inflight == 0 {
+                if st.resv_tree > 0 {
+                    self.space.unreserve(0, st.resv_tree);
+                    st.resv_tree = 0;
+                }
+                st.bm_counted.clear();
+            }
+            return;
+        }
         let per_leaf = (self.page_size as u64 - 12) / 12;
         let (depth, entries) = st.tree_shape;
         let need = crate::fs::space::tree_blocks_for(

@@ -28,10 +28,15 @@ pub(crate) struct Promise {
     pages: Vec<u64>,
 }
 
-/// (depth, root entries) of an extent-mapped inode's tree, for the tree estimate.
+/// (depth, root entries) of an extent-mapped inode's tree, for the tree estimate;
+/// [`super::BLOCK_MAP_SHAPE`] for a block-mapped one.
 fn tree_shape(inode: &Inode) -> (u16, u16) {
     if !inode.has_flag(flags::EXTENTS) {
-        return (0, 0);
+        return if crate::fs::inode_write::uses_block_map(inode) {
+            super::BLOCK_MAP_SHAPE
+        } else {
+            (0, 0)
+        };
     }
     let le16 = |o: usize| u16::from_le_bytes([inode.block[o], inode.block[o + 1]]);
     (le16(6), le16(2))
@@ -66,6 +71,27 @@ impl Fs {
             None => self
                 .record_size(ino)
                 .map_or(inode.size, |r| r.max(inode.size)),
+        }
+    }
+
+    /// Whether a dirty page of `ino` in pages `[from, to)` holds a promised block
+    /// (delayed allocation): a block map keeps the indirect blocks such a page needs.
+    pub(crate) fn pc_delalloc_in(&self, ino: Ino, from: u64, to: u64) -> bool {
+        self.pc().file(ino).is_some_and(|fc| {
+            let st = fc.lock();
+            st.delalloc > 0
+                && st
+                    .dirty_idx
+                    .range(from..to.max(from))
+                    .any(|i| st.pages.get(i).is_some_and(|p| p.lock().delalloc))
+        })
+    }
+
+    /// A truncate or punch changed the indirect blocks of `ino`: what its promise
+    /// counted by name may be gone, so it is counted again from now on.
+    pub(crate) fn pc_forget_indirect(&self, ino: Ino) {
+        if let Some(fc) = self.pc().file(ino) {
+            fc.lock().bm_counted.clear();
         }
     }
 
@@ -482,7 +508,7 @@ impl Fs {
         if buf.is_empty() {
             return Ok(0);
         }
-        let buf = self.clamp_write(buf, offset)?;
+        let buf = self.clamp_write(&inode, buf, offset)?;
         let len = buf.len() as u64;
         let end = offset + len;
         let (first, last) = pages_spanned(offset, len, self.page_size());
@@ -607,7 +633,7 @@ impl Fs {
     /// holds the I/O lock and hands the promise to `pc_write` (or `cancel_promise`).
     pub(crate) fn promise_pages(&self, ino: Ino, first: u64, last: u64) -> Result<Promise> {
         let fc = self.pc().live_file(ino);
-        let (pages, shape) = {
+        let (pages, shape, missing) = {
             let _t = self.tree_shared(ino);
             let inode = self.read_inode(ino)?;
             let held = |i: u64| {
@@ -626,7 +652,14 @@ impl Fs {
                     Mapping::Mapped { len, .. } => lblk = lblk.saturating_add(len.max(1)),
                 }
             }
-            (pages, tree_shape(&inode))
+            let shape = tree_shape(&inode);
+            // A block map: the indirect blocks these pages would need, by name.
+            let missing = if shape == super::BLOCK_MAP_SHAPE {
+                self.indirect_missing(&inode, &pages)?
+            } else {
+                Vec::new()
+            };
+            (pages, shape, missing)
         };
         if pages.is_empty() {
             return Ok(Promise::default());
@@ -634,6 +667,24 @@ impl Fs {
         let n = pages.len() as u64;
         let per_leaf = (self.page_size() - 12) / 12;
         let mut st = fc.lock();
+        if shape == super::BLOCK_MAP_SHAPE {
+            // Each missing indirect block once, however many writes dirty pages
+            // under it (the last ones counted are remembered; one forgotten is
+            // counted again, which only promises more).
+            let fresh: Vec<_> = missing
+                .into_iter()
+                .filter(|k| !st.bm_counted.contains(k))
+                .collect();
+            let extra = fresh.len() as u64;
+            self.inner.space.reserve(n, extra)?;
+            st.pending += n;
+            st.resv_tree += extra;
+            st.tree_shape = shape;
+            st.bm_counted.extend(fresh);
+            let over = st.bm_counted.len().saturating_sub(64);
+            st.bm_counted.drain(..over);
+            return Ok(Promise { pages });
+        }
         let need = crate::fs::space::tree_blocks_for(
             st.delalloc + st.pending + n,
             shape.0,
@@ -1145,9 +1196,11 @@ enum IoGuard<'a> {
     Exclusive(crate::lockdep::Ranked<std::sync::RwLockWriteGuard<'a, ()>>),
 }
 
-/// Whether `inode` is a regular, extent-mapped file (what the page cache writes).
+/// Whether `inode` is a regular file mapped by extents or a block map (what the page
+/// cache writes).
 pub(crate) fn cacheable(inode: &Inode) -> bool {
-    inode.is_reg() && inode.has_flag(flags::EXTENTS)
+    inode.is_reg()
+        && (inode.has_flag(flags::EXTENTS) || crate::fs::inode_write::uses_block_map(inode))
 }
 
 /// Direct overwrites in flight over a file's pages (`Fs::pc_direct_begin`): dropped

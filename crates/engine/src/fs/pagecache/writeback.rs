@@ -21,9 +21,25 @@
 //!    leaves its page dirty for the next one), release their reservations, wake
 //!    waiters.
 //!
+//! Block-mapped files (ext2/ext3 maps, `blockmap_write`) have no unwritten state, so
+//! step 2 cannot park their new blocks until the data is there. Such a hole is a
+//! *fresh* piece: the tree lock, the handle and the inode lock taken to map it are
+//! kept ([`Hold`]) while its data is written (or journaled, for an fsync's small pass)
+//! and while the on-disk size is raised over it (`size_over_fresh`), then released.
+//! The open handle keeps the running transaction from closing — a commit waits for
+//! it as for any handle (jbd2's t_updates) — so no commit holds the mapping without
+//! its data (ordered mode) or a written block past i_size (which e2fsck refuses).
+//! Chosen over jbd2's ordered-data list (a commit waiting for the data writes of the
+//! transaction it closed) because it adds no state to the commit protocol
+//! (`group_commit`); the cost is that a commit starting meanwhile waits for one
+//! piece's write (at most an indirect block's span), and handles behind it for that
+//! commit. The size goes up to the in-memory size only; dirty pages below it still to
+//! be written show the device's bytes (zeros over holes) until their own writeback.
+//!
 //! Space: a dirty page over a hole holds a promised block (`space`), spent when step 2
-//! allocates it (`Claim::Reserved`); the tree blocks step 2 and 3 need come from the
-//! file's tree promise, then the pool (`Claim::Writeback`). The pages a chunk has
+//! allocates it (`Claim::Reserved`); the tree blocks step 2 and 3 need (a block map's
+//! indirect blocks, which its pages promised by name) come from the file's tree
+//! promise, then the pool (`Claim::Writeback`; a filesystem without extents has none). The pages a chunk has
 //! allocated for still count toward the tree promise until the chunk is done
 //! (`FileState::inflight`): given back at the allocation, it would be gone before the
 //! insert and the conversion that need it. So writeback does not run
@@ -41,11 +57,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rext4_format::extent::Extent;
-
 use super::{FileCache, WbError, DIRTY_EXPIRE_SECS, WRITEBACK_CHUNK_BYTES};
 use crate::error::{Error, Result};
-use crate::fs::inode_write::with_tree;
+use crate::fs::inode_write::{map_new_blocks, uses_block_map, with_tree};
 use crate::fs::map::Mapping;
 use crate::fs::{Fs, Ino};
 
@@ -74,6 +88,25 @@ enum Piece {
     /// Pages a truncate or punch dropped from the cache while the chunk was on its
     /// way: not written (see `Fs::map_for_writeback`).
     Dropped,
+    /// Blocks just mapped in a block map (no unwritten state): written while the
+    /// piece's locks and handle are still held ([`Hold`]), then the on-disk size is
+    /// raised over them under the same handle, so no commit sees the mapping before
+    /// the data, nor a mapped block past the size.
+    Fresh,
+}
+
+/// A piece of a writeback run as mapped: physical start, blocks, kind, and the locks
+/// a fresh piece keeps until its data is written.
+type Mapped<'a> = (u64, u64, Piece, Option<Hold<'a>>);
+
+/// The locks a [`Piece::Fresh`] keeps from its mapping until its data is on the
+/// device and the size covers it: the file's inode lock, the handle (the running
+/// transaction cannot close while it is open) and the tree lock (no reader maps the
+/// blocks before their data is there), released in that order.
+pub(crate) struct Hold<'a> {
+    _i: crate::fs::inode_locks::InodeGuard<'a>,
+    _h: crate::fs::Handle<'a>,
+    _t: crate::lockdep::Ranked<std::sync::RwLockWriteGuard<'a, ()>>,
 }
 
 impl Fs {
@@ -364,7 +397,7 @@ impl Fs {
                 let pages = snaps
                     .get(first + i as usize..first + n as usize)
                     .unwrap_or(&[]);
-                let Some((phys, len, piece)) =
+                let Some((phys, len, piece, hold)) =
                     self.map_for_writeback(fc, ino, lblk, n - i, pages, inflight)?
                 else {
                     return Ok(()); // the inode was freed: nothing to write
@@ -374,7 +407,8 @@ impl Fs {
                     continue;
                 }
                 let bytes = &data[(i * ps) as usize..((i + len) * ps) as usize];
-                let r = if journal && piece == Piece::Convert {
+                let fresh = matches!(piece, Piece::Convert | Piece::Fresh);
+                let r = if journal && fresh {
                     self.journal_data(bytes, phys * ps)
                 } else {
                     self.write_data(bytes, phys * ps)
@@ -385,6 +419,10 @@ impl Fs {
                     // and whoever recovers the image sees the error.
                     self.inner.abort(format!("data write failed: {e}"));
                     return Err(e);
+                }
+                if let Some(hold) = hold {
+                    self.size_over_fresh(fc, ino, (lblk + len) * ps)?;
+                    drop(hold);
                 }
                 if piece == Piece::Convert {
                     match converts.last_mut() {
@@ -418,15 +456,15 @@ impl Fs {
         max: u64,
         pages: &[Snap],
         inflight: &mut u64,
-    ) -> Result<Option<(u64, u64, Piece)>> {
+    ) -> Result<Option<Mapped<'_>>> {
         let delayed = !pages.is_empty();
         use crate::fs::space::{claim_as, Claim};
         // Tree blocks of a writeback pass come from the file's promise (then the
         // pool); a write going out at once claims them afresh.
         let _c = delayed.then(|| claim_as(Claim::Writeback(fc.clone())));
-        let _t = self.tree_exclusive(ino);
-        let _h = self.handle();
-        let _i = self.lock_nondir(ino);
+        let t = self.tree_exclusive(ino);
+        let h = self.handle();
+        let i = self.lock_nondir(ino);
         self.check_writable()?;
         // How many leading pages are (`true`) or are not still the file's: the
         // dropped ones are checked again under the state lock that takes the promises,
@@ -447,7 +485,7 @@ impl Fs {
             }
             match leading(&st, false) {
                 0 => {}
-                n => return Ok(Some((0, n, Piece::Dropped))),
+                n => return Ok(Some((0, n, Piece::Dropped, None))),
             }
             // A piece over mapped blocks stops at the next dropped page too.
             if delayed {
@@ -473,10 +511,17 @@ impl Fs {
                 } else {
                     Piece::Overwrite
                 },
+                None,
             ),
             Mapping::Hole { len } => {
-                // Unwritten extents hold at most 32767 blocks.
+                // Unwritten extents hold at most 32767 blocks; one allocation in a
+                // block map reaches the end of its pointer array at most (pages past
+                // it would take their promises only to give them back).
                 let mut want = len.min(max).min(32767);
+                if uses_block_map(&inode) {
+                    let bs = self.inner.block_size;
+                    want = want.min(crate::blockmap_write::to_boundary(lblk, bs).max(1));
+                }
                 // Pages holding promised blocks spend them on this allocation (their
                 // flags cleared first, so a truncate that drops one meanwhile gives
                 // nothing back); a run of pages without (a write going out at once, or
@@ -485,7 +530,7 @@ impl Fs {
                     let mut st = fc.lock();
                     match leading(&st, false) {
                         0 => {}
-                        n => return Ok(Some((0, n, Piece::Dropped))),
+                        n => return Ok(Some((0, n, Piece::Dropped, None))),
                     }
                     let mut k = 0;
                     while k < want {
@@ -516,55 +561,91 @@ impl Fs {
                 if promised > 0 {
                     want = promised;
                 }
-                let goal = self.data_goal(ino, &inode, lblk);
-                let alloc = || {
+                // The data blocks: the pages' promises, or a fresh claim. Tree and
+                // indirect blocks the mapping needs come under the claim above.
+                let taken = std::cell::Cell::new(0u64);
+                let mut alloc = |goal: u64, n: u32| {
                     let _c = claim_as(if promised > 0 {
                         Claim::Reserved
                     } else {
                         Claim::Fresh
                     });
-                    self.alloc_blocks(goal, want as u32)
-                };
-                let got = match alloc() {
-                    Err(Error::NoSpace) => {
-                        // Blocks freed by the running transaction become usable at
-                        // its commit.
-                        self.inner.sync_locked()?;
-                        alloc()
+                    let r = self.alloc_blocks(goal, n);
+                    if let Ok((_, got)) = r {
+                        taken.set(u64::from(got));
                     }
-                    r => r,
+                    r
                 };
-                let (p, got) = match got {
+                let block_map = uses_block_map(&inode);
+                // A failed mapping freed the data blocks it had: their promises are
+                // made again.
+                let undo = |taken: u64| {
+                    let spent = taken.min(promised);
+                    if spent > 0 {
+                        self.inner.space.repromise(spent);
+                    }
+                };
+                let mut r =
+                    map_new_blocks(self, ino, &mut inode, lblk, want, !block_map, &mut alloc);
+                if matches!(r, Err(Error::NoSpace)) {
+                    // Blocks freed by the running transaction become usable at its
+                    // commit.
+                    undo(taken.replace(0));
+                    r = self.inner.sync_locked().and_then(|()| {
+                        map_new_blocks(self, ino, &mut inode, lblk, want, !block_map, &mut alloc)
+                    });
+                }
+                let (p, got) = match r {
                     Ok(x) => x,
                     Err(e) => {
+                        undo(taken.get());
                         self.restore_promises(fc, lblk, lblk + promised);
                         return Err(e);
                     }
                 };
-                self.restore_promises(fc, lblk + u64::from(got).min(promised), lblk + promised);
+                let spent = got.min(promised);
+                self.restore_promises(fc, lblk + spent, lblk + promised);
                 // The spent ones stay in flight until the chunk is done (`write_chunk`).
-                let spent = u64::from(got).min(promised);
                 *inflight += spent;
-                let ext = Extent {
-                    logical: lblk as u32,
-                    len: got as u16,
-                    physical: p,
-                    unwritten: true,
-                };
-                if let Err(e) = with_tree(self, ino, &mut inode, |t| t.insert(ext)) {
-                    if self.free_blocks(p, u64::from(got)).is_ok() && promised > 0 {
-                        // The blocks are back: so are the pages' promises.
-                        self.inner.space.repromise(spent);
-                        *inflight -= spent;
-                        self.restore_promises(fc, lblk, lblk + spent);
-                    }
-                    return Err(e);
-                }
-                inode.blocks_raw += u64::from(got) * u64::from(self.inner.block_size) / 512;
                 self.write_inode(ino, &inode)?;
-                (p, u64::from(got), Piece::Convert)
+                if block_map {
+                    let hold = Hold {
+                        _i: i,
+                        _h: h,
+                        _t: t,
+                    };
+                    (p, got, Piece::Fresh, Some(hold))
+                } else {
+                    (p, got, Piece::Convert, None)
+                }
             }
         }))
+    }
+
+    /// After the data of a [`Piece::Fresh`] ending at byte `end` is on the device
+    /// (its [`Hold`] still held): raise the on-disk size over it, up to the in-memory
+    /// size, so no committed state has a block-mapped block past the size (e2fsck's
+    /// "i_size is X, should be Y"). Block maps have no unwritten extents to keep
+    /// blocks past the size until the size follows, as extent files do
+    /// (`finish_chunk`); pages below it that are dirty and not yet written show what
+    /// they held on the device until their own writeback.
+    fn size_over_fresh(&self, fc: &Arc<FileCache>, ino: Ino, end: u64) -> Result<()> {
+        let mut inode = self.read_inode(ino)?;
+        if inode.mode == 0 || !inode.is_reg() {
+            return Ok(());
+        }
+        let vfs = fc.lock().size.map_or(inode.size, |s| s.max(inode.size));
+        let target = inode.size.max(vfs.min(end));
+        if target == inode.size {
+            return Ok(());
+        }
+        inode.size = target;
+        self.write_inode(ino, &inode)?;
+        let mut st = fc.lock();
+        if st.size.is_some_and(|s| s <= target) {
+            st.size = None;
+        }
+        Ok(())
     }
 
     /// Pages `[from, to)` of a writeback run spent their promises on an allocation
