@@ -46,6 +46,20 @@ use crate::fs::{Fs, Ino};
 pub(crate) struct Moved {
     pub blocks: u64,
     pub inodes: u64,
+    /// Moves so far, and how often to commit (0: the engine's policy).
+    moves: u32,
+    commit_every: u32,
+}
+
+impl Moved {
+    /// One move done: commit when the caller asked for it this often.
+    fn one(&mut self, fs: &Fs) -> Result<()> {
+        self.moves += 1;
+        if self.commit_every > 0 && self.moves.is_multiple_of(self.commit_every) {
+            fs.sync()?;
+        }
+        Ok(())
+    }
 }
 
 /// The most directory (journaled) blocks one move copies; the rest of the directory
@@ -58,10 +72,18 @@ const DATA_PIECE: u64 = 16384;
 /// count of a filesystem that size into the part that stays. With `grow_on_full`, a
 /// move that finds no room raises `end` by a group's worth (up to the current size)
 /// and goes on (a shrink to `min`); else it fails with `NoSpace`.
-pub(crate) fn evacuate(fs: &Fs, end: &mut u64, grow_on_full: bool) -> Result<Moved> {
+pub(crate) fn evacuate(
+    fs: &Fs,
+    end: &mut u64,
+    grow_on_full: bool,
+    commit_every: u32,
+) -> Result<Moved> {
     let _claim = claim_as(Claim::NoFail);
     let sb = fs.superblock();
-    let mut moved = Moved::default();
+    let mut moved = Moved {
+        commit_every,
+        ..Moved::default()
+    };
     loop {
         fs.set_alloc_limit(*end);
         match evacuate_to(fs, *end, &mut moved) {
@@ -139,13 +161,17 @@ fn evacuate_to(fs: &Fs, end: u64, moved: &mut Moved) -> Result<()> {
             xattr_refs.entry(inode.file_acl).or_default().push(*ino);
         }
         if Some(*ino) == orphan_file || has_blocks(inode, bs) {
-            while move_blocks(fs, *ino, end, orphan_file == Some(*ino), moved)? {}
+            while move_blocks(fs, *ino, end, orphan_file == Some(*ino), moved)? {
+                moved.one(fs)?;
+            }
+            moved.one(fs)?;
         }
     }
     // 2. Xattr blocks.
     for (&blk, refs) in xattr_refs.range(end..) {
         move_xattr_block(fs, blk, refs)?;
         moved.blocks += 1;
+        moved.one(fs)?;
     }
     // 3. Inodes.
     let far: Vec<&(Ino, Inode)> = all
@@ -164,6 +190,7 @@ fn evacuate_to(fs: &Fs, end: u64, moved: &mut Moved) -> Result<()> {
     for (old, _) in far {
         renumber(fs, *old, &mut names)?;
         moved.inodes += 1;
+        moved.one(fs)?;
     }
     Ok(())
 }
@@ -227,14 +254,24 @@ fn move_blocks(fs: &Fs, ino: Ino, end: u64, orphan_file: bool, moved: &mut Moved
         if !crate::fs::inode_write::uses_block_map(&inode) {
             return Ok(false);
         }
-        let c = fs.block_map_contents(&inode)?;
-        if !c.runs.iter().any(|r| past(r.1, r.2)) && !c.indirect.iter().any(|&b| b >= end) {
-            return Ok(false);
+        // The engine keeps block maps as the kernel does (it writes no extent tree
+        // over them), and has no operation that remaps one block of a map: such a
+        // file stays where it is, and a shrink that would cut it off is refused.
+        let rep = crate::fs::inode_write::block_map_report(fs, ino, &inode)?;
+        let limit = inode.size.div_ceil(bs);
+        let cut = rep.indirect.iter().any(|&b| b >= end)
+            || fs.extents(ino, &inode, limit)?.iter().any(|(_, m)| {
+                matches!(m, Mapping::Mapped { physical, len, .. } if past(*physical, *len))
+            });
+        if cut {
+            return Err(Error::Unsupported(format!(
+                "inode {} is block-mapped (an ext2/ext3-style file) and has blocks past \
+                 the new end (block {end}); rext4 resize moves extent-mapped files only: \
+                 choose a larger size",
+                ino.0
+            )));
         }
-        // The engine writes extent trees only: migrate first (the kernel's chattr +e),
-        // then move what is still past the end.
-        with_tree(fs, ino, &mut inode, |_| Ok(()))?;
-        fs.write_inode(ino, &inode)?;
+        return Ok(false);
     }
     let (exts, tree) = with_tree(fs, ino, &mut inode, |t| {
         let rep = t.check()?;

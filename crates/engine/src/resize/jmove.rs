@@ -251,7 +251,7 @@ pub(crate) fn move_journal(rw: &Raw<'_>, new_blocks: u64) -> Result<bool> {
         rw,
         &txn,
         &HomeOrder {
-            first: None,
+            first: Vec::new(),
             last: Some(iblk),
         },
         (&nsb, &rw.sb_raw),

@@ -136,6 +136,8 @@ pub struct ResizeReport {
     pub journal_moved: bool,
     /// Things the caller may want to tell the user (a journal replayed first, ...).
     pub warnings: Vec<String>,
+    /// `ResizeOptions::commit_every` as the run used it.
+    pub commit_every: u32,
 }
 
 /// Resize the unmounted image (or block device) at `path` to `target`: a file grows
@@ -184,7 +186,26 @@ pub fn resize(path: impl AsRef<Path>, target: Target) -> Result<ResizeReport> {
 /// which the caller keeps others away from (no claim is taken, nothing is extended
 /// or truncated). Returns what was done; the filesystem then has `new_blocks` blocks.
 pub fn resize_device(dev: Arc<dyn BlockDevice>, target: Target) -> Result<ResizeReport> {
+    resize_device_with(dev, target, &ResizeOptions::default())
+}
+
+/// How a resize runs (the defaults suit every use; tests tune them).
+#[derive(Debug, Clone, Default)]
+pub struct ResizeOptions {
+    /// Commit the shrink's moves every this many (0: when the engine's journal policy
+    /// commits, which is rarely for a small image). A crash test sets 1, so that every
+    /// move is a state a crash can leave.
+    pub commit_every: u32,
+}
+
+/// [`resize_device`] with options.
+pub fn resize_device_with(
+    dev: Arc<dyn BlockDevice>,
+    target: Target,
+    opts: &ResizeOptions,
+) -> Result<ResizeReport> {
     let (new_blocks, mut report) = prepare(dev.clone(), target)?;
+    report.commit_every = opts.commit_every;
     let bs = u64::from(report.block_size);
     if new_blocks * bs > dev.size_bytes() {
         return Err(Error::InvalidInput(format!(
@@ -285,7 +306,12 @@ fn run(
             jmove::move_journal(&rw, new_blocks)?
         };
         let fs = open_rw(&dev, report)?;
-        let moved = evacuate::evacuate(&fs, &mut new_blocks, target == Target::Min);
+        let moved = evacuate::evacuate(
+            &fs,
+            &mut new_blocks,
+            target == Target::Min,
+            report.commit_every,
+        );
         match moved {
             Ok(m) => {
                 report.moved_blocks = m.blocks;

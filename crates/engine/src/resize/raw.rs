@@ -263,8 +263,10 @@ pub(crate) fn backup_superblock(
 
 /// How a transaction's blocks go home after its commit.
 pub(crate) struct HomeOrder {
-    /// Written (and flushed) before all others: the superblock's block.
-    pub first: Option<u64>,
+    /// Written before all others, stage by stage, each stage flushed: the superblock
+    /// and the descriptor blocks, in the order that keeps a kernel that reads them
+    /// before it replays the log consistent (see `switch`).
+    pub first: Vec<Vec<u64>>,
     /// Written (and flushed) after all others: the journal inode's table block when
     /// the journal moves (until then a recoverer must find the old log).
     pub last: Option<u64>,
@@ -321,12 +323,15 @@ pub(crate) fn commit(
         }
         Ok(())
     };
-    if let Some(f) = order.first {
-        put(f)?;
+    let early: std::collections::BTreeSet<u64> = order.first.iter().flatten().copied().collect();
+    for stage in &order.first {
+        for &blk in stage {
+            put(blk)?;
+        }
         dev.flush()?;
     }
     for &blk in blocks.keys() {
-        if Some(blk) != order.first && Some(blk) != order.last {
+        if !early.contains(&blk) && Some(blk) != order.last {
             put(blk)?;
         }
     }

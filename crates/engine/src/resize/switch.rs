@@ -184,13 +184,25 @@ pub(crate) fn switch(
     } else {
         std::mem::take(&mut plan.backups)
     };
+    // Home, in the order that keeps a kernel that reads the superblock and the
+    // descriptors before it replays the log (it does) consistent at each step: a grow
+    // writes the descriptor blocks first (the old geometry ignores the new ones and the
+    // slots past its groups), then the superblock; a shrink the superblock first (the
+    // new geometry reads only the kept groups' descriptors, valid before and after).
+    let sbb = rw.sb_block();
+    let gdt: Vec<u64> = (0..new.desc_blocks)
+        .map(|i| rw.sb.desc_block_location(i))
+        .filter(|b| plan.txn.contains_key(b))
+        .collect();
+    let first = if new_blocks > rw.sb.blocks_count {
+        vec![gdt, vec![sbb]]
+    } else {
+        vec![vec![sbb], gdt]
+    };
     raw::commit(
         &rw,
         &plan.txn,
-        &HomeOrder {
-            first: Some(rw.sb_block()),
-            last: None,
-        },
+        &HomeOrder { first, last: None },
         (&nsb, &rw.sb_raw),
         &post,
     )?;
