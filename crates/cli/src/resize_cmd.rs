@@ -21,6 +21,9 @@ pub struct ResizeArgs {
     /// Print what was done.
     #[arg(short = 'v', long)]
     verbose: bool,
+    /// Commit the shrink's moves every N (tests: every move a state a kill can leave).
+    #[arg(long, hide = true, default_value_t = 0)]
+    commit_every: u32,
     /// The image file (or block device).
     image: PathBuf,
     /// New size: blocks, or with a unit (s, K, M, G, T), or `min`.
@@ -49,7 +52,10 @@ pub fn run(a: ResizeArgs) -> Result<(), (u8, String)> {
             .ok_or_else(|| (2u8, format!("invalid size '{size}'")))?;
         Target::Blocks(bytes / u64::from(bs))
     };
-    let r = rext4::resize::resize(&a.image, target).map_err(fail)?;
+    let opts = rext4::resize::ResizeOptions {
+        commit_every: a.commit_every,
+    };
+    let r = rext4::resize::resize_with(&a.image, target, &opts).map_err(fail)?;
     for w in &r.warnings {
         crate::term::errln!("{name}: {w}");
     }

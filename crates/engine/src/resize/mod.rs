@@ -144,12 +144,22 @@ pub struct ResizeReport {
 /// (sparse) before a grow and is truncated after a shrink; a block device must be
 /// large enough. See the module note for what is checked and how a crash is survived.
 pub fn resize(path: impl AsRef<Path>, target: Target) -> Result<ResizeReport> {
+    resize_with(path, target, &ResizeOptions::default())
+}
+
+/// [`resize`] with options.
+pub fn resize_with(
+    path: impl AsRef<Path>,
+    target: Target,
+    opts: &ResizeOptions,
+) -> Result<ResizeReport> {
     let path = path.as_ref();
     let _claim = crate::claim::Claim::write(path)?;
     let meta = std::fs::metadata(path)?;
     let is_file = meta.file_type().is_file();
     let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(path, false, false)?);
     let (new_blocks, mut report) = prepare(dev.clone(), target)?;
+    report.commit_every = opts.commit_every;
     let bs = u64::from(report.block_size);
     let new_bytes = new_blocks
         .checked_mul(bs)
