@@ -8,12 +8,16 @@
 //!   the grow's group tables equal resize2fs's for the same size (mke2fs images); `min`
 //!   at most 1.2x the size `resize2fs -M` reaches on the same image; the kernel mounts
 //!   the result and sees the same tree (as root).
-//! - `crash_*`: a grow and a shrink run on a recording device; the image after a cut at
-//!   every flush (and with the writes since lost or torn) opens — recovered by rext4,
-//!   by e2fsck -fy — e2fsck -fn clean, with the old geometry or the new one and the
-//!   tree unchanged. `REXT4_CRASH_VARIANTS` (default 2) lost/torn variants per flush.
-//! - `refuses_*`: bad sizes, a claimed image, corrupt metadata, unsupported features:
-//!   a clear error and the image unchanged.
+//! - `crash_*`: a grow 4x and a shrink to min run on a recording device, every move
+//!   committed on its own; the image after a cut at a flush (and with the writes since
+//!   lost or torn) opens — recovered by rext4, by e2fsck -fy, by the kernel (as root) —
+//!   e2fsck -fn clean, with the old geometry or the new one and the tree unchanged.
+//!   `REXT4_RESIZE_CRASH_POINTS` (default 12 per resize: the last half of them and a
+//!   random choice of the rest) cut points, `REXT4_CRASH_VARIANTS` (default 2)
+//!   lost/torn variants per cut.
+//! - `refuses_*`: bad sizes (0, too small for the first group or the contents, past
+//!   2^32 blocks without 64bit), a claimed image, a corrupt descriptor, bigalloc and no
+//!   journal: a clear error and the image's bytes unchanged.
 
 mod common;
 
@@ -522,4 +526,70 @@ fn crash_during_grow_and_shrink_leaves_the_old_or_the_new_filesystem() {
     let before = tree_of_dev(grown.clone()).expect("tree");
     let n_shrink = crash_sweep("shrink to min", &grown.snapshot(), Target::Min, &before);
     assert!(n_grow >= 8 && n_shrink >= 8, "too few crash images");
+}
+
+/// `resize` on `img` to `target` fails with an error whose text has `words`, and the
+/// image's bytes and length are as they were.
+fn refused(img: &Path, target: Target, words: &str) -> rext4::Error {
+    let before = std::fs::read(img).expect("read");
+    let e = resize::resize(img, target).expect_err("resize must be refused");
+    assert!(
+        e.to_string().contains(words),
+        "{target:?}: expected an error saying {words:?}, got: {e}"
+    );
+    assert!(
+        std::fs::read(img).expect("read") == before,
+        "{target:?}: the image changed"
+    );
+    e
+}
+
+#[test]
+fn refuses_absurd_sizes_a_claimed_image_and_corrupt_metadata_unchanged() {
+    let img = mkfs(&MkfsOptions::new(1024, 8 << 20)).expect("mkfs");
+    {
+        let fs = common::open_rw(img.path());
+        populate(&fs, "t", 7);
+        fs.close().expect("close");
+    }
+    let e = refused(img.path(), Target::Blocks(0), "at least one group");
+    assert!(matches!(e, rext4::Error::InvalidInput(_)), "{e:?}");
+    refused(img.path(), Target::Blocks(20), "too small");
+    // Past 2^32 blocks without 64bit (mke2fs's Debian default has 64bit; this
+    // image is made without).
+    let img32 = mkfs(&MkfsOptions::new(1024, 8 << 20).arg("-O").arg("^64bit")).expect("mkfs");
+    refused(img32.path(), Target::Blocks(1 << 33), "no 64bit feature");
+    // Smaller than the contents (the data alone is more than 1,000 blocks).
+    refused(img.path(), Target::Blocks(1500), "contents");
+    // Claimed: a read-write open holds it.
+    {
+        let fs = common::open_rw(img.path());
+        let before = std::fs::read(img.path()).expect("read");
+        let e = resize::resize(img.path(), Target::Blocks(16384)).expect_err("claimed");
+        assert!(matches!(e, rext4::Error::InUse(_)), "{e:?}");
+        assert!(std::fs::read(img.path()).expect("read") == before);
+        fs.close().expect("close");
+    }
+    // A corrupt descriptor (its checksum no longer matches): refused before anything
+    // is written.
+    let mut raw = std::fs::read(img.path()).expect("read");
+    let gdt = 2 * 1024; // 1 KiB blocks: the descriptors follow the superblock's block
+    raw[gdt + 12] ^= 0x40; // group 0's free-blocks count
+    std::fs::write(img.path(), &raw).expect("write");
+    refused(img.path(), Target::Blocks(16384), "");
+    refused(img.path(), Target::Min, "");
+}
+
+#[test]
+fn refuses_bigalloc_and_no_journal_by_name() {
+    let big = mkfs(&MkfsOptions::new(4096, 64 << 20).arg("-O").arg("bigalloc")).expect("mkfs");
+    let e = refused(big.path(), Target::Blocks(32768), "bigalloc");
+    assert!(matches!(e, rext4::Error::Unsupported(_)), "{e:?}");
+    let nj = mkfs(
+        &MkfsOptions::new(4096, 16 << 20)
+            .arg("-O")
+            .arg("^has_journal"),
+    )
+    .expect("mkfs");
+    refused(nj.path(), Target::Blocks(8192), "journal");
 }

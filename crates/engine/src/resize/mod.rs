@@ -251,8 +251,22 @@ pub fn block_size(path: impl AsRef<Path>) -> Result<u32> {
 
 /// Check the image and work out the new size (before anything is written).
 fn prepare(dev: Arc<dyn BlockDevice>, target: Target) -> Result<(u64, ResizeReport)> {
+    // bigalloc first, from the raw bytes: its geometry (clusters) is one the
+    // superblock's decoder rejects as out of range, which would name the wrong cause.
+    let mut raw = [0u8; 1024];
+    dev.read_at(&mut raw, 1024)?;
+    let ro_compat = rext4_format::bytes::le32(&raw, 0x64);
+    if rext4_format::bytes::le16(&raw, 0x38) == 0xEF53
+        && ro_compat & rext4_format::superblock::feature::RO_COMPAT_BIGALLOC != 0
+    {
+        return Err(Error::Unsupported(
+            "rext4 resize does not resize bigalloc images (clusters larger than a block)".into(),
+        ));
+    }
     let (_, sb) = crate::journal::read_superblock(dev.as_ref())?;
     switch::check_features(&sb)?;
+    // Every descriptor verified before the file is extended for a grow.
+    drop(raw::Raw::open(dev.as_ref())?);
     let old = sb.blocks_count;
     let new = match target {
         Target::Blocks(n) => layout::adjust_size(&sb, n)?,
@@ -277,6 +291,22 @@ fn run(
     zeroed_from: Option<u64>,
     report: &mut ResizeReport,
 ) -> Result<u64> {
+    // A size below what the contents need is refused before anything is written
+    // (the read-write open below already writes the superblock): measured on a
+    // read-only open, which sees a journal that needs recovery replayed in memory.
+    if let Target::Blocks(_) = target {
+        if new_blocks < report.old_blocks {
+            let ro = crate::FsOptions {
+                read_only: true,
+                ..Default::default()
+            };
+            let fs = crate::Fs::open_device(dev.clone(), ro)?;
+            let needed = plan::min_blocks(&fs)?;
+            if new_blocks < needed {
+                return Err(too_small(new_blocks, needed, report.block_size));
+            }
+        }
+    }
     // Open read-write through the engine: replays a journal that needs it, finishes
     // orphans, and checks every descriptor.
     let fs = open_rw(&dev, report)?;
@@ -302,11 +332,7 @@ fn run(
         };
         if target != Target::Min && new_blocks < needed {
             let _ = fs.close();
-            return Err(Error::InvalidInput(format!(
-                "{new_blocks} blocks is smaller than the contents need ({needed} blocks \
-                 of {} bytes)",
-                sb.block_size()
-            )));
+            return Err(too_small(new_blocks, needed, sb.block_size()));
         }
         fs.close()?;
         drop(fs);
@@ -348,6 +374,13 @@ fn run(
 }
 
 /// Open the image on `dev` read-write through the engine, as the resize needs it.
+fn too_small(new_blocks: u64, needed: u64, bs: u32) -> Error {
+    Error::InvalidInput(format!(
+        "{new_blocks} blocks is smaller than the contents need ({needed} blocks of {bs} \
+         bytes)"
+    ))
+}
+
 fn open_rw(dev: &Arc<dyn BlockDevice>, report: &mut ResizeReport) -> Result<crate::Fs> {
     let opts = crate::FsOptions {
         read_only: false,
