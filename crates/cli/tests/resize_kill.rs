@@ -73,7 +73,7 @@ fn populate(img: &Path, tag: &str) {
         fs.create_dir(&dir).expect("mkdir");
         for f in 0..25u64 {
             let n = [0usize, 100, 3000, 20_000, 90_000][(f % 5) as usize];
-            fs.write(format!("{dir}/f{f}"), &fixture_bytes(d * 1000 + f, n))
+            fs.write(format!("{dir}/f{f}"), fixture_bytes(d * 1000 + f, n))
                 .expect("write");
         }
         fs.symlink(format!("/{tag}{d}/f1"), format!("{dir}/link"))
@@ -156,22 +156,30 @@ fn resize_killed_at_random_points_leaves_the_old_or_the_new_filesystem() {
     let mut rng = Rng(0x6b11 ^ kills);
     let img = dir.path().join("victim.img");
     let (mut killed, mut finished, mut at_new) = (0u64, 0u64, 0u64);
+    // Where kills land: within one uninterrupted run's time, shortened whenever a run
+    // finishes first (the first run was timed on a cold or busy machine).
+    let mut span = [times[0].as_micros() as u64, times[1].as_micros() as u64];
+    let mut delay = Duration::ZERO;
     for k in 0..kills {
         let w = (k % 2) as usize;
-        std::fs::copy(bases[w], &img).expect("copy");
-        // A point in the run (most runs are killed; some finish first).
-        let span = times[w].as_micros() as u64;
-        let delay = Duration::from_micros(rng.below(span.max(1)));
-        let mut child = resize_cmd(&img, sizes[w]).spawn().expect("spawn");
-        std::thread::sleep(delay);
-        // SAFETY: kill(2) on our own child's pid; no memory is involved.
-        let _ = unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-        let status = child.wait().expect("wait");
-        if status.signal() == Some(libc::SIGKILL) {
-            killed += 1;
-        } else {
+        for attempt in 0..4 {
+            std::fs::copy(bases[w], &img).expect("copy");
+            delay = Duration::from_micros(rng.below(span[w].max(1)));
+            let mut child = resize_cmd(&img, sizes[w]).spawn().expect("spawn");
+            std::thread::sleep(delay);
+            // SAFETY: kill(2) on our own child's pid; no memory is involved.
+            let _ = unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+            let status = child.wait().expect("wait");
+            if status.signal() == Some(libc::SIGKILL) {
+                killed += 1;
+                break;
+            }
             assert!(status.success(), "kill {k}: rext4 resize failed: {status}");
             finished += 1;
+            span[w] = span[w] * 3 / 4;
+            if attempt == 3 {
+                break;
+            }
         }
         let what = format!("kill {k} ({} after {delay:?})", sizes[w]);
         recover(&img);
@@ -208,8 +216,8 @@ fn resize_killed_at_random_points_leaves_the_old_or_the_new_filesystem() {
         );
     }
     eprintln!(
-        "{kills} runs: {killed} killed, {finished} finished first; {at_new} at the new size \
-         after the kill (grow {grow_time:?}, shrink {shrink_time:?} uninterrupted)"
+        "{kills} runs: {killed} killed, {finished} tries finished first (retried); {at_new} \
+         at the new size after the kill (grow {grow_time:?}, shrink {shrink_time:?} uninterrupted)"
     );
     assert!(
         killed * 2 >= kills,
