@@ -593,3 +593,98 @@ fn refuses_bigalloc_and_no_journal_by_name() {
     .expect("mkfs");
     refused(nj.path(), Target::Blocks(8192), "journal");
 }
+
+/// One past the last data block of any block-mapped file in the tree (0 if none).
+fn block_map_high(path: &Path) -> u64 {
+    let fs = Fs::open(path).expect("open");
+    let bs = u64::from(fs.block_size());
+    let mut high = 0;
+    let mut stack = vec![rext4::Ino::ROOT];
+    while let Some(dir) = stack.pop() {
+        for e in fs.read_dir_ino(dir).expect("read_dir") {
+            if e.name == b"." || e.name == b".." {
+                continue;
+            }
+            let inode = fs.read_inode(e.ino).expect("inode");
+            if e.file_type == rext4::FileType::Dir {
+                stack.push(e.ino);
+            }
+            let mapped = inode.mode & 0o170000 == 0o100000 || e.file_type == rext4::FileType::Dir;
+            if !mapped || inode.has_flag(rext4::format::inode::flags::EXTENTS) {
+                continue;
+            }
+            for (_, m) in fs
+                .extents(e.ino, &inode, inode.size.div_ceil(bs))
+                .expect("map")
+            {
+                if let rext4::map::Mapping::Mapped { physical, len, .. } = m {
+                    high = high.max(physical + len);
+                }
+            }
+        }
+    }
+    high
+}
+
+/// A block-mapped journal is refused; block-mapped files (an ext4 image made without
+/// extents, converted with tune2fs -O extents, its journal made again) are not moved: a shrink that would cut one off is refused by name, the
+/// image left as it was (old geometry, same tree, e2fsck clean); `min` stops past
+/// them.
+#[test]
+fn block_mapped_files_bound_a_shrink() {
+    let img = mkfs(
+        &MkfsOptions::new(1024, 32 << 20)
+            .arg("-O")
+            .arg("^extents,^64bit"),
+    )
+    .expect("mkfs");
+    {
+        let fs = common::open_rw(img.path());
+        populate(&fs, "t", 11);
+        fs.close().expect("close");
+    }
+    let out = std::process::Command::new("tune2fs")
+        .args(["-O", "extents"])
+        .arg(img.path())
+        .output()
+        .expect("tune2fs");
+    assert!(out.status.success(), "tune2fs: {out:?}");
+    // The journal mke2fs made is block-mapped too: refused by name, image unchanged.
+    let e = refused(img.path(), Target::Min, "block-mapped journal");
+    assert!(matches!(e, rext4::Error::Unsupported(_)), "{e:?}");
+    // Made again, now with extents, as libext2fs makes it.
+    for args in [["-O", "^has_journal"], ["-O", "has_journal"]] {
+        let out = std::process::Command::new("tune2fs")
+            .args(args)
+            .arg(img.path())
+            .output()
+            .expect("tune2fs");
+        assert!(out.status.success(), "tune2fs {args:?}: {out:?}");
+    }
+    {
+        let fs = common::open_rw(img.path());
+        populate(&fs, "u", 12);
+        fs.close().expect("close");
+    }
+    let before = tree_of(img.path());
+    let high = block_map_high(img.path());
+    assert!(high > 0, "no block-mapped file");
+    let old = blocks_of_image(img.path());
+    let min = resize::min_size(img.path()).expect("min size");
+    if min < high {
+        let e = resize::resize(img.path(), Target::Blocks(min)).expect_err("must refuse");
+        assert!(e.to_string().contains("block-mapped"), "{e}");
+        assert_clean(img.path(), "refused shrink");
+        assert_eq!(blocks_of_image(img.path()), old);
+        assert_same(&before, &tree_of(img.path()), "refused shrink");
+    } else {
+        eprintln!("the block-mapped files end at {high}, below min {min}: no refusal to see");
+    }
+    let r = resize::resize(img.path(), Target::Min).expect("min");
+    assert!(
+        r.new_blocks >= high && r.new_blocks <= old,
+        "{r:?}, block maps end at {high}"
+    );
+    assert_clean(img.path(), "min");
+    assert_same(&before, &tree_of(img.path()), "min");
+}

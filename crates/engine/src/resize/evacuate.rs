@@ -84,6 +84,22 @@ pub(crate) fn evacuate(
         commit_every,
         ..Moved::default()
     };
+    if grow_on_full {
+        // Block-mapped files are not moved: `min` stops past their last block.
+        let floor = block_map_floor(fs)?.min(sb.blocks_count);
+        if floor > *end {
+            let mut e = super::layout::adjust_size(&sb, floor)?;
+            if e < floor {
+                // Rounded down (a last group too small for its metadata): to the end
+                // of the floor's group instead.
+                let first = u64::from(sb.first_data_block);
+                let bpg = u64::from(sb.blocks_per_group);
+                let g = (floor - 1 - first) / bpg;
+                e = super::layout::adjust_size(&sb, (first + (g + 1) * bpg).min(sb.blocks_count))?;
+            }
+            *end = e;
+        }
+    }
     loop {
         fs.set_alloc_limit(*end);
         match evacuate_to(fs, *end, &mut moved) {
@@ -100,6 +116,27 @@ pub(crate) fn evacuate(
     }
     fs.sync()?;
     Ok(moved)
+}
+
+/// One past the last block (data or indirect) of any block-mapped file; 0 if none.
+fn block_map_floor(fs: &Fs) -> Result<u64> {
+    let bs = u64::from(fs.block_size());
+    let mut floor = 0u64;
+    for (ino, inode) in inodes_in_use(fs)? {
+        if !crate::fs::inode_write::uses_block_map(&inode) {
+            continue;
+        }
+        let rep = crate::fs::inode_write::block_map_report(fs, ino, &inode)?;
+        for b in rep.indirect {
+            floor = floor.max(b + 1);
+        }
+        for (_, m) in fs.extents(ino, &inode, inode.size.div_ceil(bs))? {
+            if let Mapping::Mapped { physical, len, .. } = m {
+                floor = floor.max(physical + len);
+            }
+        }
+    }
+    Ok(floor)
 }
 
 /// Every inode in use: (number, record).

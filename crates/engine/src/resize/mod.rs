@@ -12,8 +12,8 @@
 //! 0. *Checks*, before anything is written: the image is claimed for writing (no mount,
 //!    loop device or other rext4 holds it: `crate::claim`); the superblock and every
 //!    descriptor verify; the features are ones this module lays out (bigalloc,
-//!    meta_bg, sparse_super2, no journal, ext2/3 block-mapped layouts are refused by
-//!    name); the filesystem has no recorded errors; the size is possible (the last
+//!    meta_bg, sparse_super2, no journal, a block-mapped journal, ext2/3 block-mapped
+//!    layouts are refused by name); the filesystem has no recorded errors; the size is possible (the last
 //!    group big enough for its metadata, as resize2fs rounds; not more than 2^32 blocks
 //!    without 64bit, nor 2^32 inodes; descriptors fit in a group; not smaller than the
 //!    contents). A journal that needs recovery is replayed first, as every read-write
@@ -28,7 +28,9 @@
 //!    repointed), an inode past the new inode count (record copied to a free number in
 //!    the kept groups, its tree and directory blocks re-checksummed for the new
 //!    number, every directory entry naming it and its subdirectories' `..` changed,
-//!    the old number freed). Each move commits whole or not at all, and none changes
+//!    the old number freed). Block-mapped files (an ext4 converted from ext3) are not
+//!    moved: a shrink that would cut one off is refused naming it, and `min` stops
+//!    past the last of their blocks. Each move commits whole or not at all, and none changes
 //!    the tree (names, contents, attributes): a crash here leaves the old geometry
 //!    with the same tree, and a second run finds less to move. Then the engine closes
 //!    the image (log checkpointed and empty).
@@ -266,7 +268,17 @@ fn prepare(dev: Arc<dyn BlockDevice>, target: Target) -> Result<(u64, ResizeRepo
     let (_, sb) = crate::journal::read_superblock(dev.as_ref())?;
     switch::check_features(&sb)?;
     // Every descriptor verified before the file is extended for a grow.
-    drop(raw::Raw::open(dev.as_ref())?);
+    let rw = raw::Raw::open(dev.as_ref())?;
+    // The switch and the journal's move read and rewrite the journal's extent tree.
+    let (_, journal) = rw.inode(sb.journal_inum)?;
+    if !journal.has_flag(rext4_format::inode::flags::EXTENTS) {
+        return Err(Error::Unsupported(
+            "rext4 resize does not handle a block-mapped journal (one made without the \
+             extent feature); recreate it (tune2fs -O ^has_journal, then -j) first"
+                .into(),
+        ));
+    }
+    drop(rw);
     let old = sb.blocks_count;
     let new = match target {
         Target::Blocks(n) => layout::adjust_size(&sb, n)?,
