@@ -1,12 +1,13 @@
 //! A full disk through the mount, in each write mode: writers stop with ENOSPC from
-//! write() within a bounded overshoot, nothing fsynced is lost, the image is clean.
+//! write() with no overshoot, nothing fsynced is lost, the image is clean.
 //!
 //! The overshoot is what write() acknowledged that writeback then could not place
-//! (those bytes read as zeros, or the file ends before them):
-//! under the kernel's writeback cache a descriptor opened before space ran low can
-//! get at most a write() or two ahead (`lowspace` in crates/fuse); files opened while
-//! space is low, and every file without the writeback cache, get ENOSPC from the
-//! write() that does not fit (overshoot 0, as the kernel's ext4).
+//! (those bytes read as zeros, or the file ends before them). There is none in any
+//! mode, as on the kernel's ext4: under the kernel's writeback cache the server holds
+//! back the space the kernel's cached data may take, and a descriptor opened before
+//! space ran low has each write() admitted by the server first (`lowspace` in
+//! crates/fuse); files opened while space is low, and every file without the writeback
+//! cache, get ENOSPC from the write() that does not fit.
 
 mod fuse_mount;
 
@@ -24,18 +25,11 @@ const MIB: u64 = 1 << 20;
 /// Longest a writer may take to be stopped (it must stop, not churn).
 const STOP_WITHIN: Duration = Duration::from_secs(60);
 
-/// The overshoot the mechanism allows per writer, by mount mode: as root the server
-/// sets the mount's dirty window (a write() or two ahead); with the kernel's own
-/// limit (`bdi_max_ratio=0`, as for a non-root user) also what the kernel had in
-/// flight when space became low; none without the writeback cache.
-fn bound_per_writer(opts: &[&str]) -> u64 {
-    if opts.contains(&"nowriteback_cache") {
-        0
-    } else if opts.contains(&"bdi_max_ratio=0") {
-        16 * MIB
-    } else {
-        4 * MIB
-    }
+/// The overshoot allowed per writer, in every mount mode (the server's dirty window,
+/// the kernel's own one of `bdi_max_ratio=0` as for a non-root user, no writeback
+/// cache): none.
+fn bound_per_writer(_opts: &[&str]) -> u64 {
+    0
 }
 
 /// What one writer saw: bytes acknowledged by write(), the error that stopped it,

@@ -169,6 +169,10 @@ const CHECKS: &[(&str, Check)] = &[
     ("statx_btime", check_statx_btime),
     ("mmap_shared_o_direct", check_mmap_o_direct),
     ("chattr_ia_cleared_together", check_chattr_ia_together),
+    (
+        "ctime_after_attribute_changes",
+        check_ctime_after_attribute_changes,
+    ),
     ("atime_relatime", check_atime_relatime),
     ("rename_whiteout", check_rename_whiteout),
 ];
@@ -2217,6 +2221,116 @@ fn check_inode_flags(d: &Path) -> Res {
 }
 
 const FL_APPEND: u32 = 0x20;
+const FS_IOC_FSSETXATTR: libc::c_ulong = 0x401c_5820;
+
+/// The ctime of `p` as stat by path shows it, in nanoseconds.
+fn ctime_ns(p: &Path) -> Result<i128, String> {
+    let m = stat(p)?;
+    Ok(i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()))
+}
+
+/// Every request that changes an inode's attributes moves its ctime, and stat after
+/// it shows the new one: the inode-flag ioctls in both forms (as chattr runs them:
+/// open, ioctl, close), xattrs, an access ACL, and each fallocate mode. Regression:
+/// under the writeback cache the kernel keeps its own ctime of a regular file, and
+/// `chattr +A f; stat f` showed the old one (the server had changed it). The server
+/// makes the kernel drop that inode once the ioctl's descriptors are released, which
+/// it learns by an asynchronous RELEASE: stat is asked again for up to 5 s.
+fn check_ctime_after_attribute_changes(d: &Path) -> Res {
+    let f = d.join("f");
+    write(&f, &[7u8; 8192])?;
+    let sub = d.join("sub");
+    mk(&sub, 0o755)?;
+    type Op = Box<dyn Fn(&Path) -> io::Result<()>>;
+    type Step<'a> = (&'a str, Op);
+    let flags_ioctl = |p: &Path| -> io::Result<()> {
+        let h = File::open(p)?;
+        let cur = get_flags(&h)?;
+        set_flags(&h, cur ^ FL_NODUMP)
+    };
+    let fsx_ioctl = |p: &Path| -> io::Result<()> {
+        let h = File::open(p)?;
+        let mut fsx = [0u32; 7];
+        // SAFETY: FS_IOC_FSGETXATTR writes a 28-byte struct fsxattr into `fsx`.
+        cvt(unsafe { libc::ioctl(h.as_raw_fd(), FS_IOC_FSGETXATTR, fsx.as_mut_ptr()) })?;
+        // FS_XFLAG_NOATIME.
+        fsx[0] ^= 0x40;
+        // SAFETY: FS_IOC_FSSETXATTR reads a 28-byte struct fsxattr from `fsx`.
+        cvt(unsafe { libc::ioctl(h.as_raw_fd(), FS_IOC_FSSETXATTR, fsx.as_ptr()) }).map(drop)
+    };
+    let common: Vec<Step> = vec![
+        ("FS_IOC_SETFLAGS", Box::new(flags_ioctl)),
+        ("FS_IOC_FSSETXATTR", Box::new(fsx_ioctl)),
+        (
+            "setxattr",
+            Box::new(|p: &Path| setxattr(p, "user.c", b"1", 0, true)),
+        ),
+        (
+            "removexattr",
+            Box::new(|p: &Path| {
+                let (c, n) = (cpath(p), cstr("user.c"));
+                // SAFETY: valid C strings.
+                cvt(unsafe { libc::removexattr(c.as_ptr(), n.as_ptr()) }).map(drop)
+            }),
+        ),
+        (
+            "access ACL",
+            Box::new(|p: &Path| {
+                run_tool("setfacl", &["-m", "u:1000:r"], p)
+                    .map(drop)
+                    .map_err(io::Error::other)
+            }),
+        ),
+    ];
+    let falloc = |mode: i32, off: i64, len: i64| -> Op {
+        Box::new(move |p: &Path| {
+            let h = open(p, libc::O_RDWR, 0)?;
+            fallocate(&h, mode, off, len)
+        })
+    };
+    let file_only: Vec<Step> = vec![
+        ("fallocate", falloc(0, 8192, 4096)),
+        (
+            "fallocate KEEP_SIZE",
+            falloc(libc::FALLOC_FL_KEEP_SIZE, 65536, 4096),
+        ),
+        (
+            "fallocate PUNCH_HOLE",
+            falloc(
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                4096,
+            ),
+        ),
+        (
+            "fallocate ZERO_RANGE",
+            falloc(libc::FALLOC_FL_ZERO_RANGE, 4096, 4096),
+        ),
+    ];
+    let on_file: Vec<&Step> = common.iter().chain(file_only.iter()).collect();
+    let on_dir: Vec<&Step> = common.iter().collect();
+    for (p, steps) in [(&f, on_file), (&sub, on_dir)] {
+        for (what, step) in steps {
+            let before = ctime_ns(p)?;
+            // The kernel's clock for times ticks every few milliseconds.
+            std::thread::sleep(Duration::from_millis(20));
+            step(p).ctx(&format!("{what} on {}", name(p)))?;
+            let until = Instant::now() + Duration::from_secs(5);
+            let mut after = ctime_ns(p)?;
+            while after <= before && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(20));
+                after = ctime_ns(p)?;
+            }
+            ensure(after > before, || {
+                format!(
+                    "ctime of {} after {what}: {after} ns, not after {before} ns",
+                    name(p)
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
 
 /// Run `checks` with `flag` set on `p` (through `f`), clearing it again whatever they
 /// found.

@@ -85,7 +85,7 @@ pub use file::{File, FileType, Metadata};
 pub use fs::pagecache::mapping::MappedRange;
 pub use fs::pagecache::rw::Whence;
 pub use fs::pagecache::PageCacheStats;
-pub use fs::space::{act_as_privileged, PrivilegeGuard};
+pub use fs::space::{act_as_privileged, spend_held, HeldGuard, PrivilegeGuard};
 pub use fs::{Errors, Fs, FsOptions, Ino, JournalStats};
 pub use image::ImageSpec;
 pub use ops::{FallocMode, RenameFlags, SetAttr, StatFs};

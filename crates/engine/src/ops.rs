@@ -2203,6 +2203,21 @@ impl Fs {
         self.inner.space.available_to(privileged)
     }
 
+    /// Keep `blocks` back for data a client of the engine has accepted and will hand
+    /// over later (a FUSE mount: what the kernel's page cache may still write back),
+    /// replacing the previous figure: allocations and buffered-write promises leave
+    /// them, except on a thread that hands that data over ([`crate::spend_held`]), so
+    /// it always finds its blocks. Not counted by [`Fs::statfs`] or
+    /// [`Fs::blocks_available_to`]; 0 (the default) holds nothing.
+    pub fn hold_for_client(&self, blocks: u64) {
+        self.inner.space.hold(blocks);
+    }
+
+    /// Blocks kept back by [`Fs::hold_for_client`].
+    pub fn held_for_client(&self) -> u64 {
+        self.inner.space.held()
+    }
+
     /// statfs(2), as ext4 answers it: blocks promised to delayed allocations count as
     /// used (the kernel's dirty clusters); the available blocks leave out the root
     /// reserve and the pool kept for changes that must not fail.

@@ -49,6 +49,8 @@ use rext4::{
     Creds, Error, FallocMode, Fs, Ino, RenameFlags, SetAttr, Timestamp, Whence, XattrFlags,
 };
 
+use crate::lowspace::Gate;
+
 /// How long the kernel may trust attributes and entries we return. Nothing changes
 /// the image behind this mount's back (it holds the image lock), and what the server
 /// changes on its own (the mode after an ACL change or a set-ID drop) it invalidates
@@ -205,6 +207,20 @@ pub(crate) struct Shared {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A cached WRITE being answered: when dropped (after the engine took the data or
+/// refused it), the kernel no longer holds those pages (`LowSpace::arrived`).
+struct Arrival<'a> {
+    s: &'a Shared,
+    offset: u64,
+    len: u64,
+}
+
+impl Drop for Arrival<'_> {
+    fn drop(&mut self) {
+        self.s.lowspace.arrived(&self.s.fs, self.offset, self.len);
+    }
 }
 
 /// FUSE node id -> ext4 inode number.
@@ -414,6 +430,23 @@ impl Shared {
         }
     }
 
+    /// The server changed attributes of `ino` (its ctime, at least) by a request after
+    /// which the kernel updates nothing of its own (the inode-flag ioctls): before the
+    /// reply, make the kernel fetch them again. Under the writeback cache the kernel
+    /// keeps its own ctime (and mtime, size) of a regular file and never takes the
+    /// server's, so that inode is dropped instead (`drop_kernel_inode`: at once if
+    /// nothing holds it, else when its last handle is released — the ioctl's own).
+    fn attrs_changed(&self, ino: Ino) {
+        self.invalidate_attrs_only(ino);
+        if self.writeback.load(Ordering::Relaxed)
+            && self
+                .load(ino)
+                .is_ok_and(|i| kind_of(i.mode) == Some(FileType::RegularFile))
+        {
+            self.drop_kernel_inode(ino);
+        }
+    }
+
     /// The kernel's inode of regular file `ino` holds what the image does not (with
     /// the writeback cache it keeps its own size and mtime and never takes ours): bump
     /// the epoch so that it is dropped and read again, and when a handle keeps it
@@ -430,6 +463,22 @@ impl Shared {
     /// Whether a file handle of `ino` is open.
     fn has_open_file(&self, ino: Ino) -> bool {
         has_file(&lock(&self.handles), ino)
+    }
+
+    /// A direct write of `ino` that grew the file to `end` failed part way: give the
+    /// size back to `before` (and the blocks past it), unless another write moved it
+    /// meanwhile. The kernel extends a file by direct writes one at a time.
+    fn undo_growth(&self, ino: Ino, before: Option<u64>, end: u64) {
+        let Some(before) = before else { return };
+        let grew = self
+            .fs
+            .inode_attr(ino)
+            .is_ok_and(|i| i.size == end && end > before);
+        if grew {
+            if let Err(e) = self.fs.truncate_ino(ino, before) {
+                self.fail("undo a failed direct write", &e);
+            }
+        }
     }
 
     /// Before making the kernel drop its inode of `ino`: a handle we still have may be
@@ -477,6 +526,11 @@ impl Shared {
     /// The errno for an engine error; latches errors=remount-ro on I/O and corruption.
     fn fail(&self, what: &str, e: &Error) -> Errno {
         self.fs.note_error(e);
+        if matches!(e, Error::NoSpace) && self.fs.held_for_client() > 0 {
+            // Refused beside space held for the kernel's cache, which is a bound:
+            // have what it holds counted again.
+            self.lowspace.blocked();
+        }
         if self.cfg.remount_ro_on_error
             && matches!(
                 e,
@@ -662,7 +716,14 @@ impl Shared {
 
     /// Undo `open_file` whose reply cannot be sent: drop handle `fh` and its pin.
     fn undo_open(&self, fh: u64) {
-        if let Some(Handle::File { ino, .. }) = lock(&self.handles).remove(&fh) {
+        let h = lock(&self.handles).remove(&fh);
+        if let Some(Handle::File {
+            ino, cached_write, ..
+        }) = h
+        {
+            if cached_write {
+                self.lowspace.released(&self.fs);
+            }
             let _ = self.fs.unpin(ino);
         }
     }
@@ -692,19 +753,32 @@ impl Shared {
         }
         self.fs.pin(ino);
         let direct = flags & libc::O_DIRECT != 0;
-        // While space is low a file opened for writing gets no write cache: each
-        // write() is a WRITE, answered (ENOSPC included) before write() returns.
-        let write_through = write
+        let append = flags & libc::O_APPEND != 0;
+        let handle = |cached_write| Handle::File {
+            ino,
+            append,
+            direct,
+            cached_write,
+        };
+        // A file opened for writing through the kernel's cache has the window the
+        // kernel may fill held back for it; while space is low it gets no write cache
+        // instead: each write() is a WRITE, answered (ENOSPC included) before write()
+        // returns (`lowspace`).
+        let (fh, write_through) = if write
             && !direct
             && self.writeback.load(Ordering::Relaxed)
-            && self.lowspace.low()
-            && kind_of(i.mode) == Some(FileType::RegularFile);
-        let fh = self.new_fh(Handle::File {
-            ino,
-            append: flags & libc::O_APPEND != 0,
-            direct,
-            cached_write: write && !direct && !write_through,
-        });
+            && kind_of(i.mode) == Some(FileType::RegularFile)
+        {
+            self.lowspace
+                .open_for_writing(&self.fs, |cached| (self.new_fh(handle(cached)), !cached))
+        } else {
+            (self.new_fh(handle(false)), false)
+        };
+        if write && !write_through && !direct && self.lowspace.gated() {
+            // The kernel may hold attributes of the file from before writes were gated:
+            // its first write() must ask too.
+            self.invalidate_attrs_only(ino);
+        }
         let fl = if direct {
             FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
         } else if write_through {
@@ -842,7 +916,7 @@ impl Shared {
     /// attributes not at all, so that every write() through the kernel's cache asks
     /// first (`lowspace`).
     fn ttl(&self, attr: &FileAttr) -> Duration {
-        if attr.kind == FileType::RegularFile && self.lowspace.low() {
+        if attr.kind == FileType::RegularFile && self.lowspace.gated() {
             Duration::ZERO
         } else {
             TTL
@@ -852,10 +926,11 @@ impl Shared {
     /// Make the kernel write back its dirty pages of `ino` now and drop its cached
     /// pages (an invalidation launders dirty pages with synchronous WRITEs). Waits for
     /// those WRITEs: never call it from a request handler.
-    pub(crate) fn kernel_writeback(&self, ino: Ino) {
-        if let Some(n) = self.notifier.get() {
-            let _ = n.inval_inode(to_fuse(ino), 0, 0);
-        }
+    /// Whether the kernel took the invalidation (an inode it no longer has counts).
+    pub(crate) fn kernel_writeback(&self, ino: Ino) -> bool {
+        self.notifier
+            .get()
+            .is_some_and(|n| n.inval_inode(to_fuse(ino), 0, 0).is_ok())
     }
 
     fn handle_flags(&self, fh: FileHandle) -> (bool, bool) {
@@ -991,21 +1066,61 @@ impl Filesystem for Adapter {
         let s = &self.s;
         let ino = to_ext4(ino);
         // With a handle, under the writeback cache: the kernel refreshing size and
-        // mode before a write() (or a read past its size) on a descriptor that writes
-        // through its page cache. While space is low that is where a write() can be
-        // refused (`lowspace`): once the kernel's cached data was refused for lack of
-        // space, or when less is left for the writer than the kernel may be holding
-        // (an overwrite then fails too: the server cannot tell it from an extending
-        // write here).
-        if let Some(fh) = fh.filter(|_| s.lowspace.low()) {
+        // mode before a write() (or a read past its size, an lseek to the end) on a
+        // descriptor that writes through its page cache, while the caller waits in
+        // its system call. While space is low that is where a write() is admitted or
+        // refused (`lowspace`): admitted when the space left covers what the call
+        // writes beside what the kernel's cache may still hand over (an overwrite
+        // counts too: the server cannot tell it from an extending write here).
+        // A gate that must wait for what is owed to arrive waits on a thread of its
+        // own: the request threads serve the WRITEs it waits for.
+        if let Some(fh) = fh.filter(|_| s.lowspace.gated()) {
             if s.is_cached_writer(fh) {
                 let privileged = s.privileged(req.uid(), req.gid());
-                let left = s.fs.blocks_available_to(privileged) * u64::from(s.block_size);
-                if s.lowspace.refused() || left < s.lowspace.holding() {
-                    reply.error(Errno::ENOSPC);
-                    return;
+                let tid = req.pid();
+                match s.lowspace.admit(&s.fs, tid, privileged, false) {
+                    Gate::Admitted => {}
+                    Gate::Refused => {
+                        reply.error(Errno::ENOSPC);
+                        return;
+                    }
+                    Gate::Wait => {
+                        if !s.lowspace.gate_slot() {
+                            reply.error(Errno::ENOSPC);
+                            return;
+                        }
+                        let s2 = Arc::clone(s);
+                        // Kept here until the thread has it: a failed spawn leaves it
+                        // to be answered on this thread.
+                        let slot = Arc::new(Mutex::new(Some(reply)));
+                        let theirs = Arc::clone(&slot);
+                        let spawned = std::thread::Builder::new().name("rext4-gate".into()).spawn(
+                            move || {
+                                if let Some(reply) = lock(&theirs).take() {
+                                    let s = &s2;
+                                    if s.lowspace.admit(&s.fs, tid, privileged, true)
+                                        == Gate::Admitted
+                                    {
+                                        match s.getattr_ino(ino) {
+                                            Ok(attr) => reply.attr(&s.ttl(&attr), &attr),
+                                            Err(e) => reply.error(e),
+                                        }
+                                    } else {
+                                        reply.error(Errno::ENOSPC);
+                                    }
+                                }
+                                s2.lowspace.gate_done();
+                            },
+                        );
+                        if spawned.is_err() {
+                            s.lowspace.gate_done();
+                            if let Some(reply) = lock(&slot).take() {
+                                reply.error(Errno::ENOSPC);
+                            }
+                        }
+                        return;
+                    }
                 }
-                s.lowspace.launder(ino);
             }
         }
         let attr = tri!(reply, s.getattr_ino(ino));
@@ -1384,7 +1499,7 @@ impl Filesystem for Adapter {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -1396,6 +1511,21 @@ impl Filesystem for Adapter {
     ) {
         let s = &self.s;
         let ino = to_ext4(ino);
+        // A WRITE from the kernel's writeback: data a write() was told was written,
+        // which the space held back for the kernel's cache is there for (`lowspace`).
+        // Once answered, whatever the answer, the kernel no longer holds it.
+        let cached = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        let _arrival = cached.then(|| Arrival {
+            s,
+            offset,
+            len: data.len() as u64,
+        });
+        let _spend = cached.then(rext4::spend_held);
+        // A write the caller waits for allocates as that caller: the root reserve is
+        // not an unprivileged writer's (ext4's rule). Cached data was admitted with
+        // the writer's privilege at its write() (`lowspace`).
+        let privileged = cached || s.privileged(req.uid(), req.gid());
+        let _as = rext4::act_as_privileged(privileged);
         tri!(reply, s.writable());
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
             let changed = tri!(
@@ -1411,48 +1541,98 @@ impl Filesystem for Adapter {
         // With the writeback cache the kernel owns mtime/ctime of regular files and
         // places O_APPEND writes itself (it may send them on another handle).
         let wb = s.writeback.load(Ordering::Relaxed);
-        let r = if append && !wb {
-            s.fs.append_ino(ino, data, direct)
-        } else if direct {
-            s.fs.write_direct_ino(ino, data, offset, !wb)
-        } else if wb {
-            s.fs.write_ino_at_keep_times(ino, data, offset)
+        // The size before an O_DIRECT write, to undo what a write that fails part way
+        // added to it.
+        let size_before = if direct {
+            s.fs.inode_attr(ino).ok().map(|i| i.size)
         } else {
-            s.fs.write_ino_at(ino, data, offset)
+            None
         };
+        let attempt = |off: u64, buf: &[u8]| {
+            if append && !wb {
+                s.fs.append_ino(ino, buf, direct)
+            } else if direct {
+                s.fs.write_direct_ino(ino, buf, off, !wb)
+            } else if wb {
+                s.fs.write_ino_at_keep_times(ino, buf, off)
+            } else {
+                s.fs.write_ino_at(ino, buf, off)
+            }
+        };
+        let mut r = attempt(offset, data);
+        if !cached {
+            // A write the caller waits for that ran out beside space held back for
+            // the kernel's cache (a bound of what it may still hand over): wait a
+            // little for that to arrive, and go on with the rest (`lowspace`).
+            let mut done = match r {
+                Ok(n) => n,
+                Err(Error::NoSpace) => 0,
+                _ => data.len(),
+            };
+            let deadline = std::time::Instant::now() + crate::lowspace::ROOM_WAIT;
+            while done < data.len()
+                && s.lowspace
+                    .wait_for_room(&s.fs, (data.len() - done) as u64, privileged, deadline)
+            {
+                match attempt(offset + done as u64, &data[done..]) {
+                    Ok(n) => done += n,
+                    Err(Error::NoSpace) => {}
+                    Err(e) => {
+                        r = Err(e);
+                        break;
+                    }
+                }
+                if done > 0 {
+                    r = Ok(done);
+                }
+            }
+        }
         // Past ext4's largest file size. The FUSE superblock has no such limit, so under
         // the writeback cache the application's write succeeded into the kernel's page
         // cache and the error reaches it only at fsync or close; the kernel's inode
         // meanwhile shows the size the write made. Make it read ours again.
-        // A WRITE from the kernel's writeback that the engine took only in part (the
-        // space or the size ran out on the way): the kernel takes any count as done
-        // and would drop the rest without a word, so it is an error (kept by the
-        // kernel for fsync and close; the part written stays written).
-        let cached = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        // A WRITE that the engine took only in part (the space or the size ran out on
+        // the way) is an error when it comes from the kernel's writeback (the kernel
+        // takes any count as done and would drop the rest without a word; the error is
+        // kept for fsync and close) or from an O_DIRECT descriptor (the kernel turns a
+        // short answer to an asynchronous direct write into EIO, and a synchronous one
+        // may have been sent as asynchronous pieces): the part written stays written,
+        // and what it added to the size is taken back, as the kernel's size does not
+        // move for a failed write.
         let r = match r {
-            Ok(n) if cached && n < data.len() => {
+            Ok(n) if (cached || direct) && n < data.len() => {
+                let end = offset.saturating_add(data.len() as u64);
                 let max =
                     s.fs.max_size_of_ino(ino)
                         .unwrap_or_else(|_| s.fs.max_file_size());
-                if offset.saturating_add(data.len() as u64) > max {
-                    Err(Error::FileTooLarge)
+                let e = if end > max {
+                    Error::FileTooLarge
                 } else {
-                    Err(Error::NoSpace)
+                    Error::NoSpace
+                };
+                if direct && !append {
+                    s.undo_growth(ino, size_before, offset + n as u64);
                 }
+                Err(e)
             }
             r => r,
         };
         match &r {
             // The kernel's writeback of data a write() was told was written: refused
-            // for lack of space. The data is lost (as the kernel's ext4 would never
-            // have taken it); the file's next write() fails (`lowspace`), and the
-            // kernel is made to drop the size that data gave its inode.
+            // for lack of space, which the space held back for the kernel's cache
+            // should have made impossible. The data is lost; every write() through the
+            // kernel's cache fails from now on while space is low (`lowspace`), and
+            // the kernel is made to drop the size that data gave its inode.
             Err(Error::NoSpace) if cached => {
                 log::warn!(
                     "inode {}: the kernel's cached write of {} bytes at {offset} was refused \
-                     for lack of space; the application sees ENOSPC at fsync or close",
+                     for lack of space; the application sees ENOSPC at fsync or close \
+                     ({} KiB owed to the kernel's cache, {} blocks held, {} free)",
                     ino.0,
-                    data.len()
+                    data.len(),
+                    s.lowspace.owed() >> 10,
+                    s.fs.held_for_client(),
+                    s.fs.blocks_available_to(true)
                 );
                 s.lowspace.note_refused();
                 s.drop_kernel_inode(ino);
@@ -1499,7 +1679,14 @@ impl Filesystem for Adapter {
     ) {
         let s = &self.s;
         let h = lock(&s.handles).remove(&fh.0);
-        if let Some(Handle::File { ino, .. }) = h {
+        if let Some(Handle::File {
+            ino, cached_write, ..
+        }) = h
+        {
+            if cached_write {
+                // The kernel wrote the file's dirty pages back before releasing it.
+                s.lowspace.released(&s.fs);
+            }
             s.release_stale_time(ino);
             if let Err(e) = s.fs.unpin(ino) {
                 reply.error(s.fail("release", &e));
@@ -1648,10 +1835,13 @@ impl Filesystem for Adapter {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let st = self.s.fs.statfs();
+        // Space held back for what the kernel's cache may still hand over counts as
+        // used, as ext4 counts the blocks its dirty pages reserved.
+        let held = self.s.fs.held_for_client();
         reply.statfs(
             st.blocks,
-            st.blocks_free,
-            st.blocks_available,
+            st.blocks_free.saturating_sub(held),
+            st.blocks_available.saturating_sub(held),
             st.inodes,
             st.inodes_free,
             st.block_size,
@@ -1848,7 +2038,7 @@ impl Filesystem for Adapter {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -1872,17 +2062,19 @@ impl Filesystem for Adapter {
             }
         };
         tri!(reply, s.writable());
+        let _as = rext4::act_as_privileged(s.privileged(req.uid(), req.gid()));
         tri!(
             reply,
             s.fs.fallocate_ino(to_ext4(ino), m, offset, length)
                 .map_err(|e| s.fail("fallocate", &e))
         );
+        s.lowspace.after_change(s.available_bytes());
         reply.ok();
     }
 
     fn copy_file_range(
         &self,
-        _req: &Request,
+        req: &Request,
         ino_in: INodeNo,
         _fh_in: FileHandle,
         offset_in: u64,
@@ -1901,6 +2093,7 @@ impl Filesystem for Adapter {
         tri!(reply, s.writable());
         // One reply carries at most u32::MAX bytes; the caller loops for the rest.
         let len = len.min(u64::from(u32::MAX) & !0xFFF);
+        let _as = rext4::act_as_privileged(s.privileged(req.uid(), req.gid()));
         let wb = s.writeback.load(Ordering::Relaxed);
         let n = tri!(
             reply,
@@ -1944,7 +2137,7 @@ impl Filesystem for Adapter {
             s.writable()?;
             s.fs.set_flags_ino(ino, f)
                 .map_err(|e| s.fail("ioctl", &e))?;
-            s.invalidate_attrs(ino);
+            s.attrs_changed(ino);
             Ok::<(), Errno>(())
         };
         match cmd {

@@ -4,8 +4,9 @@
 //! lifetime (`mount`: open the engine, mount with fuser, serve, unmount, close), and —
 //! in `adapter` — the translation of FUSE requests to engine calls; in `life`, what
 //! `rext4 umount` waits for and how a mount whose server died is cleaned up; in
-//! `serverlog`, where the server's messages go. errno values appear here and in the
-//! CLI only.
+//! `serverlog`, where the server's messages go; in `lowspace` (with `inflight`), the
+//! space held back for what the kernel's writeback cache may still hand over, so that a
+//! full disk fails write() itself. errno values appear here and in the CLI only.
 //!
 //! Lifetime of a mount:
 //! 1. The engine's open claims the image (`rext4::claim`: exclusive flock for
@@ -48,6 +49,7 @@
 //! the like (vendor/fuser/src/uring.rs).
 
 mod adapter;
+mod inflight;
 mod life;
 mod lowspace;
 mod serverlog;
@@ -141,8 +143,8 @@ pub struct MountOptions {
     /// which throttles writers long before the disk is busy; when this is set (default
     /// 40) and we may write the mount's /sys/class/bdi entry (root), the server gives
     /// the mount a dirty window (min_bytes = max_bytes, strict) of this share, or of
-    /// half the space left when that is less, so the kernel never holds more dirty
-    /// data than the image can take (`lowspace`). 0 leaves the kernel's setting.
+    /// a quarter of the space left when that is less; the space the window may fill
+    /// is held back for it (`lowspace`). 0 leaves the kernel's setting.
     pub bdi_max_ratio: u32,
     /// When reads move atimes: `relatime` (default), `strictatime`, `noatime`,
     /// `nodiratime`. FUSE inodes never get atime updates from the kernel, so the
@@ -441,10 +443,10 @@ fn unescape_mountinfo(s: &str) -> Vec<u8> {
 }
 
 /// The sysfs directory of the FUSE mount's bdi (its dirty-page limits, which
-/// `lowspace` reads and, as root, sets). Found by the mount's device number in
-/// /proc/self/mountinfo (a stat of the mount point would ask our own, not yet serving,
-/// session).
-fn mount_bdi(mnt: &Path) -> Result<PathBuf, String> {
+/// `lowspace` reads and, as root, sets), and the mount's device number (major:minor).
+/// Found in /proc/self/mountinfo (a stat of the mount point would ask our own, not yet
+/// serving, session).
+fn mount_bdi(mnt: &Path) -> Result<(PathBuf, String), String> {
     let info = std::fs::read("/proc/self/mountinfo").map_err(|e| format!("mountinfo: {e}"))?;
     let want = mnt.as_os_str().as_encoded_bytes();
     let dev = info
@@ -458,7 +460,7 @@ fn mount_bdi(mnt: &Path) -> Result<PathBuf, String> {
         .ok_or_else(|| format!("{} not in mountinfo", mnt.display()))?;
     let dir = Path::new("/sys/class/bdi").join(&dev);
     if dir.is_dir() {
-        Ok(dir)
+        Ok((dir, dev))
     } else {
         Err(format!("{}: no such bdi", dir.display()))
     }
@@ -778,7 +780,12 @@ fn serve_inner(
                 None
             }
         };
-        lowspace::LowSpace::start(&shared, bdi, opts.bdi_max_ratio);
+        // The threads that serve GETATTR and WRITE: the ring's where it is used.
+        let threads = match session.uring_queues() {
+            0 => config.n_threads.unwrap_or(2),
+            q => q * config.uring_threads_per_queue.max(1),
+        };
+        lowspace::LowSpace::start(&shared, bdi, opts.bdi_max_ratio, threads);
     }
     log::info!(
         "mounted {} ({}), serving through {transport}",

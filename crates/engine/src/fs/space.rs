@@ -3,15 +3,19 @@
 //! Owns the promises made against the free-block count: the blocks delayed allocation
 //! reserved for dirty pages over holes (`data`), the extent-tree blocks their
 //! writeback may need (`tree`), a pool kept for changes that must not fail for lack
-//! of space (ext4's `s_resv_clusters`: 2% of the filesystem, at most 4096 blocks), and
-//! the root reserve (the superblock's `r_blocks_count`, closed to unprivileged callers).
+//! of space (ext4's `s_resv_clusters`: 2% of the filesystem, at most 4096 blocks),
+//! the root reserve (the superblock's `r_blocks_count`, closed to unprivileged
+//! callers), and what a client of the engine holds back for data it has accepted but
+//! not handed over yet (`held`: a FUSE mount's kernel page cache under the writeback
+//! cache, set by the mount's `lowspace`; 0 for everyone else).
 //!
 //! Must hold: `unpromised` = free blocks − `data` − `tree`, and it never goes below
 //! zero, so every promise is backed by a free block. Every allocation is admitted here
 //! by the claim it is made under ([`Claim`], set per thread by [`claim_as`]):
 //! - `Fresh` (the default: new data written at once, directories, symlinks, xattr
 //!   blocks, fallocate, and the tree blocks these need) may take only what is neither
-//!   promised nor in the pool (nor, unprivileged, in the root reserve);
+//!   promised nor in the pool (nor, unprivileged, in the root reserve), nor held —
+//!   unless the thread hands over held data ([`spend_held`]), which may take that too;
 //! - `NoFail` (unwritten-extent conversion, extent splits of truncate and punch) may
 //!   also take the pool;
 //! - `Reserved` (writeback of delalloc pages: their data blocks) takes from `data`;
@@ -47,6 +51,24 @@ thread_local! {
     static CLAIM: RefCell<Claim> = const { RefCell::new(Claim::Fresh) };
     static UNPRIVILEGED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     static REFUSED: std::cell::Cell<&'static str> = const { std::cell::Cell::new("") };
+    static SPENDS_HELD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Restores the previous held-space rule of this thread when dropped.
+pub struct HeldGuard(bool);
+
+impl Drop for HeldGuard {
+    fn drop(&mut self) {
+        SPENDS_HELD.with(|x| x.set(self.0));
+    }
+}
+
+/// The calling thread hands over data the client held space for (a FUSE mount's
+/// cached WRITE from the kernel's writeback) until the guard is dropped: its
+/// allocations and promises may take the blocks held back from everyone else
+/// ([`Fs::hold_for_client`](crate::Fs::hold_for_client)).
+pub fn spend_held() -> HeldGuard {
+    HeldGuard(SPENDS_HELD.with(|x| x.replace(true)))
 }
 
 /// Remember why this thread's last allocation was refused (for the message of a
@@ -118,6 +140,9 @@ pub(crate) struct Space {
     tree: AtomicU64,
     pool: u64,
     root: u64,
+    /// Blocks kept back for a client's data (see the module note): a bound the client
+    /// sets, not a promise — `unpromised` is not changed by it.
+    held: AtomicU64,
 }
 
 impl Space {
@@ -129,7 +154,18 @@ impl Space {
             tree: AtomicU64::new(0),
             pool,
             root,
+            held: AtomicU64::new(0),
         }
+    }
+
+    /// Keep `n` blocks back for the client's data (replacing what was kept before).
+    pub(crate) fn hold(&self, n: u64) {
+        self.held.store(n, Ordering::Release);
+    }
+
+    /// Blocks kept back for the client's data.
+    pub(crate) fn held(&self) -> u64 {
+        self.held.load(Ordering::Acquire)
     }
 
     /// The pool ext4 keeps for a filesystem of `blocks` blocks (none without extents:
@@ -149,7 +185,12 @@ impl Space {
         } else {
             0
         };
-        self.pool + root
+        let held = if SPENDS_HELD.with(|x| x.get()) {
+            0
+        } else {
+            self.held()
+        };
+        self.pool + root + held
     }
 
     /// Take up to `want` from `unpromised`, leaving `keep`: how many were taken.
@@ -253,7 +294,8 @@ impl Space {
         self.available_to(false)
     }
 
-    /// What a fresh allocation could still take, by a privileged caller or not.
+    /// What a fresh allocation could still take, by a privileged caller or not, not
+    /// counting what is held for the client (the client's own data may take it).
     pub(crate) fn available_to(&self, privileged: bool) -> u64 {
         let keep = self.pool + if privileged { 0 } else { self.root };
         self.unpromised.load(Ordering::Acquire).saturating_sub(keep)
@@ -312,6 +354,29 @@ mod tests {
         let _c = claim_as(Claim::Reserved);
         // 3 promised plus 12 of the 17 unpromised (5 stay for the pool).
         assert_eq!(s.admit(100).expect("some"), 15);
+    }
+
+    #[test]
+    fn held_blocks_are_left_to_the_client_s_data() {
+        let s = Space::new(100, 10, 0);
+        s.hold(30);
+        // 100 free, 10 in the pool, 30 held: fresh allocations and promises get 60.
+        assert!(matches!(s.reserve(61, 0), Err(Error::NoSpace)));
+        s.reserve(50, 0).expect("fits beside the hold");
+        assert_eq!(s.admit(1000).expect("some"), 10);
+        assert!(matches!(s.admit(1), Err(Error::NoSpace)));
+        {
+            // The client's data takes what was held for it.
+            let _g = spend_held();
+            s.reserve(25, 0).expect("held for it");
+            assert_eq!(s.admit(1000).expect("the rest of the hold"), 5);
+        }
+        assert!(matches!(s.reserve(1, 0), Err(Error::NoSpace)));
+        // The hold is a bound the client lowers as its data comes.
+        s.hold(0);
+        s.unreserve(75, 0);
+        assert_eq!(s.admit(1000).expect("all but the pool"), 75);
+        assert_eq!(s.available_to(true), 0);
     }
 
     #[test]
