@@ -908,6 +908,40 @@ fn populate(
     .map_err(|e| to_py(e, Some(path)))
 }
 
+/// Resize the unmounted image at `path` offline (`rext4::resize`): to `size` bytes
+/// (rounded down to whole blocks), or to the smallest size its contents fit in when
+/// `size` is None. Returns (block size, old blocks, new blocks, blocks moved, inodes
+/// moved, journal moved).
+#[pyfunction]
+#[pyo3(signature = (path, size=None))]
+fn resize(
+    py: Python<'_>,
+    path: &[u8],
+    size: Option<u64>,
+) -> PyResult<(u32, u64, u64, u64, u64, bool)> {
+    use rext4::resize::Target;
+    let r = py
+        .allow_threads(|| {
+            let target = match size {
+                Some(bytes) => {
+                    let bs = rext4::resize::block_size(path_of(path))?;
+                    Target::Blocks(bytes / u64::from(bs))
+                }
+                None => Target::Min,
+            };
+            rext4::resize::resize(path_of(path), target)
+        })
+        .map_err(|e| to_py(e, Some(path)))?;
+    Ok((
+        r.block_size,
+        r.old_blocks,
+        r.new_blocks,
+        r.moved_blocks,
+        r.moved_inodes,
+        r.journal_moved,
+    ))
+}
+
 /// Raise the exception the engine error named `kind` maps to (for the tests of the
 /// mapping: some errors cannot be provoked on demand, e.g. a failed device).
 #[pyfunction]
@@ -947,6 +981,7 @@ fn _rext4(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyFile>()?;
     m.add_function(wrap_pyfunction!(mkfs, m)?)?;
     m.add_function(wrap_pyfunction!(populate, m)?)?;
+    m.add_function(wrap_pyfunction!(resize, m)?)?;
     m.add_function(wrap_pyfunction!(_raise_engine_error, m)?)?;
     m.add("CorruptedError", m.py().get_type::<CorruptedError>())?;
     m.add("NotExt4Error", m.py().get_type::<NotExt4Error>())?;

@@ -29,6 +29,7 @@ mod mkfs_cmd;
 mod mode;
 mod mount_cmd;
 mod owner;
+mod resize_cmd;
 mod show;
 mod spec;
 mod term;
@@ -219,6 +220,9 @@ enum Cmd {
     },
     /// Make an ext4 filesystem, like mkfs.ext4: `rext4 mkfs [OPTIONS] IMAGE [SIZE]`.
     Mkfs(mkfs_cmd::MkfsArgs),
+    /// Grow or shrink an unmounted image, as resize2fs, crash-safe (interrupted, it is
+    /// as it was or resized, never between): `rext4 resize [-P] IMAGE SIZE|min`.
+    Resize(resize_cmd::ResizeArgs),
     /// Mount an image through FUSE: `rext4 mount [-o OPTIONS] [-f] IMAGE MOUNTPOINT`.
     Mount(mount_cmd::MountArgs),
     /// Unmount a `rext4 mount` and wait until the image is closed and clean:
@@ -350,6 +354,7 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
             }
         }
         Cmd::Mkfs(args) => mkfs_cmd::run(args)?,
+        Cmd::Resize(args) => resize_cmd::run(args)?,
         Cmd::Mount(a) => {
             no_huge_pages();
             // A malformed -o list is a usage error (exit 2), found before mounting.

@@ -21,6 +21,9 @@
 //! bits are set: free blocks promised to delayed allocation or kept back (the pool,
 //! the root reserve) are not there for every caller.
 //!
+//! An allocation limit (`Fs::set_alloc_limit`, used by a shrink: `crate::resize`) keeps
+//! block and inode allocations below a block and in the groups that start below it.
+//!
 //! Locking: callers hold `Fs::write_lock` or a handle (handles allocate side by
 //! side); inside, one group mutex at a time — around each bitmap's read-modify-write —
 //! then the superblock (`live`), never the other way round; a free marks its blocks
@@ -51,6 +54,40 @@ impl Fs {
             .max_txn
             .load(std::sync::atomic::Ordering::Relaxed)
             > 0
+    }
+
+    /// Keep every later allocation below block `end` and inode allocations in the
+    /// groups that start below it (a shrink empties the groups it removes:
+    /// `crate::resize`). Blocks and inodes already in use there stay where they are.
+    pub(crate) fn set_alloc_limit(&self, end: u64) {
+        self.inner.alloc_limit.store(end, Relaxed);
+    }
+
+    /// The end of the blocks allocation may take (`set_alloc_limit`), at least one
+    /// block past the first data block.
+    fn alloc_end(&self) -> u64 {
+        let sb = &self.inner.sb;
+        self.inner
+            .alloc_limit
+            .load(Relaxed)
+            .min(sb.blocks_count)
+            .max(u64::from(sb.first_data_block) + 1)
+    }
+
+    /// Groups allocation may use: those that start below `alloc_end`.
+    fn alloc_groups(&self) -> usize {
+        let sb = &self.inner.sb;
+        let data = self.alloc_end() - u64::from(sb.first_data_block);
+        (data.div_ceil(u64::from(sb.blocks_per_group)) as usize).min(self.inner.groups.len())
+    }
+
+    /// Blocks of group `g` allocation may use (its first ones: `alloc_end` cuts the last
+    /// usable group short).
+    fn alloc_span(&self, g: usize) -> u64 {
+        let sb = &self.inner.sb;
+        let first = sb.group_first_block(g as u64);
+        sb.blocks_in_group(g as u64)
+            .min(self.alloc_end().saturating_sub(first))
     }
 
     fn group_of_block(&self, blk: u64) -> usize {
@@ -227,8 +264,8 @@ impl Fs {
     pub(crate) fn alloc_meta_block(&self, goal: u64) -> Result<u64> {
         self.check_writable()?;
         let sb = &self.inner.sb;
-        let ngroups = self.inner.groups.len();
-        let goal = goal.clamp(u64::from(sb.first_data_block), sb.blocks_count - 1);
+        let ngroups = self.alloc_groups();
+        let goal = goal.clamp(u64::from(sb.first_data_block), self.alloc_end() - 1);
         let g0 = self.group_of_block(goal);
         for i in 0..ngroups {
             let g = (g0 + ngroups - i) % ngroups;
@@ -237,7 +274,7 @@ impl Fs {
                 continue;
             }
             let first = sb.group_first_block(g as u64);
-            let n = sb.blocks_in_group(g as u64);
+            let n = self.alloc_span(g);
             let b = self.block_bitmap(g, &grp)?;
             let found = {
                 let busy = self.inner.busy();
@@ -300,8 +337,8 @@ impl Fs {
         budget: &mut usize,
     ) -> Result<Option<(u64, u32)>> {
         let sb = &self.inner.sb;
-        let ngroups = self.inner.groups.len();
-        let goal = goal.clamp(u64::from(sb.first_data_block), sb.blocks_count - 1);
+        let ngroups = self.alloc_groups();
+        let goal = goal.clamp(u64::from(sb.first_data_block), self.alloc_end() - 1);
         let g0 = self.group_of_block(goal);
         for i in 0..=ngroups {
             let g = (g0 + i) % ngroups;
@@ -328,7 +365,7 @@ impl Fs {
                 self.inner.prefetch.bitmaps_read.fetch_add(1, Relaxed);
             }
             let first = sb.group_first_block(g as u64);
-            let n = sb.blocks_in_group(g as u64);
+            let n = self.alloc_span(g);
             let b = self.block_bitmap(g, &grp)?;
             // The goal group is searched from the goal first, and again from its start
             // when the search comes back round to it.
@@ -543,7 +580,7 @@ impl Fs {
         self.check_writable()?;
         let sb = &self.inner.sb;
         let ipg = sb.inodes_per_group;
-        let ngroups = self.inner.groups.len();
+        let ngroups = self.alloc_groups();
         let pg = ((parent.0.max(1) - 1) / ipg) as usize % ngroups.max(1);
         let start = if is_dir && ngroups > 1 {
             // Orlov-like: the next group after the parent's with at least average free
@@ -648,7 +685,7 @@ impl Fs {
     fn alloc_inode_pass(&self, start: usize, is_dir: bool) -> Result<Option<Ino>> {
         let sb = &self.inner.sb;
         let ipg = sb.inodes_per_group;
-        let ngroups = self.inner.groups.len();
+        let ngroups = self.alloc_groups();
         // Stamps older than every active reader have passed: forget them.
         let oldest = self.inner.caches.grace.oldest_reader();
         self.inner

@@ -769,8 +769,38 @@ impl<'a, S: BlockStore> ExtentTree<'a, S> {
         Ok(true)
     }
 
+    /// Replace the whole tree by one holding `exts` (sorted, non-overlapping, each
+    /// within the length limits; the caller allocated their data blocks and accounts
+    /// for them), packed as [`ExtentTree::optimize`] packs it: the old tree's blocks are
+    /// reused where `reuse` accepts them and freed otherwise, then the blocks of
+    /// `extra` (allocated by the caller and already counted in `i_blocks`; the surplus
+    /// is freed), then new ones come from the store. For moving a file's blocks
+    /// elsewhere (`crate::resize`). Not crash-atomic: run it inside a transaction.
+    pub fn replace_all(
+        &mut self,
+        exts: Vec<Extent>,
+        reuse: impl Fn(u64) -> bool,
+        extra: Vec<u64>,
+    ) -> Result<()> {
+        let (mut keep, drop): (Vec<u64>, Vec<u64>) = self
+            .check()?
+            .tree_blocks
+            .into_iter()
+            .partition(|&b| reuse(b));
+        keep.extend(extra);
+        self.rebuild_from(exts, keep)?;
+        for b in drop {
+            self.free_tree_block(b)?;
+        }
+        Ok(())
+    }
+
     fn rebuild(&mut self, old_blocks: Vec<u64>) -> Result<()> {
         let exts = self.extents()?;
+        self.rebuild_from(exts, old_blocks)
+    }
+
+    fn rebuild_from(&mut self, exts: Vec<Extent>, old_blocks: Vec<u64>) -> Result<()> {
         let generation = self.decode_root()?.header().generation;
         let cap = usize::from(block_capacity(self.bs)).max(1);
         let root_cap = usize::from(ROOT_CAPACITY);

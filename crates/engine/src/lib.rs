@@ -70,6 +70,7 @@ pub mod orphan;
 pub mod path;
 pub mod perm;
 pub mod repro;
+pub mod resize;
 pub mod store;
 pub mod striped;
 pub mod xattr;

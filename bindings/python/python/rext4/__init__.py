@@ -31,13 +31,15 @@ import os
 import posixpath
 import stat as _stat
 import time
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _rext4
 from ._rext4 import CorruptedError, NotExt4Error
 
 __all__ = [
     "mkfs",
+    "resize",
+    "ResizeResult",
     "open",
     "FileSystem",
     "File",
@@ -146,6 +148,36 @@ def mkfs(
         text(file_contexts),
         remap,
     )
+
+
+class ResizeResult(NamedTuple):
+    """What :func:`resize` did: sizes in filesystem blocks of ``block_size`` bytes."""
+
+    block_size: int
+    old_blocks: int
+    new_blocks: int
+    moved_blocks: int
+    moved_inodes: int
+    journal_moved: bool
+
+
+def resize(path: PathArg, size: Union[int, str]) -> ResizeResult:
+    """Grow or shrink the unmounted ext4 image ``path`` offline, as ``rext4 resize``
+    (and resize2fs) does: ``size`` in bytes (an int, or a string such as ``"256M"``;
+    rounded down to whole blocks), or ``"min"`` for the smallest size the contents fit
+    in. A file grows or is truncated to the new size. Crash-safe: interrupted at any
+    point, the image is the old filesystem or the new one. An image that a mount, a
+    loop device or another rext4 user holds is refused (``OSError``, errno EBUSY); a
+    size too small for the contents raises ``OSError`` with errno ENOSPC, an impossible
+    one EINVAL, a feature not handled (bigalloc, meta_bg, ...) EOPNOTSUPP, each with
+    the reason; the image is then unchanged."""
+    if isinstance(size, str) and size.strip().lower() == "min":
+        n = None
+    else:
+        n = _parse_size(size)
+        if n < 0:
+            raise ValueError(f"negative size: {size!r}")
+    return ResizeResult(*_rext4.resize(_b(path), n))
 
 
 def open(path: PathArg, writable: bool = False, *, cache_bytes: Optional[int] = None) -> "FileSystem":

@@ -370,6 +370,10 @@ pub(crate) struct Inner {
     /// Blocks one transaction may carry (0: no journal). Read without the journal's
     /// mutex, which a commit holds while it writes.
     pub(crate) max_txn: std::sync::atomic::AtomicUsize,
+    /// Allocations stay below this block (and in the groups that start below it): a
+    /// shrink in progress empties the groups it removes (`crate::resize`). Unlimited
+    /// (`u64::MAX`) unless `Fs::set_alloc_limit` was called.
+    pub(crate) alloc_limit: std::sync::atomic::AtomicU64,
     /// Set when a commit failed: the filesystem is shut down (read-only) with this reason.
     pub(crate) shutdown: Mutex<Option<String>>,
     /// Set once no change may be made any more (read-only, shut down or closed): the
@@ -767,6 +771,7 @@ impl Fs {
                 commits: Default::default(),
                 checkpoints: Default::default(),
                 max_txn: Default::default(),
+                alloc_limit: std::sync::atomic::AtomicU64::new(u64::MAX),
                 shutdown: Mutex::new(None),
                 unwritable: std::sync::atomic::AtomicBool::new(read_only),
                 pins: Padded(Mutex::new(Default::default())),

@@ -13,6 +13,8 @@
 //! - The journal inode is read from its home location before anything is replayed (the
 //!   kernel does the same: the journal inode is never journalled), and every journal
 //!   block is mapped through the inode's own map: contiguity is not assumed.
+//! - Extents past the journal's size are not the log's and are skipped (a shrink in
+//!   progress keeps the old log there as unwritten extents: `crate::resize`).
 //! - Every block number taken from disk (extent, indirect pointer, tag) is checked
 //!   against the filesystem size before it is read or written.
 //! - Nothing is written unless the caller asked for the write path ([`replay`]); a
@@ -200,6 +202,11 @@ impl JournalMap {
                 match node {
                     Node::Leaf(_, exts) => {
                         for e in exts {
+                            // Past the log's size: not the log's (a shrink keeps the
+                            // old log there, unwritten, until it drops its groups).
+                            if u64::from(e.logical) >= blocks {
+                                continue;
+                            }
                             if e.unwritten {
                                 return Err(Error::corrupted(
                                     format!("journal extent at {} is unwritten", e.logical),

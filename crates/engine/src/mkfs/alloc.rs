@@ -202,7 +202,7 @@ impl<'g> Alloc<'g> {
     }
 
     /// `ext2fs_allocate_group_table` for group `g`.
-    fn allocate_group_table(&mut self, g: u64) -> Result<()> {
+    pub(crate) fn allocate_group_table(&mut self, g: u64) -> Result<()> {
         let geo = self.geo;
         let mut group_blk = geo.group_first(g);
         let mut last_blk = geo.group_last(g);
@@ -276,6 +276,21 @@ impl<'g> Alloc<'g> {
         }
         self.groups[g as usize].inode_table = it;
         Ok(())
+    }
+
+    /// For a grow (`crate::resize`): blocks `blk..blk + n` are used by the filesystem
+    /// being grown.
+    pub(crate) fn mark_used(&mut self, blk: u64, n: u64) {
+        self.mark_range(blk, n);
+    }
+
+    /// For a grow: group `g` of the filesystem being grown has its tables here (the
+    /// placement of the next groups' tables starts from them, as libext2fs's does).
+    pub(crate) fn set_tables(&mut self, g: u64, block_bitmap: u64, inode_bitmap: u64, table: u64) {
+        let grp = &mut self.groups[g as usize];
+        grp.block_bitmap = block_bitmap;
+        grp.inode_bitmap = inode_bitmap;
+        grp.inode_table = table;
     }
 
     /// `ext2fs_allocate_tables`.

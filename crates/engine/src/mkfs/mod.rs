@@ -21,9 +21,9 @@
 //! Callers: the CLI's `rext4 mkfs`, tests and embedders. Not thread-aware: it owns
 //! the device while it runs.
 
-mod alloc;
+pub(crate) mod alloc;
 mod features;
-mod geometry;
+pub(crate) mod geometry;
 mod write;
 
 use std::path::Path;
