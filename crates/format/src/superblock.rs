@@ -802,6 +802,65 @@ mod tests {
         b
     }
 
+    /// `sample` as a bigalloc layout: 16 KiB clusters of 1 KiB blocks, 512 clusters
+    /// per group, first data block 0; `f` changes it before the checksum is set.
+    fn bigalloc_sample(f: impl FnOnce(&mut [u8])) -> Vec<u8> {
+        let mut b = sample();
+        set_le32(
+            &mut b,
+            0x64,
+            RO_COMPAT_METADATA_CSUM | RO_COMPAT_SPARSE_SUPER | RO_COMPAT_BIGALLOC,
+        );
+        set_le32(&mut b, 0x14, 0);
+        set_le32(&mut b, 0x1C, 4);
+        set_le32(&mut b, 0x24, 512);
+        f(&mut b);
+        let c = Superblock::compute_csum(&b);
+        set_le32(&mut b, CSUM_OFF, c);
+        b
+    }
+
+    #[test]
+    fn bigalloc_geometry() {
+        let sb = Superblock::decode(&bigalloc_sample(|_| {})).expect("valid");
+        assert_eq!((sb.cluster_bits(), sb.cluster_ratio()), (4, 16));
+        assert_eq!(sb.clusters_in_group(0), 512);
+        // 1 KiB blocks, first data block 0: the superblock in block 1 and the
+        // descriptors after it; group 0's base (boot block, superblock, table).
+        assert_eq!(sb.super_block_no(), 1);
+        assert_eq!(sb.desc_block_location(0), 2);
+        assert_eq!(sb.group_base_meta_blocks(0), 3);
+        // Without bigalloc a cluster is a block whatever the field holds.
+        let plain = Superblock::decode(&sample()).expect("valid");
+        assert_eq!(
+            (plain.cluster_bits(), plain.clusters_in_group(0)),
+            (0, 8191)
+        );
+        for (what, bad) in [
+            (
+                "blocks per group not clusters x ratio",
+                bigalloc_sample(|b| set_le32(b, 0x24, 256)),
+            ),
+            (
+                "cluster smaller than a block",
+                bigalloc_sample(|b| {
+                    set_le32(b, 0x18, 2);
+                    set_le32(b, 0x1C, 1);
+                }),
+            ),
+            (
+                "cluster of 2^17 blocks",
+                bigalloc_sample(|b| set_le32(b, 0x1C, 17)),
+            ),
+            (
+                "first data block 1",
+                bigalloc_sample(|b| set_le32(b, 0x14, 1)),
+            ),
+        ] {
+            assert!(Superblock::decode(&bad).is_err(), "{what} accepted");
+        }
+    }
+
     #[test]
     fn decode_encode_round_trip_keeps_every_byte() {
         let b = sample();
