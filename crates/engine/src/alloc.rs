@@ -375,7 +375,8 @@ impl Fs {
             let b = self.block_bitmap(g, &grp)?;
             // The goal group is searched from the goal first, and again from its start
             // when the search comes back round to it.
-            let goal_x = (goal - first) >> cb;
+            // (Only the goal's own group holds the goal: no other subtracts it.)
+            let goal_x = goal.saturating_sub(first) >> cb;
             let (from, to) = match i {
                 0 => (goal_x, n),
                 _ if i == ngroups => (0, goal_x.min(n)),
