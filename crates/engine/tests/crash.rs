@@ -1593,7 +1593,9 @@ fn crash_appends_truncates_bigalloc() {
 /// The random concurrent sweep on bigalloc (1 KiB blocks, 16 KiB clusters), recovered
 /// by rext4, the kernel and e2fsck. CI runs 30 steps per thread; the long run
 /// (≥ 5,000 images): `REXT4_CRASH_MIN_IMAGES=5000 REXT4_CRASH_VARIANTS=10
-/// REXT4_CRASH_STEPS=120`, in release.
+/// REXT4_CRASH_STEPS=120` built 8,592 images from 802 flush points, all recovered
+/// (rext4 4,267, the kernel 1,977, e2fsck 2,348) and checked (39 minutes, debug build,
+/// on a loaded 2-core machine).
 #[test]
 fn crash_random_ops_bigalloc() {
     random_ops_sweep("random-ops-bigalloc", random_ops(bigalloc_base_image(), 30));
