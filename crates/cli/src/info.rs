@@ -154,8 +154,14 @@ pub fn render(fs: &Fs) -> String {
     line("Free inodes", sb.free_inodes_count.to_string());
     line("First block", sb.first_data_block.to_string());
     line("Block size", sb.block_size().to_string());
+    // dumpe2fs names the unit a cluster with bigalloc, a fragment without.
+    let bigalloc = sb.has_ro_compat(feature::RO_COMPAT_BIGALLOC);
     line(
-        "Fragment size",
+        if bigalloc {
+            "Cluster size"
+        } else {
+            "Fragment size"
+        },
         (1024u64 << sb.log_cluster_size.min(20)).to_string(),
     );
     if sb.has_incompat(feature::INCOMPAT_64BIT) {
@@ -165,7 +171,14 @@ pub fn render(fs: &Fs) -> String {
         line("Reserved GDT blocks", sb.reserved_gdt_blocks.to_string());
     }
     line("Blocks per group", sb.blocks_per_group.to_string());
-    line("Fragments per group", sb.clusters_per_group.to_string());
+    line(
+        if bigalloc {
+            "Clusters per group"
+        } else {
+            "Fragments per group"
+        },
+        sb.clusters_per_group.to_string(),
+    );
     line("Inodes per group", sb.inodes_per_group.to_string());
     let ipb = u64::from(sb.block_size()) / u64::from(sb.inode_size.max(1));
     line(

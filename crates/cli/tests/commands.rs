@@ -100,6 +100,23 @@ fn info_matches_dumpe2fs() {
             "debian 4k ea_inode",
             MkfsOptions::new(4096, 32 << 20).arg("-O").arg("ea_inode"),
         ),
+        // "Cluster size" and "Clusters per group" in place of the fragment lines.
+        (
+            "debian 4k bigalloc 64k",
+            MkfsOptions::new(4096, 64 << 20)
+                .arg("-O")
+                .arg("bigalloc")
+                .arg("-C")
+                .arg("65536"),
+        ),
+        (
+            "debian 1k bigalloc 16k",
+            MkfsOptions::new(1024, 32 << 20)
+                .arg("-O")
+                .arg("bigalloc")
+                .arg("-C")
+                .arg("16384"),
+        ),
     ];
     for (label, opts) in cases {
         let img = mkfs(&opts).expect("mkfs");

@@ -10,6 +10,17 @@
 //! holds it (`BufferCache::update`): a change checks everything it needs first, so a
 //! refused one (a double free) leaves the bitmap as it was.
 //!
+//! bigalloc: a bitmap bit and a descriptor's free count stand for a cluster (2^n
+//! blocks, `Superblock::cluster_bits`), the superblock's free count for blocks (whole
+//! clusters). Everything here takes and gives whole clusters: an allocation returns a
+//! run starting at a cluster's first block, and every cluster it touches is taken (a
+//! caller that wants fewer blocks still owns the rest of the last cluster, as an xattr
+//! or extent-tree block owns its whole cluster on the kernel); a free gives back every
+//! cluster its range touches, so callers free a cluster only once none of its blocks
+//! is used (`inode_write::unmap_range`). Which block inside a cluster a file's data
+//! takes (the kernel's rule: the offset of its logical block in its logical cluster)
+//! is the caller's (`inode_write::alloc_data_run`).
+//!
 //! Policy (in the spirit of mballoc, simplified): block allocation is goal-directed —
 //! the search starts at the goal block (the file's previous physical block + 1, or its
 //! inode's group) and takes the first free run there, extended up to the wanted length;
@@ -81,19 +92,41 @@ impl Fs {
         (data.div_ceil(u64::from(sb.blocks_per_group)) as usize).min(self.inner.groups.len())
     }
 
-    /// Blocks of group `g` allocation may use (its first ones: `alloc_end` cuts the last
-    /// usable group short).
+    /// Clusters (blocks without bigalloc) of group `g` allocation may use (its first
+    /// ones: `alloc_end` cuts the last usable group short).
     fn alloc_span(&self, g: usize) -> u64 {
         let sb = &self.inner.sb;
         let first = sb.group_first_block(g as u64);
-        sb.blocks_in_group(g as u64)
-            .min(self.alloc_end().saturating_sub(first))
+        sb.clusters_in_group(g as u64)
+            .min(self.alloc_end().saturating_sub(first).div_ceil(sb.cluster_ratio()))
     }
 
     fn group_of_block(&self, blk: u64) -> usize {
         let sb = &self.inner.sb;
         (blk.saturating_sub(u64::from(sb.first_data_block)) / u64::from(sb.blocks_per_group))
             as usize
+    }
+
+    /// log2 of the blocks in a cluster (0 without bigalloc).
+    pub(crate) fn cluster_bits(&self) -> u32 {
+        self.inner.sb.cluster_bits()
+    }
+
+    /// Take up to `want` clusters' worth of blocks under this thread's claim
+    /// (`space`): the whole clusters admitted (≥ 1), the rest of a partial admission
+    /// given back.
+    fn admit_clusters(&self, want: u64) -> Result<u64> {
+        let cb = self.cluster_bits();
+        let got = self.inner.space.admit(want << cb)?;
+        let whole = got >> cb;
+        if got != whole << cb {
+            self.inner.space.freed(got - (whole << cb));
+        }
+        if whole == 0 {
+            crate::fs::space::note_refusal("less than a cluster was left to admit");
+            return Err(Error::NoSpace);
+        }
+        Ok(whole)
     }
 
     /// The bitmap a BLOCK_UNINIT group implicitly has: the filesystem's own blocks
@@ -103,15 +136,16 @@ impl Fs {
     pub(crate) fn uninit_block_bitmap(&self, g: usize) -> Vec<u8> {
         let sb = &self.inner.sb;
         let bs = self.inner.block_size as usize;
+        let cb = sb.cluster_bits();
         let mut b = vec![0u8; bs];
         let first = sb.group_first_block(g as u64);
         let n = sb.blocks_in_group(g as u64);
         for (s, e) in self.system_zone_in(first, first + n) {
             for x in s..e {
-                bitmap::set(&mut b, x - first, true);
+                bitmap::set(&mut b, (x - first) >> cb, true);
             }
         }
-        for x in n..(bs as u64 * 8) {
+        for x in sb.clusters_in_group(g as u64)..(bs as u64 * 8) {
             bitmap::set(&mut b, x, true);
         }
         b
@@ -232,7 +266,9 @@ impl Fs {
     pub(crate) fn alloc_blocks(&self, goal: u64, max_len: u32) -> Result<(u64, u32)> {
         self.check_writable()?;
         self.inner.prefetch.allocations.fetch_add(1, Relaxed);
-        let want = u64::from(max_len.max(1));
+        // Counted in clusters (blocks without bigalloc) from here on.
+        let cb = self.cluster_bits();
+        let want = u64::from(max_len.max(1)).div_ceil(1 << cb);
         // First a free run long enough for the whole request (up to 8 MiB of blocks),
         // so large writes come out contiguous instead of filling small holes; then any
         // free block. Each first where it costs no I/O, then anywhere (`prefetch`).
@@ -248,8 +284,9 @@ impl Fs {
         };
         for &n in passes {
             for &at_hand in at_hand_passes {
-                if let Some(r) = self.alloc_pass(goal, want, n, at_hand, &mut budget)? {
-                    return Ok(r);
+                if let Some((c, n)) = self.alloc_pass(goal, want, n, at_hand, &mut budget)? {
+                    let len = (u64::from(n) << cb).min(u64::from(max_len.max(1)));
+                    return Ok((c << cb, len as u32));
                 }
             }
         }
@@ -264,6 +301,7 @@ impl Fs {
     pub(crate) fn alloc_meta_block(&self, goal: u64) -> Result<u64> {
         self.check_writable()?;
         let sb = &self.inner.sb;
+        let cb = sb.cluster_bits();
         let ngroups = self.alloc_groups();
         let goal = goal.clamp(u64::from(sb.first_data_block), self.alloc_end() - 1);
         let g0 = self.group_of_block(goal);
@@ -279,19 +317,20 @@ impl Fs {
             let found = {
                 let busy = self.inner.busy();
                 (0..n).rev().find(|&x| {
-                    !bitmap::test(&b, x) && busy.first_in(first + x, first + x + 1).is_none()
+                    let at = first + (x << cb);
+                    !bitmap::test(&b, x) && busy.first_in(at, at + (1 << cb)).is_none()
                 })
             };
             drop(b);
             let Some(x) = found else { continue };
-            self.inner.space.admit(1)?;
+            self.admit_clusters(1)?;
             self.change_block_bitmap(g, &mut grp, |b| bitmap::set(b, x, true))?;
             grp.desc.free_blocks_count = grp.desc.free_blocks_count.saturating_sub(1);
             drop(grp);
             let mut live = self.live();
-            live.sb.free_blocks_count = live.sb.free_blocks_count.saturating_sub(1);
+            live.sb.free_blocks_count = live.sb.free_blocks_count.saturating_sub(1 << cb);
             live.dirty = true;
-            return Ok(first + x);
+            return Ok(first + (x << cb));
         }
         crate::fs::space::note_refusal("no free tree block that is not busy");
         Err(Error::NoSpace)
@@ -300,8 +339,9 @@ impl Fs {
     /// The first usable (free, not busy) block of group `g`, without allocating it.
     pub(crate) fn first_free_in_group(&self, g: usize) -> Result<Option<u64>> {
         let sb = &self.inner.sb;
+        let cb = sb.cluster_bits();
         let first = sb.group_first_block(g as u64);
-        let n = sb.blocks_in_group(g as u64);
+        let n = sb.clusters_in_group(g as u64);
         let grp = self.group(g)?;
         if grp.desc.free_blocks_count == 0 {
             return Ok(None);
@@ -314,16 +354,18 @@ impl Fs {
                 x += 8;
                 continue;
             }
-            if !bitmap::test(&b, x) && busy.first_in(first + x, first + x + 1).is_none() {
-                return Ok(Some(first + x));
+            let at = first + (x << cb);
+            if !bitmap::test(&b, x) && busy.first_in(at, at + (1 << cb)).is_none() {
+                return Ok(Some(at));
             }
             x += 1;
         }
         Ok(None)
     }
 
-    /// Take the first run of at least `need` usable blocks (free and not busy) at or
-    /// after `goal` (wrapping around the filesystem), up to `want` blocks long. With
+    /// Take the first run of at least `need` usable clusters (free and not busy) at or
+    /// after the cluster of block `goal` (wrapping around the filesystem), up to `want`
+    /// clusters long (blocks without bigalloc). Returns (first cluster, clusters). With
     /// `at_hand`, only in the goal group and groups whose bitmap costs no read to search
     /// (`Fs::bitmap_at_hand`); otherwise a bitmap that is not cached brings in a batch
     /// of the next ones while `budget` (groups this allocation may still prefetch)
@@ -337,6 +379,7 @@ impl Fs {
         budget: &mut usize,
     ) -> Result<Option<(u64, u32)>> {
         let sb = &self.inner.sb;
+        let cb = sb.cluster_bits();
         let ngroups = self.alloc_groups();
         let goal = goal.clamp(u64::from(sb.first_data_block), self.alloc_end() - 1);
         let g0 = self.group_of_block(goal);
@@ -369,14 +412,18 @@ impl Fs {
             let b = self.block_bitmap(g, &grp)?;
             // The goal group is searched from the goal first, and again from its start
             // when the search comes back round to it.
+            // (Only the goal's own group holds the goal: no other subtracts it.)
+            let goal_x = goal.saturating_sub(first) >> cb;
             let (from, to) = match i {
-                0 => (goal - first, n),
-                _ if i == ngroups => (0, (goal - first).min(n)),
+                0 => (goal_x, n),
+                _ if i == ngroups => (0, goal_x.min(n)),
                 _ => (0, n),
             };
             let busy = self.inner.busy();
-            let usable =
-                |x: u64| !bitmap::test(&b, x) && busy.first_in(first + x, first + x + 1).is_none();
+            let usable = |x: u64| {
+                let at = first + (x << cb);
+                !bitmap::test(&b, x) && busy.first_in(at, at + (1 << cb)).is_none()
+            };
             let mut x = from;
             let mut found = None;
             let mut met_busy = false;
@@ -389,10 +436,12 @@ impl Fs {
                     // A busy run (free in the bitmap, freed by the running
                     // transaction) is skipped in one step: many frees since the last
                     // commit must not make every allocation walk them bit by bit.
-                    x = match busy.run_end(first + x) {
+                    let at = first + (x << cb);
+                    let busy_at = busy.first_in(at, at + (1 << cb));
+                    x = match busy_at.and_then(|f| busy.run_end(f)) {
                         Some(end) if !bitmap::test(&b, x) => {
                             met_busy = true;
-                            (end - first).max(x + 1)
+                            (end - first).div_ceil(1 << cb).max(x + 1)
                         }
                         _ => x + 1,
                     };
@@ -420,7 +469,7 @@ impl Fs {
             let Some((x, len)) = found else { continue };
             // Free is not the same as available: what is promised or kept back
             // (`space`) is not this claim's to take.
-            let len = self.inner.space.admit(len)?;
+            let len = self.admit_clusters(len)?;
             self.change_block_bitmap(g, &mut grp, |b| {
                 for k in x..x + len {
                     bitmap::set(b, k, true);
@@ -429,18 +478,19 @@ impl Fs {
             grp.desc.free_blocks_count = grp.desc.free_blocks_count.saturating_sub(len as u32);
             drop(grp);
             let mut live = self.live();
-            live.sb.free_blocks_count = live.sb.free_blocks_count.saturating_sub(len);
+            live.sb.free_blocks_count = live.sb.free_blocks_count.saturating_sub(len << cb);
             live.dirty = true;
-            return Ok(Some((first + x, len as u32)));
+            return Ok(Some(((first >> cb) + x, len as u32)));
         }
         Ok(None)
     }
 
-    /// Return `len` blocks starting at `start` to the free pool.
+    /// Return `len` blocks starting at `start` to the free pool: with bigalloc, every
+    /// cluster the range touches (the caller knows no block of them is still used).
     pub(crate) fn free_blocks(&self, start: u64, len: u64) -> Result<()> {
         self.check_writable()?;
         let sb = &self.inner.sb;
-        let mut blk = start;
+        let cb = sb.cluster_bits();
         let end = start.saturating_add(len);
         if start < u64::from(sb.first_data_block) || end > sb.blocks_count {
             return Err(Error::corrupted(
@@ -448,6 +498,13 @@ impl Fs {
                 None,
             ));
         }
+        // Whole clusters from here on (the last one may be short).
+        let (start, end) = (
+            (start >> cb) << cb,
+            (end.div_ceil(1 << cb) << cb).min(sb.blocks_count),
+        );
+        let len = end - start;
+        let mut blk = start;
         if self.in_system_zone(start, len) {
             return Err(Error::corrupted(
                 format!("freeing blocks {start}+{len}: filesystem metadata, not file data"),
@@ -463,21 +520,23 @@ impl Fs {
             let g = self.group_of_block(blk);
             let first = sb.group_first_block(g as u64);
             let gend = (first + sb.blocks_in_group(g as u64)).min(end);
+            // Bits [x0, x1) of the group's bitmap.
+            let (x0, x1) = ((blk - first) >> cb, (gend - first).div_ceil(1 << cb));
             let mut grp = self.group(g)?;
-            // Every block is checked before any is cleared: a refused free changes
+            // Every bit is checked before any is cleared: a refused free changes
             // nothing.
             let b = self.block_bitmap(g, &grp)?;
-            if let Some(x) = (blk..gend).find(|&x| !bitmap::test(&b, x - first)) {
+            if let Some(x) = (x0..x1).find(|&x| !bitmap::test(&b, x)) {
                 return Err(Error::corrupted(
-                    format!("freeing free block {x}"),
+                    format!("freeing free block {}", first + (x << cb)),
                     Some(grp.desc.block_bitmap),
                 ));
             }
             drop(b);
-            let freed = (gend - blk) as u32;
+            let freed = (x1 - x0) as u32;
             self.change_block_bitmap(g, &mut grp, |b| {
-                for x in blk..gend {
-                    bitmap::set(b, x - first, false);
+                for x in x0..x1 {
+                    bitmap::set(b, x, false);
                 }
             })?;
             grp.desc.free_blocks_count = grp.desc.free_blocks_count.saturating_add(freed);
@@ -485,14 +544,15 @@ impl Fs {
             // bitmap just changed, cached) and keep the larger bound.
             if let Some(l) = grp.longest_free {
                 let b = self.block_bitmap(g, &grp)?;
-                let n = sb.blocks_in_group(g as u64);
-                let around = crate::fs::prefetch::free_run_around(&b, blk - first, gend - first, n);
+                let n = sb.clusters_in_group(g as u64);
+                let around = crate::fs::prefetch::free_run_around(&b, x0, x1, n);
                 grp.longest_free = Some(l.max(u32::try_from(around).unwrap_or(u32::MAX)));
             }
             drop(grp);
-            self.inner.space.freed(u64::from(freed));
+            let freed = u64::from(freed) << cb;
+            self.inner.space.freed(freed);
             let mut live = self.live();
-            live.sb.free_blocks_count = live.sb.free_blocks_count.saturating_add(u64::from(freed));
+            live.sb.free_blocks_count = live.sb.free_blocks_count.saturating_add(freed);
             live.dirty = true;
             blk = gend;
         }
@@ -522,6 +582,7 @@ impl Fs {
         if first_blk >= end_blk {
             return Ok(0);
         }
+        let cb = sb.cluster_bits();
         for g in self.group_of_block(first_blk)..=self.group_of_block(end_blk - 1) {
             let first = sb.group_first_block(g as u64);
             let n = sb.blocks_in_group(g as u64);
@@ -530,6 +591,17 @@ impl Fs {
                 continue;
             }
             let b = self.block_bitmap(g, &grp)?;
+            // Blocks [from, to) of the group, looked up by their clusters' bits.
+            let b: Arc<[u8]> = if cb == 0 {
+                b
+            } else {
+                // A bitmap by block, so the walk below stays in blocks.
+                let mut by_block = vec![0u8; (n as usize).div_ceil(8)];
+                for x in 0..n {
+                    bitmap::set(&mut by_block, x, bitmap::test(&b, x >> cb));
+                }
+                by_block.into()
+            };
             let from = first_blk.max(first) - first;
             let to = end_blk.min(first + n) - first;
             let mut runs = Vec::new();
@@ -587,7 +659,8 @@ impl Fs {
             // inodes and blocks, so directories spread out.
             let live = self.live();
             let avg_i = live.sb.free_inodes_count / ngroups as u32;
-            let avg_b = live.sb.free_blocks_count / ngroups as u64;
+            // The groups count clusters, the superblock blocks.
+            let avg_b = (live.sb.free_blocks_count >> sb.cluster_bits()) / ngroups as u64;
             drop(live);
             (1..=ngroups)
                 .map(|i| (pg + i) % ngroups)
@@ -810,35 +883,42 @@ impl Fs {
                 None,
             ));
         }
+        // Whole clusters (bigalloc).
+        let cb = sb.cluster_bits();
+        let (start, end) = (
+            (start >> cb) << cb,
+            (end.div_ceil(1 << cb) << cb).min(sb.blocks_count),
+        );
         let mut blk = start;
         while blk < end {
             let g = self.group_of_block(blk);
             let first = sb.group_first_block(g as u64);
             let gend = (first + sb.blocks_in_group(g as u64)).min(end);
+            let (x0, x1) = ((blk - first) >> cb, (gend - first).div_ceil(1 << cb));
             let mut grp = self.group(g)?;
             let b = self.block_bitmap(g, &grp)?;
-            if let Some(x) = (blk..gend).find(|&x| bitmap::test(&b, x - first)) {
+            if let Some(x) = (x0..x1).find(|&x| bitmap::test(&b, x)) {
                 return Err(Error::corrupted(
-                    format!("block {x} is in use already"),
+                    format!("block {} is in use already", first + (x << cb)),
                     Some(grp.desc.block_bitmap),
                 ));
             }
             drop(b);
-            let n = gend - blk;
+            let n = x1 - x0;
             let _c = crate::fs::space::claim_as(crate::fs::space::Claim::NoFail);
-            if self.inner.space.admit(n)? < n {
+            if self.inner.space.admit(n << cb)? < n << cb {
                 return Err(Error::NoSpace);
             }
             self.change_block_bitmap(g, &mut grp, |b| {
-                for x in blk..gend {
-                    bitmap::set(b, x - first, true);
+                for x in x0..x1 {
+                    bitmap::set(b, x, true);
                 }
             })?;
             grp.desc.free_blocks_count = grp.desc.free_blocks_count.saturating_sub(n as u32);
             grp.longest_free = None;
             drop(grp);
             let mut live = self.live();
-            live.sb.free_blocks_count = live.sb.free_blocks_count.saturating_sub(n);
+            live.sb.free_blocks_count = live.sb.free_blocks_count.saturating_sub(n << cb);
             live.dirty = true;
             blk = gend;
         }
@@ -851,7 +931,7 @@ impl Fs {
         let first = self.inner.sb.group_first_block(g as u64);
         let grp = self.group(g)?;
         let b = self.block_bitmap(g, &grp)?;
-        Ok(bitmap::test(&b, blk - first))
+        Ok(bitmap::test(&b, (blk - first) >> self.cluster_bits()))
     }
 
     /// Mark inode `ino`, free in its bitmap, as used (a journal replay found it live):

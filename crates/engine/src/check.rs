@@ -80,8 +80,9 @@ impl Fs {
                             wide,
                         )?;
                     }
-                    let valid = sb.blocks_in_group(g);
-                    bitmap::verify_padding(b, valid, u64::from(sb.blocks_per_group))?;
+                    // A bit per cluster (per block without bigalloc).
+                    let valid = sb.clusters_in_group(g);
+                    bitmap::verify_padding(b, valid, u64::from(sb.clusters_per_group))?;
                     Ok(())
                 });
                 if let Err(e) = r {
@@ -152,15 +153,16 @@ impl Fs {
                     .read(gd.block_bitmap, Kind::Bitmap, |_| Ok(()))?
                     .to_vec()
             };
-            let n = sb.blocks_in_group(g as u64);
+            // Bits and the group's count are clusters, the superblock's total blocks.
+            let n = sb.clusters_in_group(g as u64);
             let fb = n - bitmap::count_set(&bb, n);
             if fb != u64::from(gd.free_blocks_count) {
                 diffs.push(format!(
-                    "group {g}: {} free blocks counted, the bitmap has {fb}",
+                    "group {g}: {} free clusters counted, the bitmap has {fb}",
                     gd.free_blocks_count
                 ));
             }
-            free_blocks += fb;
+            free_blocks += fb << sb.cluster_bits();
             let (fi, dirs) = if gd.has_flag(FLAG_INODE_UNINIT) {
                 (ipg, 0)
             } else {

@@ -350,21 +350,23 @@ impl<'a, S: BlockStore> ExtentTree<'a, S> {
 
     fn alloc_tree_block(&mut self, goal: u64) -> Result<u64> {
         let (b, _) = self.store.alloc(goal, 1)?;
-        *self.blocks_512 += self.sectors_per_block();
+        *self.blocks_512 += self.sectors_per_block() * self.store.tree_block_weight();
         Ok(b)
     }
 
     fn free_tree_block(&mut self, b: u64) -> Result<()> {
         self.store.free(b, 1)?;
-        *self.blocks_512 = self.blocks_512.saturating_sub(self.sectors_per_block());
+        *self.blocks_512 = self
+            .blocks_512
+            .saturating_sub(self.sectors_per_block() * self.store.tree_block_weight());
         Ok(())
     }
 
     fn free_data(&mut self, start: u64, len: u64) -> Result<()> {
-        self.store.free(start, len)?;
+        let gone = self.store.free_data(start, len)?;
         *self.blocks_512 = self
             .blocks_512
-            .saturating_sub(len * self.sectors_per_block());
+            .saturating_sub(gone * self.sectors_per_block());
         Ok(())
     }
 

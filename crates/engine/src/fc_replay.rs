@@ -162,6 +162,13 @@ impl Fs {
     pub(crate) fn replay_fast_commits(&self, tags: &[Tag]) -> Result<FcReplay> {
         let w = self.write_lock();
         self.check_writable()?;
+        if self.cluster_bits() > 0 && !tags.is_empty() {
+            // Its bitmap settling works block by block; a cluster two extents share
+            // would be freed under one of them.
+            return Err(Error::Unsupported(
+                "fast-commit replay on a bigalloc image: replay it with e2fsck first".into(),
+            ));
+        }
         self.check_fast_commits(tags)?;
         let mut r = Replay {
             fs: self,
@@ -389,7 +396,11 @@ impl<'a> Replay<'a> {
         let fs = self.fs;
         let seed = fs.owned_seed(ino, inode);
         let mut store = Noting {
-            inner: FsBlocks { fs, seed },
+            inner: FsBlocks {
+                fs,
+                seed,
+                clusters: Default::default(),
+            },
             released: &mut self.released,
         };
         let mut blocks = inode.blocks_raw;
@@ -600,7 +611,11 @@ impl<'a> Replay<'a> {
         let bs = u64::from(fs.inner.block_size);
         let mapped = {
             let seed = fs.owned_seed(ino, inode);
-            let mut store = FsBlocks { fs, seed };
+            let mut store = FsBlocks {
+                fs,
+                seed,
+                clusters: Default::default(),
+            };
             let mut root = inode.block;
             let mut blocks = inode.blocks_raw;
             let t = ExtentTree::new(&mut store, &mut root, seed, &mut blocks);

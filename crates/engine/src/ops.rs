@@ -1947,9 +1947,11 @@ impl Fs {
                     let want_blk = len
                         .min(end.div_ceil(bs) - lblk)
                         .min(u64::from(rext4_format::extent::MAX_INIT_LEN));
-                    let goal = self.data_goal(ino, inode, lblk);
-                    let (p, got) = self.alloc_blocks(goal, want_blk as u32)?;
-                    let got = u64::from(got);
+                    let mut alloc = |goal: u64, n: u32| self.alloc_blocks(goal, n);
+                    let run = crate::fs::inode_write::alloc_data_run(
+                        self, ino, inode, lblk, want_blk, &mut alloc,
+                    )?;
+                    let (p, got) = (run.physical, run.len);
                     let run_end = ((lblk + got) * bs).min(end);
                     let start_in = (pos_now - lblk * bs) as usize;
                     let n = (run_end - pos_now) as usize;
@@ -1962,7 +1964,7 @@ impl Fs {
                     ) {
                         // The blocks hold nothing of the file yet: give them back, so
                         // the failed write leaves no block allocated to no one.
-                        let _ = self.free_blocks(p, got);
+                        crate::fs::inode_write::undo_data_run(self, &run);
                         return Err(e);
                     }
                     let ext = Extent {
@@ -1972,10 +1974,10 @@ impl Fs {
                         unwritten: false,
                     };
                     if let Err(e) = with_tree(self, ino, inode, |t| t.insert(ext)) {
-                        let _ = self.free_blocks(p, got);
+                        crate::fs::inode_write::undo_data_run(self, &run);
                         return Err(e);
                     }
-                    inode.blocks_raw += got * bs / 512;
+                    inode.blocks_raw += run.fresh * bs / 512;
                     *pos = run_end;
                 }
             }
@@ -2092,10 +2094,12 @@ impl Fs {
     /// written back and dropped from the page cache first, then the extents move in
     /// one transaction.
     fn shift_range(&self, ino: Ino, mode: FallocMode, offset: u64, len: u64) -> Result<()> {
+        // Whole clusters with bigalloc, as the kernel asks.
         let bs = u64::from(self.inner.block_size);
-        if !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
+        let unit = bs << self.cluster_bits();
+        if !offset.is_multiple_of(unit) || !len.is_multiple_of(unit) {
             return Err(Error::InvalidInput(
-                "collapse/insert range: offset and length must be whole blocks".into(),
+                "collapse/insert range: offset and length must be whole blocks (clusters)".into(),
             ));
         }
         let inode = self.read_live_inode(ino)?;
@@ -2154,20 +2158,22 @@ impl Fs {
                     let want = len
                         .min(end - l)
                         .min(u64::from(rext4_format::extent::MAX_UNWRITTEN_LEN));
-                    let goal = self.data_goal(ino, inode, l);
-                    let (p, got) = self.alloc_blocks(goal, want as u32)?;
+                    let mut alloc = |goal: u64, n: u32| self.alloc_blocks(goal, n);
+                    let run = crate::fs::inode_write::alloc_data_run(
+                        self, ino, inode, l, want, &mut alloc,
+                    )?;
                     let ext = Extent {
                         logical: l as u32,
-                        len: got as u16,
-                        physical: p,
+                        len: run.len as u16,
+                        physical: run.physical,
                         unwritten: true,
                     };
                     if let Err(e) = with_tree(self, ino, inode, |t| t.insert(ext)) {
-                        let _ = self.free_blocks(p, u64::from(got));
+                        crate::fs::inode_write::undo_data_run(self, &run);
                         return Err(e);
                     }
-                    inode.blocks_raw += u64::from(got) * u64::from(self.inner.block_size) / 512;
-                    l += u64::from(got);
+                    inode.blocks_raw += run.fresh * u64::from(self.inner.block_size) / 512;
+                    l += run.len;
                 }
             }
         }

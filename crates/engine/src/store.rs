@@ -28,6 +28,17 @@ pub trait BlockStore {
     fn alloc(&mut self, goal: u64, max_len: u32) -> Result<(u64, u32)>;
     /// Free `len` blocks starting at `start`.
     fn free(&mut self, start: u64, len: u64) -> Result<()>;
+    /// Free the data blocks `[start, start + len)` a file no longer maps: how many
+    /// blocks its i_blocks loses. With bigalloc a store gives back only the clusters
+    /// no block of the file still uses, and counts whole clusters.
+    fn free_data(&mut self, start: u64, len: u64) -> Result<u64> {
+        self.free(start, len)?;
+        Ok(len)
+    }
+    /// Blocks a tree block counts for in i_blocks (a whole cluster with bigalloc).
+    fn tree_block_weight(&self) -> u64 {
+        1
+    }
 }
 
 /// Services the directory code needs for one directory inode.

@@ -687,7 +687,8 @@ impl Fs {
         }
         if let Some(b) = new_blk {
             inode.file_acl = b;
-            inode.blocks_raw += bs as u64 / 512;
+            // The block's whole cluster (bigalloc).
+            inode.blocks_raw += (bs as u64 / 512) << self.cluster_bits();
         }
         self.charge_values(&mut inode, &old, &all);
         inode.ctime = self.now();
@@ -715,7 +716,8 @@ impl Fs {
     /// (`after`); quota accounting belongs here too. (A file's final free takes its
     /// charges with it: `release_xattrs`.)
     fn charge_values(&self, inode: &mut Inode, before: &[fx::Xattr], after: &[fx::Xattr]) {
-        let bs = self.inner.block_size;
+        // Charged in clusters with bigalloc.
+        let bs = self.inner.block_size << self.cluster_bits();
         let charge = |attrs: &[fx::Xattr]| -> u64 {
             attrs
                 .iter()
@@ -758,9 +760,11 @@ impl Fs {
             let nblocks = value.len().div_ceil(bs) as u64;
             let mut lblk = 0u64;
             while lblk < nblocks {
-                let goal = self.data_goal(ino, &e, lblk);
-                let want = (nblocks - lblk).min(u64::from(u16::MAX >> 1)) as u32;
-                let (p, n) = self.alloc_blocks(goal, want)?;
+                let want = (nblocks - lblk).min(u64::from(u16::MAX >> 1));
+                let mut alloc = |goal: u64, n: u32| self.alloc_blocks(goal, n);
+                let run =
+                    crate::fs::inode_write::alloc_data_run(self, ino, &e, lblk, want, &mut alloc)?;
+                let (p, n) = (run.physical, run.len as u32);
                 let put = with_tree(self, ino, &mut e, |t| {
                     t.insert(Extent {
                         logical: lblk as u32,
@@ -770,10 +774,10 @@ impl Fs {
                     })
                 });
                 if let Err(err) = put {
-                    let _ = self.free_blocks(p, u64::from(n));
+                    crate::fs::inode_write::undo_data_run(self, &run);
                     return Err(err);
                 }
-                e.blocks_raw += u64::from(n) * bs as u64 / 512;
+                e.blocks_raw += run.fresh * bs as u64 / 512;
                 self.write_inode(ino, &e)?;
                 let from = lblk as usize * bs;
                 let to = (from + n as usize * bs).min(value.len());
@@ -896,7 +900,7 @@ impl Fs {
         inode.file_acl = 0;
         inode.blocks_raw = inode
             .blocks_raw
-            .saturating_sub(u64::from(self.inner.block_size) / 512);
+            .saturating_sub((u64::from(self.inner.block_size) / 512) << self.cluster_bits());
         Ok(values)
     }
 }

@@ -359,6 +359,25 @@ fn fsx_direct_io_ext3_4k_blocks() {
     }
 }
 
+/// bigalloc: 4 KiB blocks in 64 KiB clusters and 1 KiB blocks in 16 KiB clusters (the
+/// writes land inside clusters the file has, punches and truncates cut them).
+#[test]
+fn fsx_direct_io_bigalloc() {
+    for s in seeds() {
+        for (k, (bs, cl)) in [(4096u32, "65536"), (1024, "16384")]
+            .into_iter()
+            .enumerate()
+        {
+            let opts = MkfsOptions::new(bs, 32 << 20)
+                .arg("-O")
+                .arg("bigalloc")
+                .arg("-C")
+                .arg(cl);
+            run_seed_on(s + 500 + 50 * k as u64, ops(), opts, false);
+        }
+    }
+}
+
 /// The image itself O_DIRECT (`FsOptions::direct_io`): batches go to the device through
 /// aligned buffers on the O_DIRECT descriptor, the rest through the buffered one.
 #[test]

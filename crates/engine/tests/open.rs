@@ -169,22 +169,3 @@ fn journal_needing_recovery_opens_read_only_with_a_warning() {
     let _ = std::fs::remove_file(&crash);
     assert!(r.clean, "{}", r.output);
 }
-
-#[test]
-fn bigalloc_is_refused_by_name() {
-    let img = match mkfs(
-        &MkfsOptions::new(4096, 64 << 20)
-            .arg("-O")
-            .arg("bigalloc")
-            .arg("-C")
-            .arg("65536"),
-    ) {
-        Ok(i) => i,
-        Err(e) => return skip(&format!("mkfs -O bigalloc: {e}")),
-    };
-    match Fs::open(img.path()) {
-        Err(rext4::Error::Unsupported(m)) => assert!(m.contains("bigalloc"), "{m}"),
-        Err(e) => panic!("wrong error: {e}"),
-        Ok(_) => panic!("opened a bigalloc image"),
-    }
-}

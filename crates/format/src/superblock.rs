@@ -158,7 +158,8 @@ pub const RO_COMPAT_SUPPORTED: u32 = RO_COMPAT_SPARSE_SUPER
     | RO_COMPAT_DIR_NLINK
     | RO_COMPAT_EXTRA_ISIZE
     | RO_COMPAT_METADATA_CSUM
-    | RO_COMPAT_ORPHAN_PRESENT;
+    | RO_COMPAT_ORPHAN_PRESENT
+    | RO_COMPAT_BIGALLOC;
 
 /// The outcome of the feature gate.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -388,15 +389,61 @@ impl Superblock {
             format!("block size 2^(10+{}) is out of range", self.log_block_size)
         })?;
         let bs = self.block_size();
-        ensure(
-            self.blocks_per_group >= 8 && self.blocks_per_group <= bs * 8,
-            || {
+        if self.has_ro_compat(RO_COMPAT_BIGALLOC) {
+            // Clusters of 2^0..2^16 blocks, at most 2^30 bytes (the kernel's
+            // EXT4_MAX_CLUSTER_LOG_SIZE); the bitmap holds a bit per cluster.
+            ensure(
+                self.log_cluster_size >= self.log_block_size
+                    && self.log_cluster_size - self.log_block_size <= 16
+                    && self.log_cluster_size <= 20,
+                || {
+                    format!(
+                        "cluster size 2^(10+{}) is out of range for block size {bs}",
+                        self.log_cluster_size
+                    )
+                },
+            )?;
+            ensure(
+                self.clusters_per_group >= 8
+                    && self.clusters_per_group <= bs * 8
+                    && self.clusters_per_group.is_multiple_of(8),
+                || {
+                    format!(
+                        "clusters per group {} out of range for block size {bs}",
+                        self.clusters_per_group
+                    )
+                },
+            )?;
+            ensure(
+                u64::from(self.clusters_per_group) << self.cluster_bits()
+                    == u64::from(self.blocks_per_group),
+                || {
+                    format!(
+                        "blocks per group {} is not clusters per group {} x {}",
+                        self.blocks_per_group,
+                        self.clusters_per_group,
+                        self.cluster_ratio()
+                    )
+                },
+            )?;
+            // Cluster arithmetic counts from block 0 (mke2fs makes it so).
+            ensure(self.first_data_block == 0, || {
                 format!(
-                    "blocks per group {} out of range for block size {bs}",
-                    self.blocks_per_group
+                    "first data block {} with bigalloc (must be 0)",
+                    self.first_data_block
                 )
-            },
-        )?;
+            })?;
+        } else {
+            ensure(
+                self.blocks_per_group >= 8 && self.blocks_per_group <= bs * 8,
+                || {
+                    format!(
+                        "blocks per group {} out of range for block size {bs}",
+                        self.blocks_per_group
+                    )
+                },
+            )?;
+        }
         ensure(self.blocks_per_group.is_multiple_of(8), || {
             "blocks per group not a multiple of 8".into()
         })?;
@@ -408,7 +455,8 @@ impl Superblock {
         ensure(isz >= 128 && isz <= bs && isz.is_power_of_two(), || {
             format!("inode size {isz} invalid")
         })?;
-        ensure(self.first_data_block == u32::from(bs == 1024), || {
+        let want_first = u32::from(bs == 1024 && !self.has_ro_compat(RO_COMPAT_BIGALLOC));
+        ensure(self.first_data_block == want_first, || {
             format!(
                 "first data block {} wrong for block size {bs}",
                 self.first_data_block
@@ -579,6 +627,24 @@ impl Superblock {
     pub fn block_size(&self) -> u32 {
         1024u32 << self.log_block_size.min(6)
     }
+    /// log2 of the blocks in a cluster: 0 without bigalloc (a cluster is a block).
+    pub fn cluster_bits(&self) -> u32 {
+        if self.has_ro_compat(RO_COMPAT_BIGALLOC) {
+            self.log_cluster_size
+                .saturating_sub(self.log_block_size)
+                .min(16)
+        } else {
+            0
+        }
+    }
+    /// Blocks in a cluster (1 without bigalloc).
+    pub fn cluster_ratio(&self) -> u64 {
+        1u64 << self.cluster_bits()
+    }
+    /// Clusters in group `g` (the last group may be short): bits in its block bitmap.
+    pub fn clusters_in_group(&self, g: u64) -> u64 {
+        self.blocks_in_group(g).div_ceil(self.cluster_ratio())
+    }
     pub fn group_count(&self) -> u64 {
         let data = self
             .blocks_count
@@ -678,19 +744,27 @@ impl Superblock {
             } else {
                 self.desc_blocks()
             };
-            return 1 + old + u64::from(self.reserved_gdt_blocks);
+            // Group 0 of a 1 KiB-block bigalloc layout also holds the boot block.
+            let boot =
+                u64::from(g == 0) * (self.super_block_no() - u64::from(self.first_data_block));
+            return boot + 1 + old + u64::from(self.reserved_gdt_blocks);
         }
         let r = g % per;
         sup + u64::from(r == 0 || r == 1 || r == per - 1)
+    }
+
+    /// The block holding the primary superblock: the first data block, except with
+    /// 1 KiB blocks and bigalloc (first data block 0): block 1, block 0 being the boot
+    /// block, which counts as the filesystem's too (e2fsprogs marks it used).
+    pub fn super_block_no(&self) -> u64 {
+        u64::from(self.first_data_block).max(u64::from(self.block_size() == 1024))
     }
 
     /// Physical block of group-descriptor block `i` (handles meta_bg).
     pub fn desc_block_location(&self, i: u64) -> u64 {
         let first_meta = u64::from(self.first_meta_bg);
         if !self.has_incompat(INCOMPAT_META_BG) || i < first_meta {
-            return u64::from(self.first_data_block)
-                .saturating_add(1)
-                .saturating_add(i);
+            return self.super_block_no().saturating_add(1).saturating_add(i);
         }
         // meta_bg: descriptor block i lives in the first group of its meta group.
         let g = i.saturating_mul(self.descs_per_block());
@@ -726,6 +800,65 @@ mod tests {
         let c = Superblock::compute_csum(&b);
         set_le32(&mut b, CSUM_OFF, c);
         b
+    }
+
+    /// `sample` as a bigalloc layout: 16 KiB clusters of 1 KiB blocks, 512 clusters
+    /// per group, first data block 0; `f` changes it before the checksum is set.
+    fn bigalloc_sample(f: impl FnOnce(&mut [u8])) -> Vec<u8> {
+        let mut b = sample();
+        set_le32(
+            &mut b,
+            0x64,
+            RO_COMPAT_METADATA_CSUM | RO_COMPAT_SPARSE_SUPER | RO_COMPAT_BIGALLOC,
+        );
+        set_le32(&mut b, 0x14, 0);
+        set_le32(&mut b, 0x1C, 4);
+        set_le32(&mut b, 0x24, 512);
+        f(&mut b);
+        let c = Superblock::compute_csum(&b);
+        set_le32(&mut b, CSUM_OFF, c);
+        b
+    }
+
+    #[test]
+    fn bigalloc_geometry() {
+        let sb = Superblock::decode(&bigalloc_sample(|_| {})).expect("valid");
+        assert_eq!((sb.cluster_bits(), sb.cluster_ratio()), (4, 16));
+        assert_eq!(sb.clusters_in_group(0), 512);
+        // 1 KiB blocks, first data block 0: the superblock in block 1 and the
+        // descriptors after it; group 0's base (boot block, superblock, table).
+        assert_eq!(sb.super_block_no(), 1);
+        assert_eq!(sb.desc_block_location(0), 2);
+        assert_eq!(sb.group_base_meta_blocks(0), 3);
+        // Without bigalloc a cluster is a block whatever the field holds.
+        let plain = Superblock::decode(&sample()).expect("valid");
+        assert_eq!(
+            (plain.cluster_bits(), plain.clusters_in_group(0)),
+            (0, 8191)
+        );
+        for (what, bad) in [
+            (
+                "blocks per group not clusters x ratio",
+                bigalloc_sample(|b| set_le32(b, 0x24, 256)),
+            ),
+            (
+                "cluster smaller than a block",
+                bigalloc_sample(|b| {
+                    set_le32(b, 0x18, 2);
+                    set_le32(b, 0x1C, 1);
+                }),
+            ),
+            (
+                "cluster of 2^17 blocks",
+                bigalloc_sample(|b| set_le32(b, 0x1C, 17)),
+            ),
+            (
+                "first data block 1",
+                bigalloc_sample(|b| set_le32(b, 0x14, 1)),
+            ),
+        ] {
+            assert!(Superblock::decode(&bad).is_err(), "{what} accepted");
+        }
     }
 
     #[test]

@@ -5,6 +5,14 @@
 //! refresh the checksum, hand the inode-table block to the buffer cache (the single
 //! place where metadata becomes dirty). New inodes get a zeroed record first, so stale
 //! bytes of a previously used slot never survive.
+//!
+//! bigalloc (clusters of 2^n blocks): a file's logical cluster maps to one physical
+//! cluster, each block at its own offset in it (the kernel's EXT4_PBLK_COFF rule). New
+//! data goes where [`alloc_data_run`] puts it: into the cluster the file already has
+//! for that logical cluster (another extent of it maps a block there: the kernel's
+//! implied cluster), else into fresh clusters; i_blocks counts whole clusters. An
+//! unmap ([`unmap_range`]) keeps the clusters of its edges that blocks outside it still
+//! use (the kernel's partial-cluster rule) and frees each other cluster once.
 
 use rext4_format::extent;
 use rext4_format::inode::{self as fi, flags, Inode, Timestamp};
@@ -283,6 +291,17 @@ fn unreachable_inode() -> Inode {
 pub(crate) struct FsBlocks<'a> {
     pub fs: &'a Fs,
     pub seed: Option<u32>,
+    /// bigalloc: clusters its data frees must leave alone, and those freed already.
+    pub clusters: ClusterFrees,
+}
+
+/// What the data frees of one tree change know of clusters (bigalloc): the clusters
+/// blocks outside the unmapped range still use, and the clusters given back so far (a
+/// cluster two removed extents shared is given back once).
+#[derive(Default)]
+pub(crate) struct ClusterFrees {
+    keep: Vec<u64>,
+    freed: std::collections::HashSet<u64>,
 }
 
 impl BlockStore for FsBlocks<'_> {
@@ -320,6 +339,135 @@ impl BlockStore for FsBlocks<'_> {
     fn free(&mut self, start: u64, len: u64) -> Result<()> {
         self.fs.free_blocks(start, len)
     }
+    fn free_data(&mut self, start: u64, len: u64) -> Result<u64> {
+        let cb = self.fs.cluster_bits();
+        if cb == 0 || len == 0 {
+            self.fs.free_blocks(start, len)?;
+            return Ok(len);
+        }
+        // The run's clusters: only its first and last can be shared (with a kept edge
+        // or another run); those in between are its own.
+        let (c0, c1) = (start >> cb, (start + len - 1) >> cb);
+        let mut gone = 0;
+        let mut run: Option<(u64, u64)> = None;
+        for c in c0..=c1 {
+            let edge = c == c0 || c == c1;
+            let skip = edge && (self.clusters.keep.contains(&c) || !self.clusters.freed.insert(c));
+            if skip {
+                if let Some((a, n)) = run.take() {
+                    self.fs.free_blocks(a << cb, n << cb)?;
+                    gone += n << cb;
+                }
+                continue;
+            }
+            run = match run {
+                Some((a, n)) => Some((a, n + 1)),
+                None => Some((c, 1)),
+            };
+        }
+        if let Some((a, n)) = run {
+            self.fs.free_blocks(a << cb, n << cb)?;
+            gone += n << cb;
+        }
+        Ok(gone)
+    }
+    fn tree_block_weight(&self) -> u64 {
+        1 << self.fs.cluster_bits()
+    }
+}
+
+/// The first block of the physical cluster that `ino` maps some block of logical
+/// `[from, to)` into (bigalloc: the blocks of one logical cluster share one physical
+/// cluster), or None when none of them is mapped.
+fn cluster_mapped_in(fs: &Fs, ino: Ino, inode: &Inode, from: u64, to: u64) -> Result<Option<u64>> {
+    let cb = fs.cluster_bits();
+    let mut l = from;
+    while l < to {
+        match fs.map_block(ino, inode, l)? {
+            Mapping::Mapped { physical, .. } => return Ok(Some((physical >> cb) << cb)),
+            Mapping::Hole { len } => l = l.saturating_add(len.max(1)),
+        }
+    }
+    Ok(None)
+}
+
+/// Where new data of a file goes (see [`alloc_data_run`]).
+pub(crate) struct DataRun {
+    /// First physical block and blocks to map from logical `lblk` on.
+    pub physical: u64,
+    pub len: u64,
+    /// Blocks newly taken for the file (whole clusters with bigalloc; none when the
+    /// run lies in a cluster the file had): what its i_blocks gains, and what
+    /// [`undo_data_run`] gives back.
+    pub fresh: u64,
+}
+
+/// Blocks for a hole of `ino` at logical `lblk`, up to `want` (≥ 1) of them, from
+/// `data(goal, len)` (the caller's allocation under its claim). With bigalloc the run
+/// keeps each block at its logical offset within its cluster: in the physical cluster
+/// the file already maps for that logical cluster (no allocation), else in fresh
+/// clusters, stopping before a last logical cluster the file already has.
+pub(crate) fn alloc_data_run(
+    fs: &Fs,
+    ino: Ino,
+    inode: &Inode,
+    lblk: u64,
+    want: u64,
+    data: &mut dyn FnMut(u64, u32) -> Result<(u64, u32)>,
+) -> Result<DataRun> {
+    let want = want.clamp(1, u64::from(u32::MAX >> 1));
+    let goal = fs.data_goal(ino, inode, lblk);
+    let cb = fs.cluster_bits();
+    if cb == 0 {
+        let (p, got) = data(goal, want as u32)?;
+        let got = u64::from(got);
+        return Ok(DataRun {
+            physical: p,
+            len: got,
+            fresh: got,
+        });
+    }
+    let ratio = 1u64 << cb;
+    let off = lblk & (ratio - 1);
+    let base = lblk - off;
+    if let Some(c) = cluster_mapped_in(fs, ino, inode, base, base + ratio)? {
+        return Ok(DataRun {
+            physical: c + off,
+            len: want.min(ratio - off),
+            fresh: 0,
+        });
+    }
+    let mut want = want;
+    let last_base = ((lblk + want - 1) >> cb) << cb;
+    if last_base > base
+        && lblk + want < last_base + ratio
+        && cluster_mapped_in(fs, ino, inode, last_base, last_base + ratio)?.is_some()
+    {
+        want = last_base - lblk;
+    }
+    let (p, got) = data((goal >> cb) << cb, (off + want) as u32)?;
+    // `p` starts a cluster (the allocator gives whole clusters) and `got` covers at
+    // least the first of them, so more than `off`.
+    let got = u64::from(got);
+    if p & (ratio - 1) != 0 || got <= off {
+        let _ = fs.free_blocks(p, got);
+        return Err(Error::corrupted(
+            format!("allocator gave {p}+{got}, not a run of whole clusters"),
+            None,
+        ));
+    }
+    Ok(DataRun {
+        physical: p + off,
+        len: (got - off).min(want),
+        fresh: got.div_ceil(ratio) << cb,
+    })
+}
+
+/// Give back what [`alloc_data_run`] took, when its blocks could not be mapped.
+pub(crate) fn undo_data_run(fs: &Fs, run: &DataRun) {
+    if run.fresh > 0 {
+        let _ = fs.free_blocks(run.physical, run.len);
+    }
 }
 
 /// Whether `inode`'s `i_block` holds block pointers: regular files, directories and
@@ -346,6 +494,17 @@ pub(crate) fn with_tree<R>(
     inode: &mut Inode,
     f: impl FnOnce(&mut ExtentTree<'_, FsBlocks<'_>>) -> Result<R>,
 ) -> Result<R> {
+    with_tree_freeing(fs, ino, inode, ClusterFrees::default(), f)
+}
+
+/// [`with_tree`], its data frees knowing `clusters` (bigalloc).
+fn with_tree_freeing<R>(
+    fs: &Fs,
+    ino: Ino,
+    inode: &mut Inode,
+    clusters: ClusterFrees,
+    f: impl FnOnce(&mut ExtentTree<'_, FsBlocks<'_>>) -> Result<R>,
+) -> Result<R> {
     if !inode.has_flag(flags::EXTENTS) {
         return Err(Error::Unsupported(format!(
             "inode {} is not extent-mapped",
@@ -353,7 +512,7 @@ pub(crate) fn with_tree<R>(
         )));
     }
     let seed = fs.owned_seed(ino, inode);
-    let mut store = FsBlocks { fs, seed };
+    let mut store = FsBlocks { fs, seed, clusters };
     let mut blocks = inode.blocks_raw;
     let mut root = inode.block;
     let r = {
@@ -455,20 +614,19 @@ pub(crate) fn map_new_blocks(
         return Err(Error::FileTooLarge);
     }
     let want = want.clamp(1, u64::from(crate::extent_write::max_len(unwritten)));
-    let goal = fs.data_goal(ino, inode, lblk);
-    let (p, got) = data(goal, want as u32)?;
+    let run = alloc_data_run(fs, ino, inode, lblk, want, data)?;
     let ext = extent::Extent {
         logical: lblk as u32,
-        len: got as u16,
-        physical: p,
+        len: run.len as u16,
+        physical: run.physical,
         unwritten,
     };
     if let Err(e) = with_tree(fs, ino, inode, |t| t.insert(ext)) {
-        let _ = fs.free_blocks(p, u64::from(got));
+        undo_data_run(fs, &run);
         return Err(e);
     }
-    inode.blocks_raw += u64::from(got) * u64::from(fs.inner.block_size) / 512;
-    Ok((p, u64::from(got)))
+    inode.blocks_raw += run.fresh * u64::from(fs.inner.block_size) / 512;
+    Ok((run.physical, run.len))
 }
 
 /// Free the blocks of logical `[start, end)` of `ino`, whichever map it has. Extent
@@ -488,7 +646,31 @@ pub(crate) fn unmap_range(
         return Ok(());
     }
     if inode.has_flag(flags::EXTENTS) {
-        return with_tree(fs, ino, inode, |t| t.remove(start as u32, end).map(|_| ()));
+        // bigalloc: a cluster at either edge stays while blocks outside the range use it.
+        let mut clusters = ClusterFrees::default();
+        let cb = fs.cluster_bits();
+        if cb > 0 {
+            let mask = (1u64 << cb) - 1;
+            let edges = [
+                (start & !mask, start),
+                (
+                    end,
+                    if end < MAX_LOGICAL {
+                        (end | mask) + 1
+                    } else {
+                        end
+                    },
+                ),
+            ];
+            for (a, b) in edges {
+                if let Some(c) = cluster_mapped_in(fs, ino, inode, a, b.min(MAX_LOGICAL))? {
+                    clusters.keep.push(c >> cb);
+                }
+            }
+        }
+        return with_tree_freeing(fs, ino, inode, clusters, |t| {
+            t.remove(start as u32, end).map(|_| ())
+        });
     }
     if !uses_block_map(inode) {
         return Ok(());

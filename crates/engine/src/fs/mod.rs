@@ -580,16 +580,6 @@ impl Fs {
         dev.read_at(&mut head, 0)?;
         raw.copy_from_slice(&head[SB_OFFSET as usize..SB_OFFSET as usize + SB_SIZE]);
         crate::journal::check_ext4_magic(&raw)?;
-        // bigalloc changes the group geometry that decoding checks: name the feature
-        // rather than report its geometry as corruption.
-        let ro_compat = u32::from_le_bytes([raw[0x64], raw[0x65], raw[0x66], raw[0x67]]);
-        if raw[0x38..0x3A] == [0x53, 0xEF] && ro_compat & feature::RO_COMPAT_BIGALLOC != 0 {
-            return Err(Error::Unsupported(
-                "image uses bigalloc (clusters larger than a block), which rext4 does not \
-                 support"
-                    .into(),
-            ));
-        }
         let sb = Superblock::decode(&raw).map_err(|e| Error::from(e.at_block(SB_OFFSET / 1024)))?;
         let mut read_only = opts.read_only;
         let fc = sb.check_features();
@@ -712,6 +702,8 @@ impl Fs {
                 i + u64::from(g.free_inodes_count),
             )
         });
+        // Descriptors count clusters, the superblock blocks (bigalloc).
+        let free_blocks = free_blocks << sb.cluster_bits();
         let system_zone = system_zone(&sb, &groups);
         let inode_tables = groups.iter().map(|g| g.inode_table).collect();
         if !read_only && cache.device().is_read_only() {
@@ -722,10 +714,11 @@ impl Fs {
         let errors_field = sb.errors;
         let space = Arc::new(crate::fs::space::Space::new(
             0,
+            // In clusters, as ext4's s_resv_clusters (whole clusters, counted in blocks).
             crate::fs::space::Space::pool_for(
-                sb.blocks_count,
+                sb.blocks_count >> sb.cluster_bits(),
                 sb.has_incompat(feature::INCOMPAT_EXTENTS),
-            ),
+            ) << sb.cluster_bits(),
             sb.r_blocks_count,
         ));
         let (uuid, mnt_count) = (sb.uuid, sb.mnt_count);

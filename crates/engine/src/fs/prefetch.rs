@@ -324,7 +324,7 @@ impl Fs {
                 continue;
             }
             let b = self.block_bitmap(g, &grp)?;
-            grp.summarize(&b, self.inner.sb.blocks_in_group(g as u64));
+            grp.summarize(&b, self.inner.sb.clusters_in_group(g as u64));
         }
         Ok(picked.len())
     }
@@ -441,7 +441,7 @@ fn background_step(fs: &Fs, g: usize) -> Option<usize> {
         {
             continue;
         }
-        let n = fs.inner.sb.blocks_in_group(grp_no as u64);
+        let n = fs.inner.sb.clusters_in_group(grp_no as u64);
         grp.summarize(&buf[i * bs..(i + 1) * bs], n);
         p.background_groups.fetch_add(1, Relaxed);
     }

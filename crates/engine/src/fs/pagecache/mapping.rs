@@ -150,7 +150,14 @@ impl MappedRange {
             }
             // A page fault on a hole must get its block (or its promise) now.
             let promise = fs.promise_pages_or_flush(self.ino, pos / bs, (end - 1) / bs)?;
-            fs.pc_write(self.ino, data, pos, size, size, promise)?;
+            match fs.no_delalloc_on_bigalloc(self.ino, promise) {
+                Some(promise) => fs.pc_write(self.ino, data, pos, size, size, promise)?,
+                None => {
+                    // bigalloc: the block now (through the device, as a write).
+                    drop(_io);
+                    fs.write_through(self.ino, data, Some(pos), false)?;
+                }
+            }
         }
         fs.touch_times(self.ino)?;
         fs.balance_dirty();

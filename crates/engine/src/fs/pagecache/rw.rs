@@ -522,7 +522,7 @@ impl Fs {
             Some(Promise::default())
         } else {
             match self.promise_pages_or_flush(ino, first, last) {
-                Ok(p) => Some(p),
+                Ok(p) => self.no_delalloc_on_bigalloc(ino, p),
                 Err(Error::NoSpace) => None,
                 Err(e) => return Err(e),
             }
@@ -716,6 +716,18 @@ impl Fs {
             }
             r => r,
         }
+    }
+
+    /// bigalloc: pages over holes are not delayed (their blocks' clusters are found
+    /// at once, as the kernel's nodelalloc): a promise that holds any page is given
+    /// back and `None` returned, so the caller writes through with allocation.
+    /// Overwrites of mapped blocks keep the page cache.
+    pub(crate) fn no_delalloc_on_bigalloc(&self, ino: Ino, promise: Promise) -> Option<Promise> {
+        if self.cluster_bits() == 0 || promise.pages.is_empty() {
+            return Some(promise);
+        }
+        self.cancel_promise(ino, promise);
+        None
     }
 
     /// Give back a promise that no page will take.
