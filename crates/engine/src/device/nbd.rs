@@ -111,7 +111,8 @@ struct Lib {
     aio_flush: unsafe extern "C" fn(*mut Handle, Completion, u32) -> i64,
     aio_trim: unsafe extern "C" fn(*mut Handle, u64, u64, Completion, u32) -> i64,
     aio_command_completed: unsafe extern "C" fn(*mut Handle, u64) -> c_int,
-    shutdown: unsafe extern "C" fn(*mut Handle, u32) -> c_int,
+    aio_disconnect: unsafe extern "C" fn(*mut Handle, u32) -> c_int,
+    aio_in_flight: HandleFn,
 }
 
 /// The library, loaded once per process (`Err`: why it could not be).
@@ -169,7 +170,8 @@ fn load() -> Result<Lib, String> {
         aio_flush: sym!("nbd_aio_flush"),
         aio_trim: sym!("nbd_aio_trim"),
         aio_command_completed: sym!("nbd_aio_command_completed"),
-        shutdown: sym!("nbd_shutdown"),
+        aio_disconnect: sym!("nbd_aio_disconnect"),
+        aio_in_flight: sym!("nbd_aio_in_flight"),
     })
 }
 
@@ -249,6 +251,10 @@ fn errno_of(e: &io::Error) -> Option<i32> {
 /// One connection to the server (a libnbd handle), used by one thread at a time.
 struct Conn {
     h: *mut Handle,
+    /// The server answered everything asked: a drop says goodbye (NBD_CMD_DISC)
+    /// before closing. A connection that timed out or failed is closed outright
+    /// (a goodbye would wait for a server that may never answer).
+    clean: bool,
 }
 
 // SAFETY: a libnbd handle may be used from any thread (libnbd locks it inside);
@@ -263,7 +269,7 @@ impl Conn {
         if h.is_null() {
             return Err(last_error(lib, "create"));
         }
-        let c = Conn { h };
+        let mut c = Conn { h, clean: false };
         // SAFETY: a live handle and NUL-terminated strings.
         unsafe {
             (lib.set_handle_name)(h, c"rext4".as_ptr());
@@ -276,6 +282,7 @@ impl Conn {
             // SAFETY: a live handle.
             unsafe {
                 if (lib.aio_is_ready)(h) == 1 {
+                    c.clean = true;
                     return Ok(c);
                 }
                 if (lib.aio_is_dead)(h) == 1 || (lib.aio_is_closed)(h) == 1 {
@@ -364,8 +371,21 @@ impl Drop for Conn {
             // SAFETY: the handle is live and used by nobody else; after nbd_close no
             // command of it touches a buffer.
             unsafe {
-                if (lib.aio_is_ready)(self.h) == 1 {
-                    (lib.shutdown)(self.h, 0);
+                if self.clean
+                    && (lib.aio_is_ready)(self.h) == 1
+                    && (lib.aio_in_flight)(self.h) == 0
+                    && (lib.aio_disconnect)(self.h, 0) == 0
+                {
+                    // Let the goodbye go out, for a second at most.
+                    let t0 = Instant::now();
+                    while (lib.aio_is_closed)(self.h) == 0
+                        && (lib.aio_is_dead)(self.h) == 0
+                        && t0.elapsed() < Duration::from_secs(1)
+                    {
+                        if (lib.poll)(self.h, 100) == -1 {
+                            break;
+                        }
+                    }
                 }
                 (lib.close)(self.h);
             }
@@ -578,6 +598,8 @@ impl NbdDevice {
                     return Ok(());
                 }
                 Wait::Dead(e) => {
+                    let mut conn = conn;
+                    conn.clean = false;
                     drop(conn);
                     self.alive.fetch_sub(1, Ordering::Relaxed);
                     let m = format!("{}: {e} (connection lost)", self.uri);
@@ -624,6 +646,22 @@ impl NbdDevice {
             // connection first).
             unsafe { (lib.aio_pwrite)(h, s.as_ptr().cast(), s.len(), o, NO_COMPLETION, flags) }
         })
+    }
+}
+
+impl Drop for NbdDevice {
+    fn drop(&mut self) {
+        // A failed device's connections may face a server that does not answer.
+        if self.failed.get().is_some() {
+            for c in self
+                .pool
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter_mut()
+            {
+                c.clean = false;
+            }
+        }
     }
 }
 
@@ -697,7 +735,7 @@ impl BlockDevice for NbdDevice {
                 }
             }
         }
-        for c in held {
+        for mut c in held {
             if r.is_ok() {
                 let deadline = Instant::now() + self.timeout;
                 // SAFETY: a live handle, held by this thread.
@@ -720,6 +758,7 @@ impl BlockDevice for NbdDevice {
             }
             if self.failed.get().is_some() {
                 self.alive.fetch_sub(1, Ordering::Relaxed);
+                c.clean = false;
                 drop(c);
             } else {
                 self.give_back(c);
