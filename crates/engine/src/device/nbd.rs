@@ -438,6 +438,8 @@ pub struct NbdDevice {
     can_flush: bool,
     can_fua: bool,
     can_trim: bool,
+    /// The server's connections see each other's writes and flushes.
+    multi_conn: bool,
     max_request: u64,
     timeout: Duration,
     /// The failure that ended the device (a lost connection, a failed flush).
@@ -502,6 +504,7 @@ impl NbdDevice {
             can_flush,
             can_fua,
             can_trim,
+            multi_conn: multi,
             max_request,
             timeout: opts.timeout,
             failed: OnceLock::new(),
@@ -719,11 +722,18 @@ impl BlockDevice for NbdDevice {
         if self.read_only || !self.can_flush {
             return Ok(());
         }
-        // Each connection's FLUSH covers what that connection completed: flush them
-        // all (they are few), taking each out of the pool in turn (one flush at a
-        // time: two taking connections each could wait for each other's for ever).
+        // Without multi-conn each connection's FLUSH covers what that connection
+        // completed: flush them all (they are few), taking each out of the pool in
+        // turn (one flush at a time: two taking connections each could wait for each
+        // other's for ever).
         let _one = self.flush_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let n = self.alive.load(Ordering::Relaxed).max(1);
+        // Under multi-conn one FLUSH covers what every connection completed (the NBD
+        // protocol says so of NBD_FLAG_CAN_MULTI_CONN).
+        let n = if self.multi_conn {
+            1
+        } else {
+            self.alive.load(Ordering::Relaxed).max(1)
+        };
         let mut held = Vec::with_capacity(n);
         let mut r = Ok(());
         for _ in 0..n {
