@@ -52,7 +52,8 @@ serve() {
 timed() {
   local t0 t1
   t0=$(now)
-  "${@:2}" >/dev/null
+  # (errexit does not reach into the command substitution this runs in)
+  "${@:2}" >/dev/null || die "failed: $(shq "${@:2}")"
   t1=$(now)
   calc "$t1 - $t0" %.3f
 }
@@ -91,7 +92,8 @@ done
 log "throughput: $N_COPY in and out, rext4 cp vs nbdcopy"
 bytes=$(numfmt --from=iec "$N_COPY")
 src=$work/src.bin
-runc head -c "$bytes" /dev/urandom >"$src"
+printf '+ %s\n' "head -c $bytes /dev/urandom >$src"
+head -c "$bytes" /dev/urandom >"$src"
 fsimg=$work/fs.img raw=$work/raw.img
 runc truncate -s $((bytes * 3 / 2 + (256 << 20))) "$fsimg"
 runc mkfs.ext4 -q -F "$fsimg"
