@@ -57,6 +57,11 @@ pub const MAX_BATCH_IN_FLIGHT: usize = 64;
 pub const RETRIES: u32 = 3;
 /// The largest request sent: NBD servers accept 32 MiB without saying so.
 const MAX_REQUEST: u64 = 32 << 20;
+/// Reads and writes larger than this go as pieces of this size, all in flight at
+/// once on their connection, which the server works on in parallel (nbdkit's
+/// threads): one 8 MiB write at a time from the writeback made `rext4 cp` into an
+/// export 0.4x as fast as nbdcopy.
+const PIECE: u64 = 1 << 20;
 /// NBD TRIM carries a 32-bit length: trims go in pieces of at most this.
 const MAX_TRIM: u64 = 1 << 30;
 
@@ -493,7 +498,8 @@ impl NbdDevice {
             (max as u64).min(MAX_REQUEST)
         } else {
             MAX_REQUEST
-        };
+        }
+        .min(PIECE);
         Ok(NbdDevice {
             lib,
             alive: AtomicUsize::new(conns.len()),
