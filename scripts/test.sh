@@ -30,10 +30,14 @@ need=()
 for cmd_pkg in mkfs.ext4:e2fsprogs fuse2fs:fuse2fs setfacl:acl setfattr:attr xfs_io:xfsprogs fusermount3:fuse3 \
     fio:fio rsync:rsync git:git cc:gcc make:make setpriv:util-linux bc:bc jq:jq python3:python3 \
     valgrind:valgrind sfdisk:fdisk qemu-img:qemu-utils zstd:zstd xz:xz-utils tar:tar gzip:gzip \
-    sha256sum:coreutils; do
+    sha256sum:coreutils nbdkit:nbdkit nbdcopy:libnbd-bin; do
   cmd=${cmd_pkg%%:*} pkg=${cmd_pkg##*:}
   command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done
+# NBD images load libnbd at run time (the NBD tests serve images with nbdkit).
+if ! ldconfig -p 2>/dev/null | grep -q 'libnbd\.so\.0'; then
+  need+=(libnbd0)
+fi
 # The Python package's tests build it in a venv (python3 -m venv needs ensurepip).
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import ensurepip' >/dev/null 2>&1; then
   need+=(python3-venv)

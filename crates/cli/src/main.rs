@@ -390,9 +390,7 @@ fn human(n: u64) -> String {
 /// An IMAGE:/path operand naming an existing image file (or device).
 fn image_spec(p: &std::path::Path) -> Option<spec::ImagePath> {
     let s = spec::parse(p.to_str()?)?;
-    std::fs::metadata(spec::image_file(&s.image))
-        .is_ok_and(|m| !m.is_dir())
-        .then_some(s)
+    spec::exists(s.image.to_str()?).then_some(s)
 }
 
 /// The flags of `rext4 cp`.

@@ -353,7 +353,11 @@ fn mkfs_spec(
 ) -> Result<(), Failure> {
     let failed = |e: rext4::Error| (1, format!("{}: {}", args.image.display(), reason(&e)));
     let report = {
-        let _claim = rext4::Claim::write(spec.path()).map_err(failed)?;
+        // A network source has no file here to claim.
+        let _claim = match spec.local_file() {
+            Some(p) => Some(rext4::Claim::write(p).map_err(failed)?),
+            None => None,
+        };
         if !confirm_overwrite(args) {
             return Err((1, String::new()));
         }
@@ -404,7 +408,7 @@ pub fn run(args: MkfsArgs) -> Result<(), Failure> {
                 std::fs::File::open(spec.path()).is_ok_and(|f| f.read_exact_at(&mut m, 0).is_ok())
                     && m == rext4::image::QCOW2_MAGIC
             };
-            if !spec.is_plain() || is_qcow2() {
+            if !spec.is_plain() || spec.local_file().is_none() || is_qcow2() {
                 return mkfs_spec(&args, (&extras, from_dir), &spec, opts, size);
             }
         }

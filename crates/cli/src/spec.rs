@@ -1,6 +1,8 @@
 //! `IMAGE:/path` arguments. IMAGE is an image spec (`rext4::image`): a file or block
-//! device, `DISK?partition=N`, `DISK?offset=BYTES[&size=BYTES]`; a text that names an
-//! existing file is that file, '?' and all.
+//! device, `DISK?partition=N`, `DISK?offset=BYTES[&size=BYTES]`, an NBD URI; a text
+//! that names an existing file is that file, '?' and all. An NBD URI holds ":/" itself
+//! (`nbd://HOST/EXPORT:/path`): the split takes the first ":" whose left side is an
+//! image that is there, and `nbd` alone is none.
 
 use std::path::{Path, PathBuf};
 
@@ -31,15 +33,28 @@ pub fn image_file(image: &Path) -> PathBuf {
 }
 
 /// Whether `text` names an image that is there: an existing file or device, or a
-/// spec over one.
-fn exists(text: &str) -> bool {
-    ImageSpec::from_arg(text).is_ok_and(|s| s.path().exists() && !s.path().is_dir())
+/// spec over one, or a network spec (an NBD URI: whether its server answers is known
+/// only when it is opened).
+pub fn exists(text: &str) -> bool {
+    ImageSpec::from_arg(text).is_ok_and(|s| match s.local_file() {
+        Some(p) => p.exists() && !p.is_dir(),
+        None => true,
+    })
 }
 
 /// Split `IMAGE:/path` (or `IMAGE:` for the root). When the image name itself holds
 /// ":/", the first split whose image part names an image that is there wins.
 pub fn parse(arg: &str) -> Option<ImagePath> {
-    let candidates: Vec<usize> = arg.match_indices(':').map(|(i, _)| i).collect();
+    // The ':' of a URI's scheme (`nbd://`) splits nothing.
+    let scheme_end = ["nbd://", "nbds://", "nbd+unix://", "nbds+unix://"]
+        .iter()
+        .find(|s| arg.starts_with(**s))
+        .map_or(0, |s| s.len());
+    let candidates: Vec<usize> = arg
+        .match_indices(':')
+        .map(|(i, _)| i)
+        .filter(|&i| i >= scheme_end)
+        .collect();
     let mk = |i: usize| {
         let rest = &arg[i + 1..];
         let path = if rest.is_empty() {
@@ -81,5 +96,28 @@ mod tests {
             parse("d.img?partition=2:/etc/x").map(|p| (p.image, p.path)),
             Some((PathBuf::from("d.img?partition=2"), b"/etc/x".to_vec()))
         );
+        // NBD URIs hold ':' and ":/" themselves.
+        for (arg, image, path) in [
+            ("nbd://h/e:/x/y", "nbd://h/e", "/x/y"),
+            ("nbd://h:10809/e:/x", "nbd://h:10809/e", "/x"),
+            ("nbd://h:10809/e:", "nbd://h:10809/e", "/"),
+            ("nbd://h/:/", "nbd://h/", "/"),
+            (
+                "nbd+unix:///e?socket=/tmp/s.sock:/d/f",
+                "nbd+unix:///e?socket=/tmp/s.sock",
+                "/d/f",
+            ),
+            (
+                "nbd+unix:///?socket=/tmp/s.sock&partition=2:/",
+                "nbd+unix:///?socket=/tmp/s.sock&partition=2",
+                "/",
+            ),
+        ] {
+            assert_eq!(
+                parse(arg).map(|p| (p.image, p.path)),
+                Some((PathBuf::from(image), path.as_bytes().to_vec())),
+                "{arg}"
+            );
+        }
     }
 }

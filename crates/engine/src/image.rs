@@ -17,13 +17,22 @@
 //! is, '?' and all. Text from a user goes through [`ImageSpec::from_arg`]: a text that
 //! names an existing file is that file; otherwise it splits at its *last* '?', so a
 //! file named `a?b.img` is reached with `a?b.img` (it exists) and its partition 1 with
-//! `a?b.img?partition=1`. Network sources (`nbd://HOST[:PORT]/EXPORT`,
-//! `nbd+unix:///EXPORT?socket=PATH`, `rbd:POOL/IMAGE[@SNAP]`) are to be new
-//! [`Source`] variants; their text forms are refused by name until then.
+//! `a?b.img?partition=1`.
 //!
-//! Claims (`crate::claim`) are taken by the caller on [`ImageSpec::path`], the whole
-//! file: two writers of different partitions of one disk image are refused (the claim
-//! is a flock on the file and a check of its loop devices, neither range-aware).
+//! NBD exports ([`Source::Nbd`], `crate::device::nbd`): `nbd://HOST[:PORT]/EXPORT`,
+//! `nbd+unix:///EXPORT?socket=PATH` and their TLS forms `nbds://`, `nbds+unix://`, as
+//! the NBD URI standard writes them (its `socket=` and `tls-*` fields go to libnbd);
+//! rext4's fields join them in the query (`partition=`, `offset=`, `size=`, and
+//! `connections=N`, `timeout=SECONDS` for the NBD device). The URI is checked here
+//! field by field (scheme, host, port, socket) before any connection is tried. An
+//! export is a raw disk: a qcow2 is served decoded (qemu-nbd -f qcow2). `rbd:` specs
+//! are refused by name (not supported yet).
+//!
+//! Claims (`crate::claim`) are taken by the caller on [`ImageSpec::local_file`], the
+//! whole file: two writers of different partitions of one disk image are refused (the
+//! claim is a flock on the file and a check of its loop devices, neither range-aware).
+//! A network source has no file to claim: the server and multi-mount protection
+//! (`crate::mmp`, on images made with it) keep other writers out.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -40,7 +49,38 @@ use crate::error::{Error, Result};
 pub enum Source {
     /// An image file or a block device.
     File(PathBuf),
+    /// The export of an NBD server.
+    Nbd(NbdSource),
 }
+
+/// An NBD export: `nbd://HOST[:PORT]/EXPORT` or `nbd+unix:///EXPORT?socket=PATH`
+/// (and their TLS forms `nbds://`, `nbds+unix://`), as the NBD URI standard writes them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NbdSource {
+    /// The URI libnbd connects to: the spec's text without rext4's own fields.
+    pub uri: String,
+    /// `connections=N`: connections at most (used when the server allows several).
+    pub connections: Option<usize>,
+    /// `timeout=SECONDS`: how long one request may take before the device fails.
+    pub timeout_secs: Option<u64>,
+}
+
+impl NbdSource {
+    /// What the device is opened with.
+    pub fn options(&self) -> crate::device::nbd::NbdOptions {
+        let mut o = crate::device::nbd::NbdOptions::new(self.uri.clone());
+        if let Some(n) = self.connections {
+            o.connections = n;
+        }
+        if let Some(t) = self.timeout_secs {
+            o.timeout = std::time::Duration::from_secs(t);
+        }
+        o
+    }
+}
+
+/// The URI schemes of NBD specs.
+const NBD_SCHEMES: [&str; 4] = ["nbd://", "nbds://", "nbd+unix://", "nbds+unix://"];
 
 /// The container format of the source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -93,14 +133,19 @@ impl ImageSpec {
         ImageSpec::parse(text)
     }
 
-    /// Parse `PATH[?FIELD=VALUE[&FIELD=VALUE...]]`, splitting at the last '?'.
+    /// Parse `PATH[?FIELD=VALUE[&FIELD=VALUE...]]`, splitting at the last '?', or an
+    /// NBD URI (`nbd://HOST[:PORT]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`) whose
+    /// query may hold rext4's fields beside the URI's own.
     pub fn parse(text: &str) -> Result<ImageSpec> {
         let bad = |m: String| Error::InvalidInput(format!("image spec '{text}': {m}"));
-        for scheme in ["nbd://", "nbd+unix://", "nbds://", "rbd:"] {
+        if let Some(scheme) = NBD_SCHEMES.iter().find(|s| text.starts_with(**s)) {
+            return parse_nbd(text, scheme);
+        }
+        for scheme in ["nbd+", "nbds+", "rbd:"] {
             if text.starts_with(scheme) {
                 return Err(Error::Unsupported(format!(
                     "image spec '{text}': {} images are not supported yet",
-                    scheme.trim_end_matches(['/', ':'])
+                    text.split(['/', ':']).next().unwrap_or(scheme)
                 )));
             }
         }
@@ -115,7 +160,115 @@ impl ImageSpec {
         let Some(query) = query else {
             return Ok(spec);
         };
-        let (mut partition, mut offset, mut size, mut format) = (None, None, None, None);
+        let f = Fields::parse(query, &bad, |_, _| Ok(false))?;
+        f.apply(&mut spec, &bad)?;
+        Ok(spec)
+    }
+
+    /// The file the spec reads (the one to claim); for a network source, its URI as
+    /// text (no file: see [`ImageSpec::local_file`]).
+    pub fn path(&self) -> &Path {
+        match &self.source {
+            Source::File(p) => p,
+            Source::Nbd(n) => Path::new(&n.uri),
+        }
+    }
+
+    /// The file or block device on this machine the spec reads, if it is one (not a
+    /// network source): the one to claim, stat or canonicalize.
+    pub fn local_file(&self) -> Option<&Path> {
+        match &self.source {
+            Source::File(p) => Some(p),
+            Source::Nbd(_) => None,
+        }
+    }
+
+    /// The same spec over another path (e.g. made absolute); a network source stays.
+    pub fn with_path(&self, path: impl Into<PathBuf>) -> ImageSpec {
+        match self.source {
+            Source::File(_) => ImageSpec {
+                source: Source::File(path.into()),
+                ..self.clone()
+            },
+            Source::Nbd(_) => self.clone(),
+        }
+    }
+
+    /// A whole file, format by magic: what `Fs::open_with` opens.
+    pub fn is_plain(&self) -> bool {
+        self.part == Part::Whole && self.format == Format::Auto
+    }
+}
+
+/// `PATH?partition=2`, `PATH?offset=1048576&size=...`: text [`ImageSpec::parse`] reads
+/// back (the path shown as it is).
+impl fmt::Display for ImageSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.path().display())?;
+        let mut fields = Vec::new();
+        if let Source::Nbd(n) = &self.source {
+            if let Some(c) = n.connections {
+                fields.push(format!("connections={c}"));
+            }
+            if let Some(t) = n.timeout_secs {
+                fields.push(format!("timeout={t}"));
+            }
+        }
+        match self.part {
+            Part::Whole => {}
+            Part::Partition(n) => fields.push(format!("partition={n}")),
+            Part::Range { offset, size } => {
+                fields.push(format!("offset={offset}"));
+                if let Some(s) = size {
+                    fields.push(format!("size={s}"));
+                }
+            }
+        }
+        match self.format {
+            Format::Auto => {}
+            Format::Raw => fields.push("format=raw".into()),
+            Format::Qcow2 => fields.push("format=qcow2".into()),
+        }
+        if !fields.is_empty() {
+            let sep = if matches!(self.source, Source::Nbd(_)) && self.path_has_query() {
+                '&'
+            } else {
+                '?'
+            };
+            write!(f, "{sep}{}", fields.join("&"))?;
+        }
+        Ok(())
+    }
+}
+
+impl ImageSpec {
+    /// Whether the source's text already has a '?' query (an NBD URI's own fields).
+    fn path_has_query(&self) -> bool {
+        match &self.source {
+            Source::Nbd(n) => n.uri.contains('?'),
+            Source::File(_) => false,
+        }
+    }
+}
+
+/// rext4's fields of a spec's query (`partition=`, `offset=`, `size=`, `format=`).
+#[derive(Default)]
+struct Fields {
+    partition: Option<u32>,
+    offset: Option<u64>,
+    size: Option<u64>,
+    format: Option<Format>,
+}
+
+impl Fields {
+    /// Read `query` (`K=V&K=V...`); `other(k, v)` takes fields of the source's own
+    /// (`Ok(true)`: taken), the rest are rext4's or refused by name.
+    fn parse(
+        query: &str,
+        bad: &dyn Fn(String) -> Error,
+        mut other: impl FnMut(&str, &str) -> Result<bool>,
+    ) -> Result<Fields> {
+        let mut f = Fields::default();
         for field in query.split('&') {
             let Some((k, v)) = field.split_once('=') else {
                 return Err(bad(format!(
@@ -135,36 +288,36 @@ impl ImageSpec {
             };
             match k {
                 "partition" => {
-                    dup(partition.is_some())?;
+                    dup(f.partition.is_some())?;
                     let n: u32 = v
                         .parse()
                         .map_err(|_| bad(format!("partition '{v}' is not a partition number")))?;
                     if n == 0 {
                         return Err(bad("partitions are numbered from 1".into()));
                     }
-                    partition = Some(n);
+                    f.partition = Some(n);
                 }
                 "offset" => {
-                    dup(offset.is_some())?;
+                    dup(f.offset.is_some())?;
                     let o = parse_bytes(v)
                         .ok_or_else(|| bad(format!("offset '{v}' is not a byte count")))?;
                     if !o.is_multiple_of(SECTOR) {
                         return Err(bad(format!("offset {o} is not a multiple of {SECTOR}")));
                     }
-                    offset = Some(o);
+                    f.offset = Some(o);
                 }
                 "size" => {
-                    dup(size.is_some())?;
+                    dup(f.size.is_some())?;
                     let s = parse_bytes(v)
                         .ok_or_else(|| bad(format!("size '{v}' is not a byte count")))?;
                     if s == 0 {
                         return Err(bad("size 0 holds no filesystem".into()));
                     }
-                    size = Some(s);
+                    f.size = Some(s);
                 }
                 "format" => {
-                    dup(format.is_some())?;
-                    format = Some(match v {
+                    dup(f.format.is_some())?;
+                    f.format = Some(match v {
                         "raw" => Format::Raw,
                         "qcow2" => Format::Qcow2,
                         "auto" => Format::Auto,
@@ -176,17 +329,23 @@ impl ImageSpec {
                     });
                 }
                 _ => {
-                    return Err(bad(format!(
-                        "unknown field '{k}' (known: partition, offset, size, format)"
-                    )))
+                    if !other(k, v)? {
+                        return Err(bad(format!(
+                            "unknown field '{k}' (known: partition, offset, size, format)"
+                        )));
+                    }
                 }
             }
         }
-        if partition.is_some() && (offset.is_some() || size.is_some()) {
+        Ok(f)
+    }
+
+    fn apply(self, spec: &mut ImageSpec, bad: &dyn Fn(String) -> Error) -> Result<()> {
+        if self.partition.is_some() && (self.offset.is_some() || self.size.is_some()) {
             return Err(bad("partition= and offset=/size= exclude each other".into()));
         }
-        spec.format = format.unwrap_or_default();
-        spec.part = match (partition, offset, size) {
+        spec.format = self.format.unwrap_or_default();
+        spec.part = match (self.partition, self.offset, self.size) {
             (Some(n), _, _) => Part::Partition(n),
             (None, None, None) => Part::Whole,
             (None, o, s) => Part::Range {
@@ -194,56 +353,138 @@ impl ImageSpec {
                 size: s,
             },
         };
-        Ok(spec)
-    }
-
-    /// The file the spec reads (the one to claim).
-    pub fn path(&self) -> &Path {
-        match &self.source {
-            Source::File(p) => p,
-        }
-    }
-
-    /// The same spec over another path (e.g. made absolute).
-    pub fn with_path(&self, path: impl Into<PathBuf>) -> ImageSpec {
-        ImageSpec {
-            source: Source::File(path.into()),
-            ..self.clone()
-        }
-    }
-
-    /// A whole file, format by magic: what `Fs::open_with` opens.
-    pub fn is_plain(&self) -> bool {
-        self.part == Part::Whole && self.format == Format::Auto
+        Ok(())
     }
 }
 
-/// `PATH?partition=2`, `PATH?offset=1048576&size=...`: text [`ImageSpec::parse`] reads
-/// back (the path shown as it is).
-impl fmt::Display for ImageSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.path().display())?;
-        let mut fields = Vec::new();
-        match self.part {
-            Part::Whole => {}
-            Part::Partition(n) => fields.push(format!("partition={n}")),
-            Part::Range { offset, size } => {
-                fields.push(format!("offset={offset}"));
-                if let Some(s) = size {
-                    fields.push(format!("size={s}"));
-                }
+/// An NBD URI (`scheme` is one of [`NBD_SCHEMES`]): checked field by field, so a bad
+/// one is refused here, by name, before any connection is tried.
+fn parse_nbd(text: &str, scheme: &str) -> Result<ImageSpec> {
+    let bad = |m: String| Error::InvalidInput(format!("image spec '{text}': {m}"));
+    let unix = scheme.contains("+unix");
+    let rest = &text[scheme.len()..];
+    let (before_query, query) = match rest.split_once('?') {
+        Some((a, q)) => (a, Some(q)),
+        None => (rest, None),
+    };
+    if before_query.contains('#') {
+        return Err(bad("NBD URIs have no '#' fragment".into()));
+    }
+    let (authority, export) = match before_query.find('/') {
+        Some(i) => (&before_query[..i], &before_query[i..]),
+        None => (before_query, ""),
+    };
+    if unix {
+        if !authority.is_empty() {
+            return Err(bad(format!(
+                "an nbd+unix URI names no host ('{authority}'): write {scheme}/EXPORT?socket=PATH"
+            )));
+        }
+    } else {
+        if authority.is_empty() {
+            return Err(bad(format!("no server: write {scheme}HOST[:PORT]/EXPORT")));
+        }
+        let (host, port) = if let Some(r) = authority.strip_prefix('[') {
+            match r.split_once(']') {
+                Some((h, p)) => (h, p.strip_prefix(':').map(Some).unwrap_or(None)),
+                None => return Err(bad("unclosed '[' in the IPv6 address".into())),
+            }
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (authority, None),
+            }
+        };
+        if host.is_empty() {
+            return Err(bad("no server name before the port".into()));
+        }
+        if host.contains('@') {
+            return Err(bad("user names in NBD URIs are not supported".into()));
+        }
+        if let Some(p) = port {
+            match p.parse::<u16>() {
+                Ok(n) if n > 0 => {}
+                _ => return Err(bad(format!("port '{p}' is not a port number (1-65535)"))),
             }
         }
-        match self.format {
-            Format::Auto => {}
-            Format::Raw => fields.push("format=raw".into()),
-            Format::Qcow2 => fields.push("format=qcow2".into()),
-        }
-        if !fields.is_empty() {
-            write!(f, "?{}", fields.join("&"))?;
-        }
-        Ok(())
     }
+    let mut socket = None;
+    let mut passed = Vec::new();
+    let (mut connections, mut timeout) = (None, None);
+    let fields = match query {
+        None => Fields::default(),
+        Some(q) => Fields::parse(q, &bad, |k, v| {
+            match k {
+                "socket" if unix => {
+                    if socket.replace(v.to_string()).is_some() {
+                        return Err(bad("field 'socket' is given twice".into()));
+                    }
+                    passed.push(format!("{k}={v}"));
+                }
+                "socket" => {
+                    return Err(bad("socket= is for nbd+unix:// URIs".into()));
+                }
+                "connections" => {
+                    let n: usize = v
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=crate::device::nbd::MAX_CONNECTIONS).contains(n))
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "connections '{v}' is not a number from 1 to {}",
+                                crate::device::nbd::MAX_CONNECTIONS
+                            ))
+                        })?;
+                    connections = Some(n);
+                }
+                "timeout" => {
+                    let t: u64 = v
+                        .parse()
+                        .ok()
+                        .filter(|t| (1..=86_400).contains(t))
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "timeout '{v}' is not a number of seconds (1-86400)"
+                            ))
+                        })?;
+                    timeout = Some(t);
+                }
+                _ if k.starts_with("tls-") => passed.push(format!("{k}={v}")),
+                _ => {
+                    return Err(bad(format!(
+                        "unknown field '{k}' (known: socket, tls-*, connections, timeout, \
+                         partition, offset, size, format)"
+                    )))
+                }
+            }
+            Ok(true)
+        })?,
+    };
+    if unix && socket.is_none() {
+        return Err(bad("an nbd+unix URI needs ?socket=PATH".into()));
+    }
+    if fields.format == Some(Format::Qcow2) {
+        return Err(bad(
+            "qcow2 is read from image files; serve a qcow2 over NBD decoded \
+             (qemu-nbd -f qcow2, nbdkit's qcow2dec filter)"
+                .into(),
+        ));
+    }
+    let mut uri = format!("{scheme}{authority}{export}");
+    if !passed.is_empty() {
+        uri = format!("{uri}?{}", passed.join("&"));
+    }
+    let mut spec = ImageSpec {
+        source: Source::Nbd(NbdSource {
+            uri,
+            connections,
+            timeout_secs: timeout,
+        }),
+        format: Format::Auto,
+        part: Part::Whole,
+    };
+    fields.apply(&mut spec, &bad)?;
+    Ok(spec)
 }
 
 /// A byte count, optionally with a K, M, G or T suffix (powers of 1024).
@@ -271,7 +512,24 @@ fn open_disk(
     read_only: bool,
     direct: bool,
 ) -> Result<(Arc<dyn BlockDevice>, &'static str)> {
-    let path = spec.path();
+    let path = match &spec.source {
+        Source::File(p) => p,
+        Source::Nbd(n) => {
+            let dev = crate::device::nbd::NbdDevice::open(&n.options(), read_only)?;
+            let mut magic = [0u8; 4];
+            if spec.format == Format::Auto && dev.size_bytes() >= 4 {
+                dev.read_at(&mut magic, 0)?;
+                if magic == QCOW2_MAGIC {
+                    return Err(Error::Unsupported(format!(
+                        "{}: the NBD export holds a qcow2 image; serve it decoded \
+                         (qemu-nbd -f qcow2, nbdkit's qcow2dec filter)",
+                        n.uri
+                    )));
+                }
+            }
+            return Ok((Arc::new(dev), "nbd"));
+        }
+    };
     let file = FileDevice::open(path, read_only, direct)?;
     let mut magic = [0u8; 4];
     let is_qcow2 = file.size_bytes() >= 4 && {
@@ -361,7 +619,7 @@ pub fn open_device(
 
 /// What a disk holds, for `rext4 info DISK`.
 pub struct DiskInfo {
-    /// "raw" or "qcow2".
+    /// "raw", "qcow2" or "nbd".
     pub format: &'static str,
     /// The (guest) disk, read-only.
     pub disk: Arc<dyn BlockDevice>,
@@ -440,7 +698,71 @@ mod tests {
         assert!(err("d.img?partition=1&offset=0").contains("exclude"));
         assert!(err("d.img?format=vmdk").contains("format 'vmdk'"));
         assert!(err("?partition=1").contains("no image path"));
-        assert!(err("nbd://host/export").contains("not supported yet"));
+        assert!(err("rbd:pool/image").contains("not supported yet"));
         assert!(err("d.img?size=99999999999999999999T").contains("size"));
+    }
+
+    #[test]
+    fn nbd_uris_parse_and_round_trip() {
+        let nbd = |t: &str| match ImageSpec::parse(t).expect(t) {
+            ImageSpec {
+                source: Source::Nbd(n),
+                format,
+                part,
+            } => (n, format, part),
+            s => panic!("{t}: {s:?}"),
+        };
+        let (n, f, p) = nbd("nbd://example.com/disk");
+        assert_eq!(n.uri, "nbd://example.com/disk");
+        assert_eq!((f, p), (Format::Auto, Part::Whole));
+        assert_eq!(nbd("nbd://10.0.0.1:10809/").0.uri, "nbd://10.0.0.1:10809/");
+        assert_eq!(nbd("nbd://[::1]:10809/e").0.uri, "nbd://[::1]:10809/e");
+        assert_eq!(nbd("nbd://h").0.uri, "nbd://h");
+        let (n, _, p) =
+            nbd("nbd+unix:///exp?socket=/run/s.sock&partition=2&connections=2&timeout=5");
+        assert_eq!(n.uri, "nbd+unix:///exp?socket=/run/s.sock");
+        assert_eq!((n.connections, n.timeout_secs), (Some(2), Some(5)));
+        assert_eq!(p, Part::Partition(2));
+        // rext4's fields come back after the URI's own.
+        let s = ImageSpec::parse("nbd+unix:///exp?socket=/run/s.sock&partition=2&timeout=5")
+            .expect("ok");
+        assert_eq!(
+            s.to_string(),
+            "nbd+unix:///exp?socket=/run/s.sock&timeout=5&partition=2"
+        );
+        assert_eq!(ImageSpec::parse(&s.to_string()).expect("again"), s);
+        let s = ImageSpec::parse("nbd://h/e?offset=1M").expect("ok");
+        assert_eq!(s.to_string(), "nbd://h/e?offset=1048576");
+        assert_eq!(ImageSpec::parse(&s.to_string()).expect("again"), s);
+        assert_eq!(s.local_file(), None);
+        // TLS fields go to libnbd.
+        assert_eq!(
+            nbd("nbds://h/e?tls-certificates=/etc/pki").0.uri,
+            "nbds://h/e?tls-certificates=/etc/pki"
+        );
+    }
+
+    #[test]
+    fn bad_nbd_uris_are_named() {
+        let err = |t: &str| ImageSpec::parse(t).expect_err(t).to_string();
+        assert!(err("nbd:///e").contains("no server"));
+        assert!(err("nbd://:10809/e").contains("no server name"));
+        assert!(err("nbd://h:0/e").contains("port '0'"));
+        assert!(err("nbd://h:x/e").contains("port 'x'"));
+        assert!(err("nbd://h:65536/e").contains("port '65536'"));
+        assert!(err("nbd://[::1/e").contains("unclosed '['"));
+        assert!(err("nbd://u@h/e").contains("user names"));
+        assert!(err("nbd+unix:///e").contains("needs ?socket=PATH"));
+        assert!(err("nbd+unix://h/e?socket=/s").contains("names no host"));
+        assert!(err("nbd://h/e?socket=/s").contains("for nbd+unix"));
+        assert!(err("nbd+unix:///e?socket=/s&socket=/t").contains("twice"));
+        assert!(err("nbd://h/e?colour=red").contains("unknown field 'colour'"));
+        assert!(err("nbd://h/e?connections=0").contains("connections '0'"));
+        assert!(err("nbd://h/e?connections=99").contains("connections '99'"));
+        assert!(err("nbd://h/e?timeout=never").contains("timeout 'never'"));
+        assert!(err("nbd://h/e?format=qcow2").contains("qcow2"));
+        assert!(err("nbd://h/e#frag").contains("fragment"));
+        assert!(err("nbd://h/e?partition=1&offset=0").contains("exclude"));
+        assert!(err("nbd+vsock:///e").contains("not supported"));
     }
 }

@@ -332,14 +332,19 @@ pub fn apply_options(o: &mut MountOptions, s: &str) -> Result<(), String> {
 /// file's absolute path, which `rext4 umount` reads back.
 pub fn mount(image: &Path, mountpoint: &Path, opts: &MountOptions) -> Result<(), String> {
     let spec = spec_of(image).map_err(|e| format!("{}: {e}", image.display()))?;
-    let file = spec
-        .path()
-        .canonicalize()
-        .map_err(|e| format!("{}: {e}", spec.path().display()))?;
-    let image = if spec.is_plain() {
-        file
-    } else {
-        PathBuf::from(spec.with_path(file).to_string())
+    let image = match spec.local_file() {
+        // A network source (an NBD URI) is its own name.
+        None => PathBuf::from(spec.to_string()),
+        Some(p) => {
+            let file = p
+                .canonicalize()
+                .map_err(|e| format!("{}: {e}", p.display()))?;
+            if spec.is_plain() {
+                file
+            } else {
+                PathBuf::from(spec.with_path(file).to_string())
+            }
+        }
     };
     clear_dead_mount(mountpoint)?;
     let mnt = mountpoint

@@ -15,6 +15,7 @@
 pub mod crash;
 pub mod fixture;
 pub mod mount;
+pub mod nbd;
 pub mod pmem;
 pub mod skip;
 pub mod tmp;
@@ -25,6 +26,7 @@ pub use fixture::{
     big_dir_name, fixture_bytes, fixture_shape, populate_debugfs, populate_kernel, Fixture,
 };
 pub use mount::{can_loop_mount, LoopDevice, LoopMount};
+pub use nbd::NbdServer;
 pub use skip::{require_all, skip, skip_without_capability, CAP_SYS_RESOURCE};
 pub use tmp::{memory_dir, Image, TempDir};
 pub use tools::{

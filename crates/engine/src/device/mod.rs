@@ -19,6 +19,7 @@
 
 pub mod dax;
 pub mod latency;
+pub mod nbd;
 pub mod parttable;
 pub mod qcow2;
 

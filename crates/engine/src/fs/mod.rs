@@ -493,14 +493,20 @@ impl Fs {
             )),
             e => e,
         };
-        let (claim, note) = if opts.read_only {
-            let (c, note) = crate::claim::Claim::read(path, opts.keep_writers_out)?;
-            match note {
-                Some(n) if opts.keep_writers_out => return Err(whole_disk(Error::InUse(n))),
-                n => (c, n),
+        // A network source has no file here to claim (`crate::image`).
+        let (claim, note) = match spec.local_file() {
+            None => (None, None),
+            Some(path) if opts.read_only => {
+                let (c, note) = crate::claim::Claim::read(path, opts.keep_writers_out)?;
+                match note {
+                    Some(n) if opts.keep_writers_out => return Err(whole_disk(Error::InUse(n))),
+                    n => (Some(c), n),
+                }
             }
-        } else {
-            (crate::claim::Claim::write(path).map_err(whole_disk)?, None)
+            Some(path) => (
+                Some(crate::claim::Claim::write(path).map_err(whole_disk)?),
+                None,
+            ),
         };
         let dev: Arc<dyn BlockDevice> = if opts.dax {
             if opts.direct_io {
@@ -508,7 +514,7 @@ impl Fs {
                     "DAX and O_DIRECT exclude each other (DAX has no page cache to bypass)".into(),
                 ));
             }
-            if !spec.is_plain() {
+            if !spec.is_plain() || spec.local_file().is_none() {
                 return Err(Error::InvalidInput(
                     "DAX maps a whole raw image file, not a partition or offset of one".into(),
                 ));
@@ -521,21 +527,16 @@ impl Fs {
         let hint_dev = dev.clone();
         use std::os::unix::ffi::OsStrExt;
         let name = path.as_os_str().as_bytes();
-        Self::open_claimed(
-            dev,
-            opts,
-            Some(claim),
-            note.into_iter().collect(),
-            name,
-            false,
-        )
-        .map_err(|e| match e {
-            // A whole disk with a partition table: say which partitions to open.
-            Error::NotExt4(why) if part_whole => match crate::image::partition_hint(&*hint_dev) {
-                Some(h) => Error::NotExt4(format!("{why}; {h}")),
-                None => Error::NotExt4(why),
-            },
-            e => e,
+        Self::open_claimed(dev, opts, claim, note.into_iter().collect(), name, false).map_err(|e| {
+            match e {
+                // A whole disk with a partition table: say which partitions to open.
+                Error::NotExt4(why) if part_whole => match crate::image::partition_hint(&*hint_dev)
+                {
+                    Some(h) => Error::NotExt4(format!("{why}; {h}")),
+                    None => Error::NotExt4(why),
+                },
+                e => e,
+            }
         })
     }
 
