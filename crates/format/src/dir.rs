@@ -337,6 +337,22 @@ pub fn lookup<'a>(
     }
 }
 
+/// The first live entry of a leaf block whose name `matches` accepts (a casefolded
+/// directory's lookup: [`crate::casefold::names_match`]).
+pub fn lookup_by<'a>(
+    block: &'a [u8],
+    has_csum_tail: bool,
+    matches: impl Fn(&[u8]) -> bool,
+) -> Result<Option<DirEntry<'a>>> {
+    for e in live_entries(block, has_csum_tail) {
+        let e = e?;
+        if e.name != b"." && e.name != b".." && matches(e.name) {
+            return Ok(Some(e));
+        }
+    }
+    Ok(None)
+}
+
 /// [`lookup`] without the fast walk (the reference it must agree with).
 fn lookup_checked<'a>(
     block: &'a [u8],
