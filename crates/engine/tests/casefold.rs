@@ -345,3 +345,64 @@ fn bad_encoding_fields_are_refused_at_open() {
         }
     }
 }
+
+/// Benchmark (not a check; run by hand, best in release):
+/// `cargo test --release -p rext4 --test casefold -- --ignored --nocapture bench`.
+/// Stats 100,000 names in a plain and in a casefolded htree directory of the same
+/// image, in-process: a first pass after opening (directory blocks read, dentry cache
+/// empty) and a second (dentry cache warm); the casefolded pass looks names up through
+/// a case variant. Prints each rate and the casefolded/plain ratio.
+#[test]
+#[ignore]
+fn bench_casefold_lookups() {
+    let n: usize = std::env::var("REXT4_CF_BENCH_NAMES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let img = mkfs(
+        &MkfsOptions::new(4096, 1 << 30)
+            .arg("-O")
+            .arg("casefold")
+            .arg("-N")
+            .arg(&(2 * n + 1000).to_string()),
+    )
+    .expect("mkfs");
+    {
+        let fs = Fs::open_with(img.path(), rw()).expect("open");
+        fs.create_dir("/plain").expect("mkdir");
+        fs.create_dir("/cf").expect("mkdir");
+        let ino = fs.resolve(b"/cf", true).expect("cf");
+        let f = fs.flags_ino(ino).expect("flags");
+        fs.set_flags_ino(ino, f | flags::CASEFOLD).expect("+F");
+        for i in 0..n {
+            fs.write(format!("/plain/File-Name-{i:06}.dat"), b"")
+                .expect("plain");
+            fs.write(format!("/cf/File-Name-{i:06}.dat"), b"")
+                .expect("cf");
+        }
+        fs.close().expect("close");
+    }
+    let fs = Fs::open(img.path()).expect("open");
+    let pass = |dir: &str, variant: bool| {
+        let t = std::time::Instant::now();
+        for i in 0..n {
+            let name = if variant {
+                format!("/{dir}/FILE-name-{i:06}.DAT")
+            } else {
+                format!("/{dir}/File-Name-{i:06}.dat")
+            };
+            fs.metadata(&name).expect("stat");
+        }
+        n as f64 / t.elapsed().as_secs_f64()
+    };
+    let (p1, c1) = (pass("plain", false), pass("cf", true));
+    let (p2, c2) = (pass("plain", false), pass("cf", true));
+    println!(
+        "first pass: plain {p1:.0}/s, casefolded {c1:.0}/s, ratio {:.2}",
+        c1 / p1
+    );
+    println!(
+        "warm pass:  plain {p2:.0}/s, casefolded {c2:.0}/s, ratio {:.2}",
+        c2 / p2
+    );
+}
