@@ -342,10 +342,8 @@ impl Fs {
         if self.casefold_of(inode).is_none() {
             return Ok(fdir::lookup(b, name, csum)?);
         }
-        let folded = casefold::casefold(name);
-        Ok(fdir::lookup_by(b, csum, |n| {
-            casefold::names_match(name, folded.as_deref(), n)
-        })?)
+        let m = casefold::Matcher::new(name);
+        Ok(fdir::lookup_by(b, csum, |n| m.matches(n))?)
     }
 
     fn search_leaf(

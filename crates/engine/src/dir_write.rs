@@ -116,10 +116,8 @@ impl Ctx {
         lblk: u64,
     ) -> Result<Option<fdir::DirEntry<'a>>> {
         let found = if self.casefold.is_some() {
-            let folded = casefold::casefold(name);
-            fdir::lookup_by(b, self.csum(), |n| {
-                casefold::names_match(name, folded.as_deref(), n)
-            })
+            let m = casefold::Matcher::new(name);
+            fdir::lookup_by(b, self.csum(), |n| m.matches(n))
         } else {
             fdir::lookup(b, name, self.csum())
         };

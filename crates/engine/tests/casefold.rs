@@ -382,27 +382,56 @@ fn bench_casefold_lookups() {
         }
         fs.close().expect("close");
     }
-    let fs = Fs::open(img.path()).expect("open");
-    let pass = |dir: &str, variant: bool| {
-        let t = std::time::Instant::now();
-        for i in 0..n {
-            let name = if variant {
-                format!("/{dir}/FILE-name-{i:06}.DAT")
-            } else {
-                format!("/{dir}/File-Name-{i:06}.dat")
-            };
-            fs.metadata(&name).expect("stat");
+    // Best of three rounds, each on a fresh open (cold directory blocks and dentry
+    // cache), the order of the two directories alternating: the machine is shared.
+    let (mut best_cold, mut best_warm) = ([0f64; 2], [0f64; 2]);
+    for round in 0..3 {
+        let fs = Fs::open(img.path()).expect("open");
+        let pass = |cf: bool| {
+            let t = std::time::Instant::now();
+            for i in 0..n {
+                let name = if cf {
+                    format!("/cf/FILE-name-{i:06}.DAT")
+                } else {
+                    format!("/plain/File-Name-{i:06}.dat")
+                };
+                fs.metadata(&name).expect("stat");
+            }
+            n as f64 / t.elapsed().as_secs_f64()
+        };
+        let order = if round % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for cf in order {
+            let s0 = fs.cache_stats().1;
+            let cold = pass(cf);
+            let s1 = fs.cache_stats().1;
+            let warm = pass(cf);
+            let s2 = fs.cache_stats().1;
+            println!(
+                "round {round} {}: cold {cold:.0}/s dentry hits/misses {:?}, warm {warm:.0}/s {:?}",
+                if cf { "casefolded" } else { "plain" },
+                (s1.0 - s0.0, s1.1 - s0.1),
+                (s2.0 - s1.0, s2.1 - s1.1)
+            );
+            let k = usize::from(cf);
+            best_cold[k] = best_cold[k].max(cold);
+            best_warm[k] = best_warm[k].max(warm);
         }
-        n as f64 / t.elapsed().as_secs_f64()
-    };
-    let (p1, c1) = (pass("plain", false), pass("cf", true));
-    let (p2, c2) = (pass("plain", false), pass("cf", true));
+        fs.close().expect("close");
+    }
     println!(
-        "first pass: plain {p1:.0}/s, casefolded {c1:.0}/s, ratio {:.2}",
-        c1 / p1
+        "cold (after open): plain {:.0}/s, casefolded {:.0}/s, ratio {:.2}",
+        best_cold[0],
+        best_cold[1],
+        best_cold[1] / best_cold[0]
     );
     println!(
-        "warm pass:  plain {p2:.0}/s, casefolded {c2:.0}/s, ratio {:.2}",
-        c2 / p2
+        "warm (dentry cache): plain {:.0}/s, casefolded {:.0}/s, ratio {:.2}",
+        best_warm[0],
+        best_warm[1],
+        best_warm[1] / best_warm[0]
     );
 }

@@ -203,6 +203,41 @@ pub fn names_match(name: &[u8], folded: Option<&[u8]>, stored: &[u8]) -> bool {
     casefold_into(stored, &mut buf) && buf == folded
 }
 
+/// [`names_match`] for one looked-up name against many stored ones (a leaf's entries):
+/// the name is folded and classified once.
+pub struct Matcher<'a> {
+    name: &'a [u8],
+    folded: Option<Vec<u8>>,
+    ascii: bool,
+}
+
+impl<'a> Matcher<'a> {
+    pub fn new(name: &'a [u8]) -> Matcher<'a> {
+        Matcher {
+            name,
+            folded: casefold(name),
+            ascii: name.is_ascii(),
+        }
+    }
+
+    /// Whether `stored` is the entry this name names (see [`names_match`]).
+    pub fn matches(&self, stored: &[u8]) -> bool {
+        if self.ascii {
+            // An ASCII name folds to its lowercase: an entry of the same length matches
+            // when equal ignoring ASCII case; any other ASCII entry does not (only a
+            // non-ASCII entry can fold to it with another length, "\u{fb01}le" to
+            // "file").
+            if stored.len() == self.name.len() && stored.eq_ignore_ascii_case(self.name) {
+                return true;
+            }
+            if stored.is_ascii() {
+                return false;
+            }
+        }
+        names_match(self.name, self.folded.as_deref(), stored)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,5 +315,12 @@ mod tests {
         // invalid names match only themselves
         assert!(names_match(b"\xffA", None, b"\xffA"));
         assert!(!names_match(b"\xffA", None, b"\xffa"));
+        let m = Matcher::new(b"FILE");
+        assert!(m.matches("\u{fb01}le".as_bytes()));
+        assert!(m.matches(b"file"));
+        assert!(!m.matches(b"files"));
+        assert!(!m.matches(b"fil"));
+        let m = Matcher::new("STRASSE".as_bytes());
+        assert!(m.matches("straße".as_bytes()));
     }
 }
