@@ -1646,7 +1646,8 @@ fn crash_xattr_values() {
 
 /// Casefolded htrees: CI runs a short sweep (~650 images; 120 steps gave 1,322 in 3.5
 /// minutes on a loaded 2-core machine). The long one: `REXT4_CRASH_STEPS=300
-/// REXT4_CRASH_VARIANTS=6 REXT4_CRASH_MIN_IMAGES=5000`. No kernel recovery: this
+/// REXT4_CRASH_VARIANTS=6 REXT4_CRASH_MIN_IMAGES=5000` (5,714 images from 818 flush
+/// points, 737,835 files read and right, 19 minutes). No kernel recovery: this
 /// machine's kernel (no CONFIG_UNICODE) refuses casefold images.
 #[test]
 fn crash_casefold() {
