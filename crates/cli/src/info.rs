@@ -271,6 +271,16 @@ pub fn render(fs: &Fs) -> String {
     if sb.has_incompat(feature::INCOMPAT_CSUM_SEED) {
         line("Checksum seed", format!("{:#010x}", sb.checksum_seed));
     }
+    if sb.has_incompat(feature::INCOMPAT_CASEFOLD) {
+        use rext4::format::casefold::{encoding_name, ENCODING_FLAG_STRICT};
+        let name = encoding_name(sb.encoding)
+            .map_or_else(|| format!("ENCODING_{}", sb.encoding), str::to_string);
+        line("Character encoding", name);
+        // dumpe2fs -h prints no flags; e2fsprogs names the one flag "strict".
+        if sb.encoding_flags & ENCODING_FLAG_STRICT != 0 {
+            line("Character encoding flags", "strict".into());
+        }
+    }
     if sb.has_compat(feature::COMPAT_ORPHAN_FILE) {
         line("Orphan file inode", sb.orphan_file_inum.to_string());
     }

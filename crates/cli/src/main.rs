@@ -174,6 +174,17 @@ enum Cmd {
         #[arg(required = true)]
         specs: Vec<String>,
     },
+    /// Change inode flags as chattr does: `rext4 chattr [+-=]FLAGS IMAGE:/path...`
+    /// (F: casefold, on an empty directory of a casefold filesystem; i, a, A, s, u,
+    /// c, d, t, T as chattr names them).
+    Chattr {
+        /// +FLAGS adds, -FLAGS removes, =FLAGS sets exactly (e.g. +F, -F, +i-a).
+        #[arg(allow_hyphen_values = true)]
+        flags: String,
+        /// IMAGE:/path operands (symbolic links are followed).
+        #[arg(required = true)]
+        specs: Vec<String>,
+    },
     /// Change owner: `rext4 chown [-h] OWNER[:GROUP] IMAGE:/path...`.
     #[command(disable_help_flag = true)]
     Chown {
@@ -327,6 +338,7 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
             link,
         } => write_cmds::ln(symbolic, &target, &link)?,
         Cmd::Chmod { mode, specs } => write_cmds::chmod(&mode, &specs)?,
+        Cmd::Chattr { flags, specs } => write_cmds::chattr(&flags, &specs)?,
         Cmd::Chown {
             no_deref,
             owner,

@@ -27,7 +27,8 @@
 //! the question; elsewhere it is not asked). Extended options (`-E`, comma-separated):
 //! `hash_seed=UUID`, `root_owner[=UID:GID]` (without a value: the caller's uid and
 //! gid), `mmp_update_interval=SECONDS` (with `-O mmp`; the MMP block records IMAGE as
-//! its device, as mke2fs records its argument). Unlike mke2fs, whose root directory is 0:0 unless told, a mkfs run without
+//! its device, as mke2fs records its argument), `encoding=utf8` (turns casefold on;
+//! `-O casefold` alone does too, with utf8-12.1) and `encoding_flags=strict`. Unlike mke2fs, whose root directory is 0:0 unless told, a mkfs run without
 //! root makes the root directory the caller's, so that a user's own image mounts
 //! writable for them. Malformed options and sizes are usage errors (exit 2).
 
@@ -146,6 +147,7 @@ fn options(args: &MkfsArgs) -> Result<MkfsOptions, String> {
     }
     let mut hash_seed = None;
     let mut mmp_update_interval = None;
+    let mut encoding_flags = None;
     let (uid, gid) = crate::write_cmds::caller();
     // mke2fs 1.43+ leaves the root directory 0:0; a user's own image is theirs.
     let mut root_owner = (uid != 0).then_some((uid, gid));
@@ -167,6 +169,19 @@ fn options(args: &MkfsArgs) -> Result<MkfsOptions, String> {
                             })?,
                     );
                 }
+                // mke2fs: naming the encoding turns casefold on; utf8-12.1 is the
+                // only one ext4 has.
+                Some(("encoding", "utf8" | "utf8-12.1")) => features.edit("casefold")?,
+                Some(("encoding", v)) => {
+                    return Err(format!("unknown encoding: {v} (ext4 has utf8, utf8-12.1)"))
+                }
+                Some(("encoding_flags", "strict")) => {
+                    encoding_flags = Some(rext4::format::casefold::ENCODING_FLAG_STRICT)
+                }
+                Some(("encoding_flags", "nostrict")) => encoding_flags = Some(0),
+                Some(("encoding_flags", v)) => {
+                    return Err(format!("invalid encoding_flags: {v} (strict or nostrict)"))
+                }
                 Some(("root_owner", v)) => {
                     root_owner = Some(
                         parse_root_owner(v)
@@ -176,11 +191,19 @@ fn options(args: &MkfsArgs) -> Result<MkfsOptions, String> {
                 _ => {
                     return Err(format!(
                         "bad extended option: {opt} (valid: hash_seed=UUID, \
-                         root_owner[=UID:GID], mmp_update_interval=SECONDS)"
+                         root_owner[=UID:GID], mmp_update_interval=SECONDS, encoding=utf8, \
+                         encoding_flags=strict)"
                     ))
                 }
             }
         }
+    }
+    if encoding_flags.is_some()
+        && !features
+            .add
+            .has_incompat(rext4::format::superblock::feature::INCOMPAT_CASEFOLD)
+    {
+        return Err("encoding_flags needs casefold (-O casefold or -E encoding=utf8)".into());
     }
     let uuid = match args.uuid.as_deref() {
         None | Some("random") => None,
@@ -208,6 +231,7 @@ fn options(args: &MkfsArgs) -> Result<MkfsOptions, String> {
         seed: args.seed.as_ref().map(|s| s.as_bytes().to_vec()),
         mmp_update_interval,
         device_path: Some(args.image.clone()),
+        encoding_flags,
         ..MkfsOptions::default()
     })
 }

@@ -384,6 +384,75 @@ pub fn chmod(mode: &str, args: &[String]) -> Result<(), Failure> {
     })
 }
 
+/// chattr's letters and the inode flags they stand for.
+const CHATTR_LETTERS: &[(char, u32)] = &[
+    ('s', 0x1),
+    ('u', 0x2),
+    ('c', 0x4),
+    ('S', 0x8),
+    ('i', 0x10),
+    ('a', 0x20),
+    ('d', 0x40),
+    ('A', 0x80),
+    ('j', 0x4000),
+    ('t', 0x8000),
+    ('D', 0x1_0000),
+    ('T', 0x2_0000),
+    ('e', 0x8_0000),
+    ('x', 0x200_0000),
+    ('P', 0x2000_0000),
+    ('F', 0x4000_0000),
+];
+
+/// Parse chattr's mode: groups of `+`, `-` or `=` and letters. Returns the flags to
+/// set, to clear, and whether `=` replaces all.
+fn parse_chattr(spec: &str) -> Result<(u32, u32, Option<u32>), String> {
+    let (mut add, mut sub, mut set) = (0u32, 0u32, None);
+    let mut op = None;
+    for ch in spec.chars() {
+        match ch {
+            '+' | '-' | '=' => {
+                op = Some(ch);
+                if ch == '=' {
+                    set.get_or_insert(0);
+                }
+            }
+            _ => {
+                let bit = CHATTR_LETTERS
+                    .iter()
+                    .find(|(c, _)| *c == ch)
+                    .map(|(_, b)| *b)
+                    .ok_or_else(|| format!("chattr: unknown flag '{ch}' in {spec:?}"))?;
+                match op {
+                    Some('+') => add |= bit,
+                    Some('-') => sub |= bit,
+                    Some('=') => *set.get_or_insert(0) |= bit,
+                    _ => return Err(format!("chattr: {spec:?} must start with +, - or =")),
+                }
+            }
+        }
+    }
+    if op.is_none() {
+        return Err(format!("chattr: {spec:?} must start with +, - or ="));
+    }
+    Ok((add, sub, set))
+}
+
+/// `rext4 chattr [+-=]FLAGS IMAGE:/path...`: FS_IOC_SETFLAGS with ext4's rules
+/// (`Fs::set_flags_ino`): +F / -F only on an empty directory (ENOTEMPTY otherwise).
+pub fn chattr(spec: &str, args: &[String]) -> Result<(), Failure> {
+    let (add, sub, set) = parse_chattr(spec).map_err(|e| (2, e))?;
+    for_each(args, |fs, path| {
+        let ino = fs.resolve(path, true)?;
+        let old = fs.flags_ino(ino)?;
+        let new = match set {
+            Some(s) => s,
+            None => (old | add) & !sub,
+        };
+        fs.set_flags_ino(ino, new)
+    })
+}
+
 /// `rext4 chown [-h] OWNER[:GROUP] IMAGE:/path...` (names from the host's databases,
 /// or numbers; see `owner`). As chown(2) does on Linux, a changed owner clears
 /// set-user-ID, and set-group-ID when group-executable, on non-directories.

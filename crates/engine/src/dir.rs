@@ -11,10 +11,12 @@
 //! collision chain is bounded by the number of index entries, so no lookup loops.
 //! Entry names containing '/' or NUL are corruption, never returned to callers.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
+use rext4_format::casefold;
 use rext4_format::dir::{self as fdir, DxNode, DxRoot};
-use rext4_format::hash::{dx_hash, HashVersion};
+use rext4_format::hash::{dx_hash, dx_hash_casefold, HashVersion};
 use rext4_format::inode::{flags, Inode};
 use rext4_format::superblock::feature;
 
@@ -71,6 +73,30 @@ impl Fs {
                 None,
             )),
         }
+    }
+
+    /// `Some(strict)` when directory `inode` is casefolded: its CASEFOLD flag on a
+    /// filesystem with the casefold feature (the flag alone is ignored, as e2fsck
+    /// reports it).
+    pub(crate) fn casefold_of(&self, inode: &Inode) -> Option<bool> {
+        let sb = &self.inner.sb;
+        (inode.has_flag(flags::CASEFOLD) && sb.has_incompat(feature::INCOMPAT_CASEFOLD))
+            .then_some(sb.encoding_flags & casefold::ENCODING_FLAG_STRICT != 0)
+    }
+
+    /// The dentry cache's key for `name` in directory `dir`: the name itself, or in a
+    /// casefolded directory its folded form (the raw bytes when it does not fold, which
+    /// no folded form can equal: those are valid UTF-8), so every case variant shares
+    /// one entry and a change through one variant is seen by all.
+    pub(crate) fn dent_name<'a>(&self, dir: Ino, name: &'a [u8]) -> Result<Cow<'a, [u8]>> {
+        if !self.inner.sb.has_incompat(feature::INCOMPAT_CASEFOLD) {
+            return Ok(Cow::Borrowed(name));
+        }
+        let inode = self.read_live_inode(dir)?;
+        if self.casefold_of(&inode).is_none() {
+            return Ok(Cow::Borrowed(name));
+        }
+        Ok(casefold::casefold(name).map_or(Cow::Borrowed(name), Cow::Owned))
     }
 
     fn is_indexed(&self, inode: &Inode) -> bool {
@@ -252,7 +278,11 @@ impl Fs {
             return self.settled(|| self.lookup_uncached(dir, name));
         }
         let dc = &self.inner.caches.dentries;
-        let key = DentRef { dir: dir.0, name };
+        let dname = self.dent_name(dir, name)?;
+        let key = DentRef {
+            dir: dir.0,
+            name: &dname,
+        };
         if let Some(hit) = dc.get(&key) {
             return Ok(hit.map(|(ino, ft)| DirEntry {
                 name: name.to_vec(),
@@ -265,7 +295,7 @@ impl Fs {
         dc.fill(
             DentKey {
                 dir: dir.0,
-                name: name.into(),
+                name: (*dname).into(),
             },
             found.as_ref().map(|e| (e.ino.0, e.file_type.dirent_code())),
             ticket,
@@ -300,6 +330,22 @@ impl Fs {
         Ok(None)
     }
 
+    /// The entry of leaf block `b` that `name` names: the same bytes, or in a
+    /// casefolded directory a name that folds the same.
+    fn match_in_leaf<'a>(
+        &self,
+        inode: &Inode,
+        b: &'a [u8],
+        name: &[u8],
+    ) -> Result<Option<fdir::DirEntry<'a>>> {
+        let csum = self.inner.metadata_csum;
+        if self.casefold_of(inode).is_none() {
+            return Ok(fdir::lookup(b, name, csum)?);
+        }
+        let m = casefold::Matcher::new(name);
+        Ok(fdir::lookup_by(b, csum, |n| m.matches(n))?)
+    }
+
     fn search_leaf(
         &self,
         dir: Ino,
@@ -308,7 +354,7 @@ impl Fs {
         name: &[u8],
     ) -> Result<Option<DirEntry>> {
         let b = self.read_leaf(dir, inode, lblk)?;
-        let found = fdir::lookup(&b, name, self.inner.metadata_csum)?;
+        let found = self.match_in_leaf(inode, &b, name)?;
         Ok(found.map(|e| DirEntry {
             name: e.name.to_vec(),
             ino: Ino(e.inode),
@@ -360,7 +406,11 @@ impl Fs {
                 None,
             )
         })?;
-        let (hash, _) = dx_hash(name, version, &sb.hash_seed);
+        let (hash, _) = if self.casefold_of(inode).is_some() {
+            dx_hash_casefold(name, version, &sb.hash_seed)
+        } else {
+            dx_hash(name, version, &sb.hash_seed)
+        };
         let levels = usize::from(root.indirect_levels);
         // Path from the root down to the leaf's parent: (index block, where it is,
         // chosen entry).

@@ -41,8 +41,9 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use rext4_format::casefold;
 use rext4_format::dir::{self as fdir, DxEntries, DxEntry, DxNode, DxRoot, FileType};
-use rext4_format::hash::{dx_hash, HashVersion};
+use rext4_format::hash::{dx_hash, dx_hash_casefold, HashVersion};
 use rext4_format::FormatError;
 
 use crate::error::{Error, Result};
@@ -60,6 +61,8 @@ struct Ctx {
     s_flags: u32,
     def_hash: u8,
     largedir: bool,
+    /// `Some(strict)` in a casefolded directory.
+    casefold: Option<bool>,
 }
 
 impl Ctx {
@@ -72,6 +75,7 @@ impl Ctx {
             s_flags,
             def_hash,
             largedir: dir.largedir(),
+            casefold: dir.casefold(),
         }
     }
     fn csum(&self) -> bool {
@@ -95,7 +99,54 @@ impl Ctx {
             .ok_or_else(|| Error::Unsupported(format!("directory hash version {on_disk}")))
     }
     fn hash(&self, name: &[u8], v: HashVersion) -> u32 {
-        dx_hash(name, v, &self.hash_seed).0
+        if self.casefold.is_some() {
+            dx_hash_casefold(name, v, &self.hash_seed).0
+        } else {
+            dx_hash(name, v, &self.hash_seed).0
+        }
+    }
+
+    /// The live entry of leaf `b` (logical block `lblk`) that `name` names: the same
+    /// bytes, or in a casefolded directory a name folding the same (the kernel's
+    /// `generic_ci_match`).
+    fn find_in<'a>(
+        &self,
+        b: &'a [u8],
+        name: &[u8],
+        lblk: u64,
+    ) -> Result<Option<fdir::DirEntry<'a>>> {
+        let found = if self.casefold.is_some() {
+            let m = casefold::Matcher::new(name);
+            fdir::lookup_by(b, self.csum(), |n| m.matches(n))
+        } else {
+            fdir::lookup(b, name, self.csum())
+        };
+        found.map_err(in_block(lblk))
+    }
+
+    /// The bytes of the entry `name` names in leaf `b` (in a casefolded directory, the
+    /// name as stored; `name` itself when no entry matches or the directory is not
+    /// casefolded).
+    fn stored_name(&self, b: &[u8], name: &[u8], lblk: u64) -> Result<Vec<u8>> {
+        if self.casefold.is_none() {
+            return Ok(name.to_vec());
+        }
+        Ok(self
+            .find_in(b, name, lblk)?
+            .map_or_else(|| name.to_vec(), |e| e.name.to_vec()))
+    }
+
+    /// Refuse a new `name` a strict casefolded directory cannot hold (not valid UTF-8:
+    /// EINVAL, as the kernel's `ext4_add_entry`).
+    fn check_new_name(&self, name: &[u8]) -> Result<()> {
+        if self.casefold == Some(true) && !casefold::is_valid_name(name) {
+            return Err(Error::InvalidInput(
+                "name is not valid UTF-8, which this casefolded directory requires \
+                 (strict encoding)"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -415,10 +466,7 @@ fn first_holding(
 ) -> Result<Option<(u64, Vec<u8>)>> {
     while let Some(leaf) = leaves.next(dir, c)? {
         let b = read_leaf(dir, c, leaf)?;
-        if fdir::lookup(&b, name, c.csum())
-            .map_err(in_block(leaf))?
-            .is_some()
-        {
+        if c.find_in(&b, name, leaf)?.is_some() {
             return Ok(Some((leaf, b)));
         }
     }
@@ -461,7 +509,7 @@ pub fn lookup(dir: &impl DirStore, name: &[u8]) -> Result<Option<(u32, u8)>> {
     let Some((lblk, b)) = find(dir, &c, name)? else {
         return Ok(None);
     };
-    let e = fdir::lookup(&b, name, c.csum()).map_err(in_block(lblk))?;
+    let e = c.find_in(&b, name, lblk)?;
     Ok(e.map(|e| (e.inode, e.file_type)))
 }
 
@@ -750,6 +798,7 @@ fn add(
 ) -> Result<()> {
     let new = Ent::new(name, ino, ftype)?;
     let c = Ctx::new(dir);
+    c.check_new_name(name)?;
     if dir.is_indexed() {
         return add_indexed(dir, &c, &new, unique);
     }
@@ -882,6 +931,10 @@ fn add_indexed(dir: &mut impl DirStore, c: &Ctx, new: &Ent, unique: bool) -> Res
 fn insert_unique_in(dir: &mut impl DirStore, c: &Ctx, leaf: u64, new: &Ent) -> Result<bool> {
     let mut exists = false;
     let added = change_leaf(dir, c, leaf, |b| {
+        if c.casefold.is_some() && c.find_in(b, &new.name, leaf)?.is_some() {
+            exists = true;
+            return Ok(false);
+        }
         match insert_new(b, new, c.csum()).map_err(in_block(leaf))? {
             fdir::Insertion::Added(_) => Ok(true),
             fdir::Insertion::Exists => {
@@ -929,7 +982,9 @@ pub fn add_to_leaf(
     ftype: FileType,
 ) -> Result<bool> {
     let new = Ent::new(name, ino, ftype)?;
-    insert_unique_in(dir, &Ctx::new(dir), leaf, &new)
+    let c = Ctx::new(dir);
+    c.check_new_name(name)?;
+    insert_unique_in(dir, &c, leaf, &new)
 }
 
 /// Remove `name` from leaf `leaf` (from [`only_leaf_for`]) if it names inode `ino`:
@@ -945,7 +1000,8 @@ pub fn remove_from_leaf(
     let c = Ctx::new(dir);
     let mut removed = None;
     change_leaf(dir, &c, leaf, |b| {
-        removed = fdir::remove_entry_naming(b, name, ino, c.csum()).map_err(in_block(leaf))?;
+        let stored = c.stored_name(b, name, leaf)?;
+        removed = fdir::remove_entry_naming(b, &stored, ino, c.csum()).map_err(in_block(leaf))?;
         Ok(removed.is_some())
     })?;
     Ok(removed)
@@ -1011,7 +1067,8 @@ pub fn remove_entry(dir: &mut impl DirStore, name: &[u8]) -> Result<Option<(u32,
     while let Some(leaf) = leaves.next(dir, &c)? {
         let mut removed = None;
         change_leaf(dir, &c, leaf, |b| {
-            removed = fdir::remove_entry_typed(b, name, c.csum()).map_err(in_block(leaf))?;
+            let stored = c.stored_name(b, name, leaf)?;
+            removed = fdir::remove_entry_typed(b, &stored, c.csum()).map_err(in_block(leaf))?;
             Ok(removed.is_some())
         })?;
         if removed.is_some() {
@@ -1037,7 +1094,7 @@ pub fn replace_entry(
     let Some((lblk, mut b)) = find(dir, &c, name)? else {
         return Ok(None);
     };
-    let Some(e) = fdir::lookup(&b, name, c.csum()).map_err(in_block(lblk))? else {
+    let Some(e) = c.find_in(&b, name, lblk)? else {
         return Ok(None);
     };
     let (off, old) = (e.offset, e.inode);

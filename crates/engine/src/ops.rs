@@ -239,9 +239,10 @@ impl Fs {
         if name == b"." || name == b".." {
             return Err(Error::Exists);
         }
+        let dname = self.dent_name(parent, name)?;
         let known = self.inner.caches.dentries.get(&DentRef {
             dir: parent.0,
-            name,
+            name: &dname,
         });
         if matches!(known, Some(Some(_))) {
             return Err(Error::Exists);
@@ -272,16 +273,24 @@ impl Fs {
     /// its work, so the entry is dropped then. Call after the directory blocks changed.
     fn dent_changed<T>(&self, dir: Ino, name: &[u8], r: &Result<T>, now: Dent) {
         let dc = &self.inner.caches.dentries;
+        let Ok(dname) = self.dent_name(dir, name) else {
+            // The directory cannot be read: forget everything cached about it.
+            dc.invalidate_where(|k| k.dir == dir.0);
+            return;
+        };
         if r.is_ok() {
             dc.set(
                 DentKey {
                     dir: dir.0,
-                    name: name.into(),
+                    name: (*dname).into(),
                 },
                 now,
             );
         } else {
-            dc.invalidate(&DentRef { dir: dir.0, name });
+            dc.invalidate(&DentRef {
+                dir: dir.0,
+                name: &dname,
+            });
         }
     }
 
@@ -563,6 +572,8 @@ impl Fs {
         let made = (|| {
             let mut inode = self.new_inode(mode, uid, gid);
             inode.links_count = 2;
+            // A casefolded directory's subdirectories are casefolded (EXT4_FL_INHERITED).
+            inode.flags |= pd.inode.flags & flags::CASEFOLD;
             self.map_by_extents(&mut inode);
             self.write_new_inode(ino, &inode)?;
             written = true;
@@ -1306,7 +1317,7 @@ impl Fs {
     /// (s u c d t T in chattr's letters), A (no atime updates, which the atime policy
     /// honours: `atime.rs`) and the two it enforces, immutable and append-only (i, a:
     /// see `may_change`); changing another (sync, dirsync, data journaling, project
-    /// inheritance, casefold, extents) is refused as unsupported rather than stored
+    /// inheritance, extents) is refused as unsupported rather than stored
     /// and ignored. The caller checks ownership and CAP_LINUX_IMMUTABLE (the kernel
     /// does before the ioctl reaches a FUSE server). Setting immutable writes the
     /// file's cached data back first, as ext4 does.
@@ -1315,12 +1326,35 @@ impl Fs {
         if new & flags::IMMUTABLE != 0 && old & flags::IMMUTABLE == 0 {
             self.writeback_ino(ino, 0, u64::MAX, true)?;
         }
-        let _w = self.write_lock();
+        // Casefold (chattr +F/-F), as ext4_ioctl_setflags: only with the feature, only
+        // on a directory, only an empty one — checked under the directory's lock, which
+        // keeps names out until the flag is written.
+        let casefold_change = (new ^ old) & flags::CASEFOLD != 0;
+        let (_h, _d) = if casefold_change {
+            if !self.inner.sb.has_incompat(feature::INCOMPAT_CASEFOLD) {
+                return Err(Error::Unsupported(
+                    "casefolded directories need the casefold feature (mkfs -O casefold)".into(),
+                ));
+            }
+            let h = self.handle();
+            let d = self.lock_dir(ino);
+            let dir = self.dir_handle(ino)?;
+            if !dir_write::is_empty(&dir)? {
+                return Err(Error::NotEmpty);
+            }
+            (Some(h), Some(d))
+        } else {
+            (None, None)
+        };
+        // The handle taken for a casefold change stands for the write lock (one or
+        // the other, in the lock order).
+        let _w = (!casefold_change).then(|| self.write_lock());
         self.check_writable()?;
         let mut inode = self.read_live_inode(ino)?;
         let want = (new & FL_USER_MODIFIABLE) | (inode.flags & !FL_USER_MODIFIABLE);
         let changed = inode.flags ^ want;
-        if changed & !(FL_KEPT_ONLY | FL_ENFORCED) != 0 {
+        let allowed = FL_KEPT_ONLY | FL_ENFORCED | (flags::CASEFOLD * u32::from(casefold_change));
+        if changed & !allowed != 0 {
             return Err(Error::Unsupported(format!(
                 "changing inode flags {:#x}: rext4 keeps only flags it needs not act on \
                  (secrm, unrm, compr, nodump, noatime, notail, topdir) and enforces \
@@ -1338,7 +1372,15 @@ impl Fs {
         }
         inode.flags = want;
         inode.ctime = self.now();
-        self.write_inode(ino, &inode)
+        self.write_inode(ino, &inode)?;
+        if casefold_change {
+            // Names are keyed differently now (folded or not): forget the old keys.
+            self.inner
+                .caches
+                .dentries
+                .invalidate_where(|k| k.dir == ino.0);
+        }
+        Ok(())
     }
 
     /// The mode `ino` keeps after privileges are dropped, as Linux drops them before

@@ -97,6 +97,12 @@ pub trait DirStore {
     fn hash_params(&self) -> ([u32; 4], u32, u8);
     /// Whether the filesystem has large_dir (3-level htrees, > 2 GiB dirs).
     fn largedir(&self) -> bool;
+    /// `Some(strict)` when the directory is casefolded (its CASEFOLD flag on a casefold
+    /// filesystem): names are hashed and matched by their folded form, and with
+    /// `strict` new names must be valid UTF-8.
+    fn casefold(&self) -> Option<bool> {
+        None
+    }
 }
 
 /// What a logical block maps to.

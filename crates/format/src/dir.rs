@@ -337,6 +337,36 @@ pub fn lookup<'a>(
     }
 }
 
+/// The first live entry of a leaf block whose name `matches` accepts (a casefolded
+/// directory's lookup: [`crate::casefold::names_match`]).
+pub fn lookup_by<'a>(
+    block: &'a [u8],
+    has_csum_tail: bool,
+    matches: impl Fn(&[u8]) -> bool,
+) -> Result<Option<DirEntry<'a>>> {
+    // The fast walk of `lookup` first; the checked walk reports what it cannot judge.
+    let fast = fast_walk(block, has_csum_tail, |e| {
+        (e.inode != 0 && e.name != b"." && e.name != b".." && matches(e.name)).then(|| DirEntry {
+            inode: e.inode,
+            rec_len: e.rec_len,
+            name_len: e.name_len,
+            file_type: u8_at(block, e.off + DIRENT_FILE_TYPE),
+            name: e.name,
+            offset: e.off,
+        })
+    });
+    if let Some(found) = fast {
+        return Ok(found);
+    }
+    for e in live_entries(block, has_csum_tail) {
+        let e = e?;
+        if e.name != b"." && e.name != b".." && matches(e.name) {
+            return Ok(Some(e));
+        }
+    }
+    Ok(None)
+}
+
 /// [`lookup`] without the fast walk (the reference it must agree with).
 fn lookup_checked<'a>(
     block: &'a [u8],

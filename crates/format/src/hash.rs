@@ -120,6 +120,19 @@ pub fn dx_hash(name: &[u8], version: HashVersion, seed: &[u32; 4]) -> (u32, u32)
     (major, minor)
 }
 
+/// [`dx_hash`] of a name in a casefolded directory: the hash of its folded form
+/// ([`crate::casefold::casefold`]), or of its raw bytes when it is not valid UTF-8 in
+/// the encoding (the kernel's `ext4fs_dirhash` fallback for opaque names).
+pub fn dx_hash_casefold(name: &[u8], version: HashVersion, seed: &[u32; 4]) -> (u32, u32) {
+    if name.is_empty() {
+        return dx_hash(name, version, seed);
+    }
+    match crate::casefold::casefold(name) {
+        Some(folded) => dx_hash(&folded, version, seed),
+        None => dx_hash(name, version, seed),
+    }
+}
+
 /// A name byte as the C code sees it: sign-extended `signed char` or `unsigned char`,
 /// then converted to 32 bits.
 #[inline]

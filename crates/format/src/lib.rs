@@ -21,6 +21,9 @@
 pub mod acl;
 pub mod bitmap;
 pub mod bytes;
+pub mod casefold;
+#[rustfmt::skip]
+mod casefold_tables;
 pub mod csum;
 pub mod dir;
 pub mod extent;

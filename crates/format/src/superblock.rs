@@ -149,7 +149,8 @@ pub const INCOMPAT_SUPPORTED: u32 = INCOMPAT_FILETYPE
     | INCOMPAT_FLEX_BG
     | INCOMPAT_CSUM_SEED
     | INCOMPAT_LARGEDIR
-    | INCOMPAT_EA_INODE;
+    | INCOMPAT_EA_INODE
+    | INCOMPAT_CASEFOLD;
 /// ro_compat features the engine honours when writing; others force read-only.
 pub const RO_COMPAT_SUPPORTED: u32 = RO_COMPAT_SPARSE_SUPER
     | RO_COMPAT_LARGE_FILE
@@ -239,6 +240,8 @@ pub struct Superblock {
     pub prj_quota_inum: u32,
     pub checksum_seed: u32,
     pub encoding: u16,
+    /// `s_encoding_flags` (0x27E): [`crate::casefold::ENCODING_FLAG_STRICT`].
+    pub encoding_flags: u16,
     pub orphan_file_inum: u32,
     pub checksum: u32,
 }
@@ -378,6 +381,7 @@ impl Superblock {
             prj_quota_inum: le32(b, 0x26C),
             checksum_seed: le32(b, 0x270),
             encoding: le16(b, 0x27C),
+            encoding_flags: le16(b, 0x27E),
             orphan_file_inum: le32(b, 0x280),
             checksum: le32(b, CSUM_OFF),
         }
@@ -583,6 +587,7 @@ impl Superblock {
         set_le32(b, 0x26C, self.prj_quota_inum);
         set_le32(b, 0x270, self.checksum_seed);
         set_le16(b, 0x27C, self.encoding);
+        set_le16(b, 0x27E, self.encoding_flags);
         set_le32(b, 0x280, self.orphan_file_inum);
         if self.has_ro_compat(RO_COMPAT_METADATA_CSUM) {
             let c = Self::compute_csum(b);

@@ -185,6 +185,8 @@ pub(crate) struct Shared {
     next_fh: AtomicU64,
     huge_file: bool,
     block_size: u32,
+    /// The image has casefolded directories (`entry_ttl`).
+    casefold: bool,
     /// errors=remount-ro latched.
     latched_ro: AtomicBool,
     /// Whether the kernel accepted FUSE_WRITEBACK_CACHE.
@@ -355,6 +357,7 @@ impl Shared {
         Shared {
             huge_file: sb.has_ro_compat(feature::RO_COMPAT_HUGE_FILE),
             block_size: fs.block_size(),
+            casefold: fs.superblock().has_incompat(feature::INCOMPAT_CASEFOLD),
             fs,
             cfg,
             lookups: Mutex::new(HashMap::new()),
@@ -923,6 +926,23 @@ impl Shared {
         }
     }
 
+    /// How long the kernel may keep an entry of directory `parent`: in a casefolded
+    /// directory not at all. The kernel's dentry cache compares names byte for byte, so
+    /// each case variant looked up becomes a dentry of its own; one kept after the name
+    /// was unlinked or renamed through another variant would still answer.
+    fn entry_ttl(&self, parent: Ino, attr: &FileAttr) -> Duration {
+        let casefolded = self.casefold
+            && self
+                .fs
+                .flags_ino(parent)
+                .is_ok_and(|f| f & rext4::format::inode::flags::CASEFOLD != 0);
+        if casefolded {
+            Duration::ZERO
+        } else {
+            self.ttl(attr)
+        }
+    }
+
     /// Make the kernel write back its dirty pages of `ino` now and drop its cached
     /// pages (an invalidation launders dirty pages with synchronous WRITEs). Waits for
     /// those WRITEs: never call it from a request handler.
@@ -1052,7 +1072,7 @@ impl Filesystem for Adapter {
             return;
         };
         let (attr, generation) = tri!(reply, s.entry(e.ino));
-        reply.entry(&s.ttl(&attr), &attr, generation);
+        reply.entry(&s.entry_ttl(p, &attr), &attr, generation);
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -1282,7 +1302,7 @@ impl Filesystem for Adapter {
                 .map_err(|e| s.fail("mknod", &e))
         );
         let (attr, generation) = tri!(reply, s.entry(ino));
-        reply.entry(&s.ttl(&attr), &attr, generation);
+        reply.entry(&s.entry_ttl(p, &attr), &attr, generation);
     }
 
     fn mkdir(
@@ -1304,7 +1324,7 @@ impl Filesystem for Adapter {
                 .map_err(|e| s.fail("mkdir", &e))
         );
         let (attr, generation) = tri!(reply, s.entry(ino));
-        reply.entry(&s.ttl(&attr), &attr, generation);
+        reply.entry(&s.entry_ttl(p, &attr), &attr, generation);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -1353,7 +1373,7 @@ impl Filesystem for Adapter {
             .map_err(|e| s.fail("symlink", &e))
         );
         let (attr, generation) = tri!(reply, s.entry(ino));
-        reply.entry(&s.ttl(&attr), &attr, generation);
+        reply.entry(&s.entry_ttl(p, &attr), &attr, generation);
     }
 
     /// rename and renameat2: RENAME_NOREPLACE, RENAME_EXCHANGE and RENAME_WHITEOUT
@@ -1421,7 +1441,7 @@ impl Filesystem for Adapter {
                 .map_err(|e| s.fail("link", &e))
         );
         let (attr, generation) = tri!(reply, s.entry(ino));
-        reply.entry(&s.ttl(&attr), &attr, generation);
+        reply.entry(&s.entry_ttl(to_ext4(newparent), &attr), &attr, generation);
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -1990,7 +2010,13 @@ impl Filesystem for Adapter {
                 return;
             }
         };
-        reply.created(&s.ttl(&attr), &attr, generation, FileHandle(fh), fl);
+        reply.created(
+            &s.entry_ttl(to_ext4(parent), &attr),
+            &attr,
+            generation,
+            FileHandle(fh),
+            fl,
+        );
     }
 
     /// O_TMPFILE: an unnamed file, open, that a later LINK may name (the kernel sends

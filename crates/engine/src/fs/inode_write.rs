@@ -820,4 +820,7 @@ impl DirStore for FsDir<'_> {
     fn largedir(&self) -> bool {
         self.fs.inner.sb.has_incompat(feature::INCOMPAT_LARGEDIR)
     }
+    fn casefold(&self) -> Option<bool> {
+        self.fs.casefold_of(&self.inode)
+    }
 }

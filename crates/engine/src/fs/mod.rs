@@ -587,6 +587,7 @@ impl Fs {
         if !fc.unsupported_incompat.is_empty() {
             return Err(unsupported_incompat(&fc.unsupported_incompat));
         }
+        check_encoding(&sb)?;
         if !fc.unsupported_ro_compat.is_empty() && !read_only {
             warnings.push(format!(
                 "read-only: image uses features rext4 cannot write: {}",
@@ -662,6 +663,7 @@ impl Fs {
             if !fc.unsupported_incompat.is_empty() {
                 return Err(unsupported_incompat(&fc.unsupported_incompat));
             }
+            check_encoding(&r.sb)?;
             if !fc.unsupported_ro_compat.is_empty() {
                 read_only = true;
             }
@@ -2065,6 +2067,29 @@ impl Drop for Fs {
             let _ = self.writeback_all();
         }
     }
+}
+
+/// A casefold filesystem's encoding must be one rext4 folds exactly (utf8-12.1, the
+/// strict flag or none), else the image is refused, as the kernel refuses an unknown
+/// encoding.
+fn check_encoding(sb: &Superblock) -> Result<()> {
+    use rext4_format::casefold::{encoding_name, ENCODING_FLAGS_KNOWN};
+    if !sb.has_incompat(feature::INCOMPAT_CASEFOLD) {
+        return Ok(());
+    }
+    if encoding_name(sb.encoding).is_none() {
+        return Err(Error::Unsupported(format!(
+            "casefold image with unknown filename encoding {} (rext4 knows 1, utf8-12.1)",
+            sb.encoding
+        )));
+    }
+    if sb.encoding_flags & !ENCODING_FLAGS_KNOWN != 0 {
+        return Err(Error::Unsupported(format!(
+            "casefold image with unknown encoding flags {:#x}",
+            sb.encoding_flags
+        )));
+    }
+    Ok(())
 }
 
 /// The feature gate's refusal, naming the features.

@@ -73,7 +73,11 @@ impl FsType {
 /// as mke2fs sets it).
 const BUILDABLE: Features = Features {
     compat: DEBIAN.compat | COMPAT_ORPHAN_FILE,
-    incompat: DEBIAN.incompat | INCOMPAT_CSUM_SEED | INCOMPAT_MMP | INCOMPAT_EA_INODE,
+    incompat: DEBIAN.incompat
+        | INCOMPAT_CSUM_SEED
+        | INCOMPAT_MMP
+        | INCOMPAT_EA_INODE
+        | INCOMPAT_CASEFOLD,
     ro_compat: DEBIAN.ro_compat | RO_COMPAT_GDT_CSUM,
 };
 

@@ -82,6 +82,9 @@ pub struct MkfsOptions {
     /// The device name an MMP block records, as mke2fs records the path it was given
     /// ([`mkfs_file`] uses its path); `None`: empty.
     pub device_path: Option<std::path::PathBuf>,
+    /// `-E encoding_flags=strict`: `s_encoding_flags` of a casefold filesystem (its
+    /// `s_encoding` is always utf8-12.1, as mke2fs's default); 0 when `None`.
+    pub encoding_flags: Option<u16>,
 }
 
 /// What was built.
@@ -191,6 +194,7 @@ pub fn mkfs(dev: &dyn BlockDevice, opts: &MkfsOptions) -> Result<MkfsReport> {
             root_owner: opts.root_owner.unwrap_or((0, 0)),
             mmp_update_interval,
             device_name,
+            encoding_flags: opts.encoding_flags.unwrap_or(0),
         },
         opts.device_zeroed,
     )?;

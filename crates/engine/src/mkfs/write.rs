@@ -55,6 +55,8 @@ pub(crate) struct Identity {
     pub mmp_update_interval: u16,
     /// The device name the MMP block records (mke2fs: the path it was given).
     pub device_name: Vec<u8>,
+    /// `s_encoding_flags` with casefold.
+    pub encoding_flags: u16,
 }
 
 /// Device writes with a byte counter.
@@ -846,6 +848,10 @@ pub(crate) fn build(
         sb.orphan_file_inum = ORPHAN_INO;
     }
     sb.mmp_interval = id.mmp_update_interval;
+    if geo.features.has_incompat(INCOMPAT_CASEFOLD) {
+        sb.encoding = rext4_format::casefold::ENCODING_UTF8_12_1;
+        sb.encoding_flags = id.encoding_flags;
+    }
     if let Some(blk) = files.mmp {
         sb.mmp_block = blk;
     }
