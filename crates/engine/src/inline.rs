@@ -501,6 +501,55 @@ impl Fs {
         Ok(gone)
     }
 
+    /// Point `name` of inline directory `d` at `new_ino` of type `ftype` in place (a
+    /// rename over it); the inode it named, `None` when absent.
+    pub(crate) fn inline_replace_entry(
+        &self,
+        d: &mut FsDir<'_>,
+        name: &[u8],
+        new_ino: Ino,
+        ftype: DirFt,
+    ) -> Result<Option<u32>> {
+        let mut st = self.inline_state(d.ino, &d.inode)?;
+        let mut i_block = d.inode.block;
+        let mut value = st.value.clone();
+        let found = fi::dir_entries(&d.inode.block, &st.value)
+            .map_err(|e| corrupt(d.ino, e))?
+            .into_iter()
+            .find(|(_, e)| e.is_live() && e.name == name)
+            .map(|(area, e)| (area, e.offset, e.inode));
+        let Some((area, off, old)) = found else {
+            return Ok(None);
+        };
+        let bytes: &mut [u8] = if area == 0 {
+            &mut i_block[fi::DOTDOT_BYTES..]
+        } else {
+            &mut value
+        };
+        rext4_format::bytes::set_le32(bytes, off + rext4_format::dir::DIRENT_INODE, new_ino.0);
+        rext4_format::bytes::set_u8(
+            bytes,
+            off + rext4_format::dir::DIRENT_FILE_TYPE,
+            ftype as u8,
+        );
+        let mut inode = d.inode.clone();
+        self.store_inline(d.ino, &mut inode, &mut st, i_block, &value)?;
+        d.inode = inode;
+        Ok(Some(old))
+    }
+
+    /// Point inline directory `d`'s ".." at `parent` (a move to another directory).
+    pub(crate) fn inline_set_parent(&self, d: &mut FsDir<'_>, parent: u32) -> Result<()> {
+        let mut st = self.inline_state(d.ino, &d.inode)?;
+        let mut i_block = d.inode.block;
+        i_block[..fi::DOTDOT_BYTES].copy_from_slice(&parent.to_le_bytes());
+        let mut inode = d.inode.clone();
+        let value = st.value.clone();
+        self.store_inline(d.ino, &mut inode, &mut st, i_block, &value)?;
+        d.inode = inode;
+        Ok(())
+    }
+
     /// Whether inline directory `inode` has no entries.
     pub(crate) fn inline_dir_is_empty(&self, ino: Ino, inode: &Inode) -> Result<bool> {
         Ok(self.inline_dir_list(ino, inode)?.1.is_empty())

@@ -336,6 +336,40 @@ impl Fs {
         dir_write::remove_entry(d, name)
     }
 
+    /// Add `name -> ino` to directory `d` (a rename's new name): in place in an
+    /// inline directory while it has room, else after converting it.
+    fn dir_add(&self, d: &mut FsDir<'_>, name: &[u8], ino: Ino, ft: DirFt) -> Result<()> {
+        if d.inode.has_flag(flags::INLINE_DATA) {
+            if self.inline_add_entry(d, name, ino, ft)? {
+                return Ok(());
+            }
+            self.uninline_dir(d)?;
+        }
+        dir_write::add_entry(d, name, ino.0, ft, self.dir_index())
+    }
+
+    /// Point `name` of directory `d` (inline or not) at `ino`.
+    fn dir_replace(
+        &self,
+        d: &mut FsDir<'_>,
+        name: &[u8],
+        ino: Ino,
+        ft: DirFt,
+    ) -> Result<Option<u32>> {
+        if d.inode.has_flag(flags::INLINE_DATA) {
+            return self.inline_replace_entry(d, name, ino, ft);
+        }
+        dir_write::replace_entry(d, name, ino.0, ft)
+    }
+
+    /// Set ".." of directory `d` (inline or not).
+    fn dir_set_parent(&self, d: &mut FsDir<'_>, parent: Ino) -> Result<()> {
+        if d.inode.has_flag(flags::INLINE_DATA) {
+            return self.inline_set_parent(d, parent.0);
+        }
+        dir_write::set_dotdot(d, parent.0)
+    }
+
     /// Whether directory `d` (inline or not) has no entry but "." and "..".
     fn dir_empty(&self, d: &FsDir<'_>) -> Result<bool> {
         if d.inode.has_flag(flags::INLINE_DATA) {
@@ -737,7 +771,7 @@ impl Fs {
         if unnamed && !lock_set(&self.inner.linkable).contains(&ino) {
             return Err(Error::NotFound);
         }
-        let mut d = self.dir_handle(new_parent)?;
+        let mut d = self.dir_view(new_parent)?;
         if self.lookup(new_parent, new_name)?.is_some() {
             return Err(Error::Exists);
         }
@@ -1107,28 +1141,18 @@ impl Fs {
         let t = self.now();
         let mut victim = None;
         let added = (|| {
-            let mut nd = self.dir_handle(new_parent)?;
+            let mut nd = self.dir_view(new_parent)?;
             let now = Some((src.ino.0, dirent_type(src_inode.mode) as u8));
             match &dst {
                 Some(dst) => {
-                    let r = dir_write::replace_entry(
-                        &mut nd,
-                        new_name,
-                        src.ino.0,
-                        dirent_type(src_inode.mode),
-                    );
+                    let r =
+                        self.dir_replace(&mut nd, new_name, src.ino, dirent_type(src_inode.mode));
                     self.dent_changed(new_parent, new_name, &r, now);
                     r?;
                     victim = Some(dst.ino);
                 }
                 None => {
-                    let r = dir_write::add_entry(
-                        &mut nd,
-                        new_name,
-                        src.ino.0,
-                        dirent_type(src_inode.mode),
-                        self.dir_index(),
-                    );
+                    let r = self.dir_add(&mut nd, new_name, src.ino, dirent_type(src_inode.mode));
                     self.dent_changed(new_parent, new_name, &r, now);
                     if r.is_err() && nd.dirty {
                         // As in `link_into`: the completed steps' record.
@@ -1152,12 +1176,12 @@ impl Fs {
             None => added?,
         }
         {
-            let mut od = self.dir_handle(parent)?;
+            let mut od = self.dir_view(parent)?;
             let r = match whiteout {
-                Some(w) => {
-                    dir_write::replace_entry(&mut od, name, w.0, DirFt::CharDevice).map(drop)
-                }
-                None => dir_write::remove_entry(&mut od, name).map(drop),
+                Some(w) => self
+                    .dir_replace(&mut od, name, w, DirFt::CharDevice)
+                    .map(drop),
+                None => self.dir_remove(&mut od, name).map(drop),
             };
             let now = whiteout.map(|w| (w.0, DirFt::CharDevice as u8));
             self.dent_changed(parent, name, &r, now);
@@ -1171,8 +1195,8 @@ impl Fs {
             self.finish_dir(od)?;
         }
         if src_dir && parent != new_parent {
-            let mut sd = self.dir_handle(src.ino)?;
-            dir_write::set_dotdot(&mut sd, new_parent.0)?;
+            let mut sd = self.dir_view(src.ino)?;
+            self.dir_set_parent(&mut sd, new_parent)?;
             sd.inode.ctime = t;
             sd.dirty = true;
             self.finish_dir(sd)?;
@@ -1214,8 +1238,8 @@ impl Fs {
         for (p, name, new_ino, now, was, other) in
             [(p1, n1, i2, &b, &a, p2), (p2, n2, i1, &a, &b, p1)]
         {
-            let mut d = self.dir_handle(p)?;
-            let r = dir_write::replace_entry(&mut d, name, new_ino.0, dirent_type(now.mode));
+            let mut d = self.dir_view(p)?;
+            let r = self.dir_replace(&mut d, name, new_ino, dirent_type(now.mode));
             self.dent_changed(p, name, &r, Some((new_ino.0, dirent_type(now.mode) as u8)));
             r?;
             d.inode.mtime = t;
@@ -1233,8 +1257,8 @@ impl Fs {
         for (ino, newp) in [(i1, p2), (i2, p1)] {
             let inode = self.read_live_inode(ino)?;
             if inode.is_dir() && p1 != p2 {
-                let mut sd = self.dir_handle(ino)?;
-                dir_write::set_dotdot(&mut sd, newp.0)?;
+                let mut sd = self.dir_view(ino)?;
+                self.dir_set_parent(&mut sd, newp)?;
                 sd.inode.ctime = t;
                 sd.dirty = true;
                 self.finish_dir(sd)?;

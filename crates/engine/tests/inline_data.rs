@@ -57,6 +57,12 @@ fn clean(img: &Path, label: &str) {
 /// mounts (skipped).
 fn same_as_kernel(img: &Path, label: &str) -> Option<()> {
     let fs = Fs::open(img).expect("rext4 opens");
+    let audit = fs.audit().expect("audit");
+    assert!(
+        audit.problems.is_empty(),
+        "[{label}] audit: {:?}",
+        audit.problems
+    );
     let ours = common::snapshot(&fs).expect("rext4 reads the tree");
     drop(fs);
     let m = match LoopMount::new(img, true, "noatime") {
@@ -267,6 +273,13 @@ fn directories_inline_then_converted() {
         fs.hard_link("/d/one", "/d/two").expect("link");
         assert!(is_inline(&fs, "/d"));
         fs.rename("/d/two", "/d/three").expect("rename");
+        fs.write("/d/r", b"new").expect("create");
+        fs.rename("/d/r", "/d/three2").expect("rename");
+        fs.hard_link("/d/three", "/d/three2-old").expect("link");
+        fs.rename("/d/three2", "/d/three2-old")
+            .expect("rename over");
+        fs.remove_file("/d/three2-old").expect("unlink");
+        assert!(is_inline(&fs, "/d"), "renames stay in the inode");
         fs.remove_file("/d/one").expect("unlink");
         assert!(fs.remove_dir("/d").is_err(), "not empty");
         fs.remove_dir("/d/sub").expect("rmdir");
@@ -298,6 +311,18 @@ fn directories_inline_then_converted() {
             fs.resolve(b"/d", false).expect("d")
         );
         fs.remove_dir("/e").expect("rmdir empty inline");
+        // A move between two inline directories keeps both inline.
+        fs.create_dir("/g").expect("mkdir");
+        fs.create_dir("/h").expect("mkdir");
+        fs.create_dir("/g/k").expect("mkdir");
+        fs.rename("/g/k", "/h/k").expect("move");
+        assert!(is_inline(&fs, "/g") && is_inline(&fs, "/h") && is_inline(&fs, "/h/k"));
+        assert_eq!(
+            fs.resolve(b"/h/k/..", false).expect("dotdot"),
+            fs.resolve(b"/h", false).expect("h")
+        );
+        assert_eq!(fs.metadata("/h").expect("stat").nlink, 3);
+        assert_eq!(fs.metadata("/g").expect("stat").nlink, 2);
         fs.close().expect("close");
     }
     clean(img.path(), "dirs");
