@@ -8,7 +8,7 @@
 //! its own directory or, with `--shared-dir`, all in one; `--chmod-rename` adds a chmod
 //! and a rename of every file before the unlinks), `seqwrite SIZE` (one file
 //! written in 1 MiB requests, then synced), `seqread` (read that file back),
-//! `smallfsync N` (N files of 4 KiB each written and fsynced; with `--threads T`, T
+//! `smallfsync N` (N files of 4 KiB, or `-s`, each written and fsynced; with `--threads T`, T
 //! threads in directories of their own, and the journal commits counted against the
 //! fsyncs: group commit), `pwtrunc` (SEEDS lesson B, like the anchors' pwrite_trunc:
 //! `-n` iterations of pwrite 4 KiB at 0 + ftruncate 2 KiB, then the same with a
@@ -71,7 +71,8 @@ pub struct BenchArgs {
     /// (see bench_pwtrunc).
     #[arg(long)]
     pub verify: bool,
-    /// Bytes for seqwrite (suffixes k, m, g; default 1g).
+    /// Bytes for seqwrite (suffixes k, m, g; default 1g), and per file for smallfsync
+    /// (default 4k).
     #[arg(short = 's', long)]
     pub size: Option<String>,
     /// Seconds per phase for churn (default 5).
@@ -382,8 +383,9 @@ fn mdtest(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// smallfsync: `-n` files of 4 KiB, each written and fsynced, shared by `--threads`
-/// threads (each in its own directory); the journal's commits are counted.
+/// smallfsync: `-n` files of 4 KiB (`-s`: another size, e.g. `-s 100` for files an
+/// inline_data image keeps in their inodes), each written and fsynced, shared by
+/// `--threads` threads (each in its own directory); the journal's commits are counted.
 fn smallfsync(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
     let e = |x: rext4::Error| crate::term::reason(&x);
     let n = a.count.unwrap_or(10_000);
@@ -392,7 +394,8 @@ fn smallfsync(fs: &Fs, a: &BenchArgs) -> Result<(), String> {
         fs.create_dir_all(format!("/smallfsync/t{t}")).map_err(e)?;
     }
     fs.sync().map_err(e)?;
-    let data = vec![0x5Au8; 4096];
+    let len = parse_size(a.size.as_deref().unwrap_or("4k"))?;
+    let data = vec![0x5Au8; len as usize];
     let before = fs.journal_stats();
     let t0 = Instant::now();
     on_threads(threads, |t| {

@@ -103,6 +103,12 @@ const ROWS: &[Row] = &[
         block_size: 4096,
         size_mib: 512,
     },
+    Row {
+        name: "inline_data",
+        mkfs: &["-O", "inline_data"],
+        block_size: 4096,
+        size_mib: 128,
+    },
 ];
 
 /// Bytes that say where they are from.

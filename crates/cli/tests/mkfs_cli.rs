@@ -207,6 +207,8 @@ fn same_dumpe2fs_as_mkfs_ext4() {
     compare_with("16M", &["-O", "mmp"], ",mmp_update_interval=1");
     // `rext4 mkfs -O ea_inode`: the feature as mke2fs sets it.
     compare("64M", &["-O", "ea_inode"]);
+    // `rext4 mkfs -O inline_data`: lost+found one block smaller, as mke2fs makes it.
+    compare("64M", &["-O", "inline_data"]);
 }
 
 /// `rext4 mkfs -t ext2|ext3` against `mkfs.ext4 -t ext2|ext3`, and `rext4 info` in

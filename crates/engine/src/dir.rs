@@ -213,6 +213,9 @@ impl Fs {
 
     fn read_dir_once(&self, ino: Ino) -> Result<Vec<DirEntry>> {
         let inode = self.read_live_inode(ino)?;
+        if inode.is_dir() && inode.has_flag(flags::INLINE_DATA) {
+            return Ok(self.inline_dir_list(ino, &inode)?.1);
+        }
         let n = self.dir_nblocks(ino, &inode)?;
         let skip = if self.is_indexed(&inode) {
             self.index_blocks(ino, &inode, n)?
@@ -305,6 +308,9 @@ impl Fs {
 
     fn lookup_uncached(&self, dir: Ino, name: &[u8]) -> Result<Option<DirEntry>> {
         let inode = self.read_live_inode(dir)?;
+        if inode.is_dir() && inode.has_flag(flags::INLINE_DATA) {
+            return self.inline_dir_lookup(dir, &inode, name);
+        }
         let n = self.dir_nblocks(dir, &inode)?;
         if self.is_indexed(&inode) {
             if name == b"." || name == b".." {

@@ -209,6 +209,16 @@ impl Fs {
         if inode.mode == 0 {
             return Err(Error::NotFound);
         }
+        if inode.has_flag(rext4_format::inode::flags::INLINE_DATA) {
+            // Inline bytes are read from the record, never cached (inline.rs).
+            // SAFETY: `read_inline` writes only initialized bytes.
+            return self.read_inline(
+                ino,
+                &inode,
+                unsafe { crate::device::as_uninit(buf) },
+                offset,
+            );
+        }
         if inode.is_reg() && self.inner.dax {
             let _t = self.tree_shared(ino);
             return self.read_device(ino, &inode, buf, offset);
@@ -257,6 +267,9 @@ impl Fs {
         buf: &mut [MaybeUninit<u8>],
         offset: u64,
     ) -> Result<usize> {
+        if inode.has_flag(rext4_format::inode::flags::INLINE_DATA) {
+            return self.read_inline(ino, inode, buf, offset);
+        }
         if offset >= inode.size {
             return Ok(0);
         }

@@ -60,6 +60,7 @@ pub use fs::{inode_write, map, pagecache};
 pub mod grace;
 pub mod icache;
 pub mod image;
+mod inline;
 pub mod inthash;
 pub mod journal;
 mod lockdep;

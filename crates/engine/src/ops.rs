@@ -209,7 +209,19 @@ fn check_name(name: &[u8]) -> Result<()> {
 }
 
 impl Fs {
+    /// Directory `dir` for a change by the block-directory code: an inline directory
+    /// is converted to a block first (in the caller's handle, under its lock).
     fn dir_handle(&self, dir: Ino) -> Result<FsDir<'_>> {
+        let mut d = self.dir_view(dir)?;
+        if d.inode.has_flag(flags::INLINE_DATA) {
+            self.check_writable()?;
+            self.uninline_dir(&mut d)?;
+        }
+        Ok(d)
+    }
+
+    /// Directory `dir` as it is (an inline one stays inline: its callers handle it).
+    fn dir_view(&self, dir: Ino) -> Result<FsDir<'_>> {
         let inode = self.read_live_inode(dir)?;
         if !inode.is_dir() {
             return Err(Error::NotADirectory);
@@ -235,7 +247,7 @@ impl Fs {
     /// directory's inode lock.
     fn dir_for_new_name(&self, parent: Ino, name: &[u8]) -> Result<FsDir<'_>> {
         self.check_writable()?;
-        let d = self.dir_handle(parent)?;
+        let d = self.dir_view(parent)?;
         if name == b"." || name == b".." {
             return Err(Error::Exists);
         }
@@ -300,6 +312,17 @@ impl Fs {
     /// every step leaves the directory well formed, but only with its size and
     /// extent root on disk too.
     fn link_into(&self, d: &mut FsDir<'_>, name: &[u8], ino: Ino, mode: u16) -> Result<()> {
+        if d.inode.has_flag(flags::INLINE_DATA) {
+            // In the inode while it has room, else converted to a block first.
+            let r = self.inline_add_entry(d, name, ino, dirent_type(mode));
+            if !matches!(r, Ok(false)) {
+                self.dent_changed(d.ino, name, &r, Some((ino.0, dirent_type(mode) as u8)));
+                r?;
+                d.dirty = true;
+                return Ok(());
+            }
+            self.uninline_dir(d)?;
+        }
         let r = dir_write::add_new_entry(d, name, ino.0, dirent_type(mode), self.dir_index());
         self.dent_changed(d.ino, name, &r, Some((ino.0, dirent_type(mode) as u8)));
         if r.is_err() && d.dirty {
@@ -312,6 +335,56 @@ impl Fs {
         d.inode.ctime = t;
         d.dirty = true;
         Ok(())
+    }
+
+    /// Remove `name` from directory `d`, inline or not: the (inode, type) it named.
+    fn dir_remove(&self, d: &mut FsDir<'_>, name: &[u8]) -> Result<Option<(u32, u8)>> {
+        if d.inode.has_flag(flags::INLINE_DATA) {
+            return self.inline_remove_entry(d, name, None);
+        }
+        dir_write::remove_entry(d, name)
+    }
+
+    /// Add `name -> ino` to directory `d` (a rename's new name): in place in an
+    /// inline directory while it has room, else after converting it.
+    fn dir_add(&self, d: &mut FsDir<'_>, name: &[u8], ino: Ino, ft: DirFt) -> Result<()> {
+        if d.inode.has_flag(flags::INLINE_DATA) {
+            if self.inline_add_entry(d, name, ino, ft)? {
+                return Ok(());
+            }
+            self.uninline_dir(d)?;
+        }
+        dir_write::add_entry(d, name, ino.0, ft, self.dir_index())
+    }
+
+    /// Point `name` of directory `d` (inline or not) at `ino`.
+    fn dir_replace(
+        &self,
+        d: &mut FsDir<'_>,
+        name: &[u8],
+        ino: Ino,
+        ft: DirFt,
+    ) -> Result<Option<u32>> {
+        if d.inode.has_flag(flags::INLINE_DATA) {
+            return self.inline_replace_entry(d, name, ino, ft);
+        }
+        dir_write::replace_entry(d, name, ino.0, ft)
+    }
+
+    /// Set ".." of directory `d` (inline or not).
+    fn dir_set_parent(&self, d: &mut FsDir<'_>, parent: Ino) -> Result<()> {
+        if d.inode.has_flag(flags::INLINE_DATA) {
+            return self.inline_set_parent(d, parent.0);
+        }
+        dir_write::set_dotdot(d, parent.0)
+    }
+
+    /// Whether directory `d` (inline or not) has no entry but "." and "..".
+    fn dir_empty(&self, d: &FsDir<'_>) -> Result<bool> {
+        if d.inode.has_flag(flags::INLINE_DATA) {
+            return self.inline_dir_is_empty(d.ino, &d.inode);
+        }
+        dir_write::is_empty(d)
     }
 
     fn finish_dir(&self, d: FsDir<'_>) -> Result<()> {
@@ -499,7 +572,7 @@ impl Fs {
         let _h = self.handle();
         let _p = self.lock_dir_shared(parent);
         self.check_writable()?;
-        let d = self.dir_handle(parent)?;
+        let d = self.dir_view(parent)?;
         may_change(&d.inode, "add a name", true)?;
         let inherited = self.inherit_acl(&d.inode, parent, &mut mode)?;
         let ino = self.alloc_inode(parent, false)?;
@@ -583,8 +656,11 @@ impl Fs {
                 inode,
                 dirty: true,
             };
-            nd.append_block_checked()?;
-            dir_write::init_dir(&mut nd, ino.0, parent.0)?;
+            // inline_data: a new directory starts in its inode, as the kernel's.
+            if !self.create_inline_dir(&mut nd, parent)? {
+                nd.append_block_checked()?;
+                dir_write::init_dir(&mut nd, ino.0, parent.0)?;
+            }
             self.finish_dir(nd)?;
             self.store_inherited(ino, inherited)?;
             self.link_into(&mut pd, name, ino, mode)
@@ -706,7 +782,7 @@ impl Fs {
         if unnamed && !lock_set(&self.inner.linkable).contains(&ino) {
             return Err(Error::NotFound);
         }
-        let mut d = self.dir_handle(new_parent)?;
+        let mut d = self.dir_view(new_parent)?;
         if self.lookup(new_parent, new_name)?.is_some() {
             return Err(Error::Exists);
         }
@@ -739,7 +815,7 @@ impl Fs {
         }
         let _p = self.lock_dir(parent);
         self.check_writable()?;
-        let mut d = self.dir_handle(parent)?;
+        let mut d = self.dir_view(parent)?;
         let e = self.lookup(parent, name)?.ok_or(Error::NotFound)?;
         // A directory is refused before its lock is taken: a non-directory's lock is
         // the last of the order, and a directory's holder may wait for this parent.
@@ -756,7 +832,7 @@ impl Fs {
         if inode.is_dir() {
             return Err(Error::IsADirectory);
         }
-        let r = dir_write::remove_entry(&mut d, name);
+        let r = self.dir_remove(&mut d, name);
         self.dent_changed(parent, name, &r, None);
         r?;
         let t = self.now();
@@ -861,17 +937,17 @@ impl Fs {
         let _r = self.rename_lock();
         let _p = self.lock_dir(parent);
         self.check_writable()?;
-        let mut d = self.dir_handle(parent)?;
+        let mut d = self.dir_view(parent)?;
         let e = self.lookup(parent, name)?.ok_or(Error::NotFound)?;
         let _c = self.lock_dir(self.not_itself(parent, e.ino)?);
-        let child = self.dir_handle(e.ino)?;
+        let child = self.dir_view(e.ino)?;
         may_change(&d.inode, "remove a name", false)?;
         may_change(&child.inode, "rmdir", false)?;
-        if !dir_write::is_empty(&child)? {
+        if !self.dir_empty(&child)? {
             return Err(Error::NotEmpty);
         }
         let inode = child.inode;
-        let r = dir_write::remove_entry(&mut d, name);
+        let r = self.dir_remove(&mut d, name);
         self.dent_changed(parent, name, &r, None);
         r?;
         Self::dec_dir_links(&mut d.inode);
@@ -981,8 +1057,8 @@ impl Fs {
         new_name: &'a [u8],
     ) -> Result<RenameNames<'a>> {
         self.check_writable()?;
-        let od = self.dir_handle(parent)?.inode;
-        let nd = self.dir_handle(new_parent)?.inode;
+        let od = self.dir_view(parent)?.inode;
+        let nd = self.dir_view(new_parent)?.inode;
         let src = self.lookup(parent, name)?.ok_or(Error::NotFound)?;
         let dst = self.lookup(new_parent, new_name)?;
         let src_inode = self.read_live_inode(src.ino)?;
@@ -1060,7 +1136,7 @@ impl Fs {
                         inode: dst_inode.clone(),
                         dirty: false,
                     };
-                    if !dir_write::is_empty(&dd)? {
+                    if !self.dir_empty(&dd)? {
                         return Err(Error::NotEmpty);
                     }
                 }
@@ -1076,28 +1152,18 @@ impl Fs {
         let t = self.now();
         let mut victim = None;
         let added = (|| {
-            let mut nd = self.dir_handle(new_parent)?;
+            let mut nd = self.dir_view(new_parent)?;
             let now = Some((src.ino.0, dirent_type(src_inode.mode) as u8));
             match &dst {
                 Some(dst) => {
-                    let r = dir_write::replace_entry(
-                        &mut nd,
-                        new_name,
-                        src.ino.0,
-                        dirent_type(src_inode.mode),
-                    );
+                    let r =
+                        self.dir_replace(&mut nd, new_name, src.ino, dirent_type(src_inode.mode));
                     self.dent_changed(new_parent, new_name, &r, now);
                     r?;
                     victim = Some(dst.ino);
                 }
                 None => {
-                    let r = dir_write::add_entry(
-                        &mut nd,
-                        new_name,
-                        src.ino.0,
-                        dirent_type(src_inode.mode),
-                        self.dir_index(),
-                    );
+                    let r = self.dir_add(&mut nd, new_name, src.ino, dirent_type(src_inode.mode));
                     self.dent_changed(new_parent, new_name, &r, now);
                     if r.is_err() && nd.dirty {
                         // As in `link_into`: the completed steps' record.
@@ -1121,12 +1187,12 @@ impl Fs {
             None => added?,
         }
         {
-            let mut od = self.dir_handle(parent)?;
+            let mut od = self.dir_view(parent)?;
             let r = match whiteout {
-                Some(w) => {
-                    dir_write::replace_entry(&mut od, name, w.0, DirFt::CharDevice).map(drop)
-                }
-                None => dir_write::remove_entry(&mut od, name).map(drop),
+                Some(w) => self
+                    .dir_replace(&mut od, name, w, DirFt::CharDevice)
+                    .map(drop),
+                None => self.dir_remove(&mut od, name).map(drop),
             };
             let now = whiteout.map(|w| (w.0, DirFt::CharDevice as u8));
             self.dent_changed(parent, name, &r, now);
@@ -1140,8 +1206,8 @@ impl Fs {
             self.finish_dir(od)?;
         }
         if src_dir && parent != new_parent {
-            let mut sd = self.dir_handle(src.ino)?;
-            dir_write::set_dotdot(&mut sd, new_parent.0)?;
+            let mut sd = self.dir_view(src.ino)?;
+            self.dir_set_parent(&mut sd, new_parent)?;
             sd.inode.ctime = t;
             sd.dirty = true;
             self.finish_dir(sd)?;
@@ -1183,8 +1249,8 @@ impl Fs {
         for (p, name, new_ino, now, was, other) in
             [(p1, n1, i2, &b, &a, p2), (p2, n2, i1, &a, &b, p1)]
         {
-            let mut d = self.dir_handle(p)?;
-            let r = dir_write::replace_entry(&mut d, name, new_ino.0, dirent_type(now.mode));
+            let mut d = self.dir_view(p)?;
+            let r = self.dir_replace(&mut d, name, new_ino, dirent_type(now.mode));
             self.dent_changed(p, name, &r, Some((new_ino.0, dirent_type(now.mode) as u8)));
             r?;
             d.inode.mtime = t;
@@ -1202,8 +1268,8 @@ impl Fs {
         for (ino, newp) in [(i1, p2), (i2, p1)] {
             let inode = self.read_live_inode(ino)?;
             if inode.is_dir() && p1 != p2 {
-                let mut sd = self.dir_handle(ino)?;
-                dir_write::set_dotdot(&mut sd, newp.0)?;
+                let mut sd = self.dir_view(ino)?;
+                self.dir_set_parent(&mut sd, newp)?;
                 sd.inode.ctime = t;
                 sd.dirty = true;
                 self.finish_dir(sd)?;
@@ -1520,6 +1586,11 @@ impl Fs {
     fn truncate_locked(&self, ino: Ino, size: u64) -> Result<()> {
         let mut inode = self.read_live_inode(ino)?;
         truncate_allowed(&inode, size, self.max_size_of(&inode))?;
+        if inode.has_flag(flags::INLINE_DATA)
+            && self.truncate_inline_locked(ino, &mut inode, size)?
+        {
+            return Ok(());
+        }
         let bs = u64::from(self.inner.block_size);
         if size < inode.size {
             let first_gone = size.div_ceil(bs);
@@ -1594,6 +1665,7 @@ impl Fs {
     /// exclusive I/O lock, so concurrent appends never overlap.
     pub fn append_ino(&self, ino: Ino, buf: &[u8], direct: bool) -> Result<usize> {
         if direct {
+            self.uninline_file(ino)?;
             self.write_through(ino, buf, None, true)
         } else {
             self.write_buffered(ino, buf, None, true)
@@ -1614,6 +1686,8 @@ impl Fs {
         update_times: bool,
     ) -> Result<usize> {
         let len = buf.len() as u64;
+        // As the kernel: an inline file becomes a block before direct I/O.
+        self.uninline_file(ino)?;
         self.pc_flush_invalidate(ino, offset, len)?;
         let r = match self.try_overwrite(ino, buf, offset)? {
             Some(n) => {
@@ -1760,7 +1834,7 @@ impl Fs {
         let Some(end) = offset.checked_add(len as u64) else {
             return Ok(None);
         };
-        if len == 0 || !inode.is_reg() || end > inode.size {
+        if len == 0 || !inode.is_reg() || end > inode.size || inode.has_flag(flags::INLINE_DATA) {
             return Ok(None);
         }
         let bs = u64::from(self.inner.block_size);
@@ -1806,6 +1880,7 @@ impl Fs {
         if writes.len() <= 1 {
             return writes.iter().try_for_each(|&(b, o)| all_or_one(b, o));
         }
+        self.uninline_file(ino)?;
         for &(b, o) in writes {
             self.pc_flush_invalidate(ino, o, b.len() as u64)?;
         }
@@ -1869,7 +1944,6 @@ impl Fs {
         update_times: bool,
     ) -> Result<usize> {
         let mut inode = self.read_live_inode(ino)?;
-        let before = inode.clone();
         if inode.is_dir() {
             return Err(Error::IsADirectory);
         }
@@ -1877,6 +1951,13 @@ impl Fs {
             return Ok(0);
         }
         let buf = self.clamp_write(&inode, buf, offset)?;
+        // Inline data: written in the record while it fits, else converted first.
+        if inode.has_flag(flags::INLINE_DATA) || self.may_inline(&inode) {
+            if let Some(n) = self.write_inline_locked(ino, &mut inode, buf, offset, update_times)? {
+                return Ok(n);
+            }
+        }
+        let before = inode.clone();
         if offset > inode.size {
             self.zero_past_eof(ino, &inode, offset)?;
         }
@@ -2029,6 +2110,8 @@ impl Fs {
 
     /// fallocate(2).
     pub fn fallocate_ino(&self, ino: Ino, mode: FallocMode, offset: u64, len: u64) -> Result<()> {
+        // As the kernel: an inline file becomes a block first.
+        self.uninline_file(ino)?;
         let _io = self.io_exclusive(ino);
         let _dax = self.dax_change(ino);
         self.check_writable()?;

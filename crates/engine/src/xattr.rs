@@ -60,6 +60,11 @@ use crate::fs::{Fs, Ino};
 /// `NameTooLong` past 255 bytes.
 fn resolve_name(name: &[u8]) -> Result<(u8, &[u8])> {
     if let Some(r) = fx::split_name(name) {
+        if r.0 == rext4_format::inline::XATTR_INDEX && r.1 == rext4_format::inline::XATTR_NAME {
+            // The inline data's own attribute, not userspace's (EOPNOTSUPP, as the
+            // kernel answers for it).
+            return Err(Error::Unsupported("xattr system.data".into()));
+        }
         return Ok(r);
     }
     for p in [&b"user."[..], b"trusted.", b"security.", b"system."] {
@@ -75,6 +80,12 @@ fn resolve_name(name: &[u8]) -> Result<(u8, &[u8])> {
         "xattr namespace of {:?}",
         String::from_utf8_lossy(name)
     )))
+}
+
+/// Whether userspace sees attribute `a`: not `system.data`, the inline data's (the
+/// kernel has no handler for its index: not listed, not read, not set).
+fn visible(a: &fx::Xattr) -> bool {
+    !rext4_format::inline::is_data_attr(a)
 }
 
 fn is_acl(index: u8) -> bool {
@@ -97,7 +108,7 @@ impl Fs {
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let (ibody, block) = self.stored_xattrs(ino, inode)?;
         let mut out = Vec::new();
-        for a in ibody.into_iter().chain(block) {
+        for a in ibody.into_iter().chain(block).filter(visible) {
             let Some(name) = a.full_name() else {
                 // Unknown name index: not visible to userspace (the kernel skips it).
                 continue;
@@ -116,6 +127,7 @@ impl Fs {
             Ok(ibody
                 .into_iter()
                 .chain(block)
+                .filter(visible)
                 .filter_map(|a| a.full_name())
                 .collect())
         })
@@ -130,6 +142,7 @@ impl Fs {
             let found = ibody
                 .into_iter()
                 .chain(block)
+                .filter(visible)
                 .find(|a| a.full_name().as_deref() == Some(name));
             found.map(|a| self.vfs_value(ino, &inode, a)).transpose()
         })
@@ -334,7 +347,13 @@ fn area_bytes(a: &fx::Xattr) -> usize {
 /// first), the rest in the block; `None` when the rest do not fit a block of `bs`.
 fn lay_out(all: &[fx::Xattr], region_len: usize, bs: usize) -> Option<Layout> {
     let mut order: Vec<usize> = (0..all.len()).collect();
-    order.sort_by_key(|&i| area_bytes(&all[i]));
+    // The inline data's `system.data` is placed first and must stay in the inode.
+    order.sort_by_key(|&i| {
+        (
+            !rext4_format::inline::is_data_attr(&all[i]),
+            area_bytes(&all[i]),
+        )
+    });
     let mut inside: Vec<usize> = Vec::new();
     let mut outside = Vec::new();
     for i in order {
@@ -342,6 +361,8 @@ fn lay_out(all: &[fx::Xattr], region_len: usize, bs: usize) -> Option<Layout> {
         trial.push(all[i].clone());
         if outside.is_empty() && region_len > 0 && fx::fits_in_inode(region_len, &trial) {
             inside.push(i);
+        } else if rext4_format::inline::is_data_attr(&all[i]) {
+            return None;
         } else {
             outside.push(i);
         }

@@ -470,6 +470,7 @@ fn same_as_mke2fs_with_options() {
         "metadata_csum_seed",
         "ea_inode",
         "ea_inode,^metadata_csum",
+        "inline_data",
     ] {
         compare(&Case::new(64 * M, false).features(spec));
         compare(&Case::new(G, true).features(spec));
@@ -596,7 +597,7 @@ fn device_with_old_data_is_initialized() {
 #[test]
 fn unbuildable_features_are_refused() {
     let dir = TempDir::new("mkfs-f").expect("temp dir");
-    for spec in ["inline_data", "^extent", "bigalloc"] {
+    for spec in ["^extent", "bigalloc"] {
         let opts = MkfsOptions {
             features: FeatureSet::parse(spec).expect("parse"),
             ..MkfsOptions::default()

@@ -28,11 +28,11 @@ fn with_features(img: &[u8], incompat_or: u32, ro_or: u32) -> Arc<Vec<u8>> {
 fn unknown_incompat_is_refused_by_name() {
     let img = mkfs(&MkfsOptions::new(4096, 16 << 20)).expect("mkfs");
     let raw = std::fs::read(img.path()).expect("read");
-    let b = with_features(&raw, 0x8000 | 0x8000_0000, 0);
+    let b = with_features(&raw, 0x10000 | 0x8000_0000, 0);
     match common::open_patched(&b, vec![]) {
         Err(Error::Unsupported(msg)) => {
             assert!(
-                msg.contains("inline_data") && msg.contains("FEATURE_I31"),
+                msg.contains("encrypt") && msg.contains("FEATURE_I31"),
                 "{msg}"
             )
         }

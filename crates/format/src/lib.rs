@@ -30,6 +30,7 @@ pub mod extent;
 pub mod fast_commit;
 pub mod group;
 pub mod hash;
+pub mod inline;
 pub mod inode;
 pub mod jbd2;
 pub mod mmp;

@@ -150,7 +150,8 @@ pub const INCOMPAT_SUPPORTED: u32 = INCOMPAT_FILETYPE
     | INCOMPAT_CSUM_SEED
     | INCOMPAT_LARGEDIR
     | INCOMPAT_EA_INODE
-    | INCOMPAT_CASEFOLD;
+    | INCOMPAT_CASEFOLD
+    | INCOMPAT_INLINE_DATA;
 /// ro_compat features the engine honours when writing; others force read-only.
 pub const RO_COMPAT_SUPPORTED: u32 = RO_COMPAT_SPARSE_SUPER
     | RO_COMPAT_LARGE_FILE
@@ -900,11 +901,11 @@ mod tests {
         set_le32(
             &mut b,
             0x60,
-            INCOMPAT_64BIT | INCOMPAT_INLINE_DATA | 0x8000_0000,
+            INCOMPAT_64BIT | INCOMPAT_ENCRYPT | 0x8000_0000,
         );
         let sb = Superblock::decode_unchecked(&b);
         let fc = sb.check_features();
-        assert_eq!(fc.unsupported_incompat, vec!["inline_data", "FEATURE_I31"]);
+        assert_eq!(fc.unsupported_incompat, vec!["encrypt", "FEATURE_I31"]);
     }
 
     #[test]

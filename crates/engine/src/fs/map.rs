@@ -244,6 +244,9 @@ impl Fs {
         limit_blocks: u64,
     ) -> Result<Vec<(u64, Mapping)>> {
         let mut out = Vec::new();
+        if inode.has_flag(flags::INLINE_DATA) {
+            return Ok(out); // the bytes live in the inode: no block
+        }
         let mut l = 0u64;
         while l < limit_blocks.min(MAX_LOGICAL) {
             let m = self.map_block(ino, inode, l)?;

@@ -70,14 +70,15 @@ impl FsType {
 }
 
 /// What rext4's mkfs knows how to lay out (ea_inode is a bit in the superblock alone,
-/// as mke2fs sets it).
+/// as mke2fs sets it; inline_data too, but for lost+found's one block fewer).
 const BUILDABLE: Features = Features {
     compat: DEBIAN.compat | COMPAT_ORPHAN_FILE,
     incompat: DEBIAN.incompat
         | INCOMPAT_CSUM_SEED
         | INCOMPAT_MMP
         | INCOMPAT_EA_INODE
-        | INCOMPAT_CASEFOLD,
+        | INCOMPAT_CASEFOLD
+        | INCOMPAT_INLINE_DATA,
     ro_compat: DEBIAN.ro_compat | RO_COMPAT_GDT_CSUM,
 };
 

@@ -374,10 +374,17 @@ fn allocate(alloc: &mut Alloc) -> Result<Files> {
     alloc.take_inode(LPF_INO, true);
     let mut lpf_blks = vec![alloc.take(alloc.inode_goal(LPF_INO))?];
     let mut lpf_size = 0u64;
+    // With inline_data, mkdir leaves lost+found in its inode and the first expansion
+    // only moves it to a block: one block fewer (11 at 1 KiB, 3 at 4 KiB).
+    let mut expansions = u32::from(geo.features.has_incompat(INCOMPAT_INLINE_DATA));
     for _ in 1..12 {
         lpf_size += bs;
         if lpf_size >= 16 * 1024 && lpf_size >= 2 * bs {
             break;
+        }
+        if expansions > 0 {
+            expansions -= 1;
+            continue;
         }
         let last = *lpf_blks.last().unwrap_or(&0);
         lpf_blks.push(alloc.take(last)?);
@@ -473,8 +480,14 @@ struct Records<'a> {
 impl Records<'_> {
     /// Store `ino`'s record, checksummed when metadata_csum is on.
     fn put(&mut self, ino: u32, i: &Inode) {
+        self.put_with(ino, i, |_| {});
+    }
+
+    /// [`Self::put`], `f` changing the record's bytes before the checksum.
+    fn put_with(&mut self, ino: u32, i: &Inode, f: impl FnOnce(&mut [u8])) {
         let mut b = vec![0u8; INODE_SIZE as usize];
         i.encode_into(&mut b);
+        f(&mut b);
         if self.geo.metadata_csum() {
             inode::set_csum(&mut b, ino, self.seed);
         }
@@ -592,9 +605,22 @@ pub(crate) fn build(
     rec.put(ROOT_INO, &root);
 
     // lost+found.
+    let inline = geo.features.has_incompat(INCOMPAT_INLINE_DATA);
     for (i, &b) in files.lpf_blks.iter().enumerate() {
         if i == 0 {
             dir::init_block(&mut blk, LPF_INO, ROOT_INO, csum_on);
+            if inline {
+                // Made inline, then moved to a block: "..", 12 bytes, is followed
+                // by the inline area's empty record stretched to the end.
+                let end = bsz - if csum_on { dir::TAIL_LEN } else { 0 };
+                rext4_format::bytes::set_le16(&mut blk, 12 + dir::DIRENT_REC_LEN, 12);
+                rext4_format::bytes::set_le32(&mut blk, 24 + dir::DIRENT_INODE, 0);
+                rext4_format::bytes::set_le16(
+                    &mut blk,
+                    24 + dir::DIRENT_REC_LEN,
+                    dir::rec_len_to_disk(end - 24, bsz),
+                );
+            }
         } else {
             dir::init_empty_leaf(&mut blk, csum_on);
         }
@@ -615,7 +641,14 @@ pub(crate) fn build(
     } else {
         lpf.block = direct_map(&files.lpf_blks);
     }
-    rec.put(LPF_INO, &lpf);
+    if inline {
+        // The move out of the inode leaves its xattr area's header (no entry).
+        rec.put_with(LPF_INO, &lpf, |r| {
+            rext4_format::bytes::set_le32(r, 128 + 32, rext4_format::xattr::MAGIC)
+        });
+    } else {
+        rec.put(LPF_INO, &lpf);
+    }
 
     // Resize inode 7: DIND + the primary reserved GDT blocks as IND blocks.
     let backups = geo.backup_groups();

@@ -50,10 +50,20 @@ impl crate::File {
                 "mapping needs a length and a block-aligned offset".into(),
             ));
         }
-        let inode = self.fs.read_live_inode(self.ino)?;
+        let mut inode = self.fs.read_live_inode(self.ino)?;
         if !inode.is_reg() {
             return Err(Error::InvalidInput(
                 "only regular files can be mapped".into(),
+            ));
+        }
+        if inode.has_flag(rext4_format::inode::flags::INLINE_DATA) && self.write {
+            // Mapped pages are block I/O: an inline file becomes a block first.
+            self.fs.uninline_file(self.ino)?;
+            inode = self.fs.read_live_inode(self.ino)?;
+        }
+        if inode.has_flag(rext4_format::inode::flags::INLINE_DATA) {
+            return Err(Error::Unsupported(
+                "a read-only mapping of a file held inline".into(),
             ));
         }
         let dax = if self.fs.is_dax() {

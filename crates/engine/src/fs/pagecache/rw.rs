@@ -347,7 +347,7 @@ impl Fs {
         if inode.mode == 0 {
             return Err(Error::NotFound);
         }
-        if !inode.is_reg() {
+        if !inode.is_reg() || inode.has_flag(flags::INLINE_DATA) {
             return Ok(None);
         }
         let Some((size, want)) = self.read_span(ino, &inode, buf.len(), offset) else {
@@ -516,7 +516,11 @@ impl Fs {
         // Pages over holes promise their blocks now (delayed allocation); when the
         // space is not there the write allocates at once instead, so ENOSPC (or a
         // short write) comes from this call, as ext4's nodelalloc fallback.
-        let promise = if !cacheable(&inode) {
+        // Inline files, and an empty file whose first bytes may go inline, are
+        // written in the record (inline.rs), never through pages.
+        let inline = inode.has_flag(flags::INLINE_DATA)
+            || (self.may_inline(&inode) && end <= self.inline_capacity_bound());
+        let promise = if !cacheable(&inode) || inline {
             None
         } else if go_now {
             Some(Promise::default())
@@ -1156,6 +1160,13 @@ impl Fs {
         let size = inode.size;
         if offset >= size {
             return Ok(None);
+        }
+        if inode.has_flag(flags::INLINE_DATA) {
+            // All of an inline file is data.
+            return Ok(match whence {
+                Whence::Data => Some(offset),
+                Whence::Hole => Some(size),
+            });
         }
         let ps = self.page_size();
         let end_blk = size.div_ceil(ps);
