@@ -409,13 +409,14 @@ impl Fs {
     /// a damaged chain hid, or repeated ones).
     pub(crate) fn process_orphans(&self) -> Result<usize> {
         let _w = self.write_lock();
-        let mut todo: Vec<Ino> = Vec::new();
+        // (inode, whether the legacy chain named it: taken off by moving the head on)
+        let mut todo: Vec<(Ino, bool)> = Vec::new();
         if let Some(of) = self.orphan_file() {
             let (blocks, _) = self.orphan_blocks(of)?;
             for b in blocks {
                 let data = self.cache().read(b, Kind::Raw, |_| Ok(()))?;
                 let inos = fo::decode(&data).map_err(|e| Error::from(e.at_block(b)))?;
-                todo.extend(inos.into_iter().map(Ino));
+                todo.extend(inos.into_iter().map(|i| (Ino(i), false)));
             }
         }
         // Legacy chain.
@@ -429,18 +430,31 @@ impl Fs {
                     None,
                 ));
             }
-            todo.push(Ino(cur));
+            todo.push((Ino(cur), true));
             cur = self.read_inode(Ino(cur))?.dtime;
             steps += 1;
         }
         let n = todo.len();
         let mut done = std::collections::HashSet::new();
-        for ino in todo {
+        for (k, &(ino, chained)) in todo.iter().enumerate() {
+            if chained {
+                // The chain is finished in order: its head moves on to the next one
+                // (as collected: a freed inode's dtime is no link).
+                let next = match todo.get(k + 1) {
+                    Some(&(n, true)) => n.0,
+                    _ => 0,
+                };
+                let mut live = self.live();
+                live.sb.last_orphan = next;
+                live.dirty = true;
+            }
             if !done.insert(ino) {
                 continue;
             }
-            let inode = self.read_inode(ino)?;
-            self.orphan_remove(ino, &inode)?;
+            if !chained {
+                let inode = self.read_inode(ino)?;
+                self.orphan_remove(ino, &inode)?;
+            }
             let mut inode = self.read_inode(ino)?;
             if inode.mode == 0 {
                 continue;
