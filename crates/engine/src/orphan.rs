@@ -176,10 +176,17 @@ impl Fs {
         if max == 0 || !inode.is_reg() {
             return false;
         }
+        self.removal_estimate(inode) > (max / 4) as u64
+    }
+
+    /// The most blocks removing all of `inode`'s mapping can add to a transaction:
+    /// two per block it holds (its bitmap and descriptor block, or a tree block's
+    /// revoke record and its parent), and a few more.
+    fn removal_estimate(&self, inode: &Inode) -> u64 {
         let bs = self.inner.block_size;
         let huge = self.inner.sb.has_ro_compat(feature::RO_COMPAT_HUGE_FILE);
         let blocks = inode.blocks_512(huge, bs) / u64::from(bs / 512).max(1);
-        blocks.saturating_mul(2).saturating_add(16) > (max / 4) as u64
+        blocks.saturating_mul(2).saturating_add(16)
     }
 
     /// Whether the running transaction has room for `more` blocks within its commit
@@ -236,7 +243,10 @@ impl Fs {
         listed: &mut bool,
     ) -> Result<()> {
         let mapped = inode.has_flag(flags::EXTENTS) || uses_block_map(inode);
-        if !self.journaling() || inode.has_flag(flags::INLINE_DATA) || !mapped {
+        let fits =
+            usize::try_from(self.removal_estimate(inode)).is_ok_and(|n| self.txn_has_room(n));
+        if fits || !self.journaling() || inode.has_flag(flags::INLINE_DATA) || !mapped {
+            // At most what the running transaction still takes: one step.
             return unmap_range(self, ino, inode, from, MAX_LOGICAL);
         }
         let starts = self.run_starts(ino, inode, from)?;
