@@ -20,8 +20,13 @@
 //! first such commit the inode goes on the orphan list (a truncate's i_size already the
 //! new one, a freed file's links_count 0), and the record written at every commit maps
 //! exactly what is left (a prefix of the file, i_blocks to match), so a crash between
-//! parts leaves an orphan that rext4's open, the kernel's mount and e2fsck all finish
-//! the same way: truncated to i_size, or freed when it has no link. The caller holds the
+//! parts leaves an orphan that rext4's open and the kernel's mount finish the same way:
+//! truncated to i_size, or freed when it has no link. (e2fsprogs frees such orphans and
+//! truncates block maps, but its orphan truncate of an extent file aborts at the first
+//! leaf it empties — "Already cleared block" — and pass 1 then clears the inode; the
+//! kernel's own restarted truncates meet the same. tests/huge_ops.rs counts it.) A
+//! removal whose worst case (two blocks per block the file holds) fits what the running
+//! transaction still takes goes in one step, without parts. The caller holds the
 //! write lock (no handle is open beside it, so the commit may close the transaction)
 //! and the inode's I/O lock exclusively. An unlink under a handle cannot commit: a
 //! file too large for the handle's share of the transaction is made an orphan there
