@@ -833,6 +833,14 @@ impl BufferCache {
         }
     }
 
+    /// How many revoke records the next commit carries (logged blocks freed since the
+    /// last one).
+    pub fn revoked_count(&self) -> usize {
+        let mut n = 0;
+        self.each(|b| n += b.revoked.len());
+        n
+    }
+
     /// Whether logged blocks were freed since the last commit.
     pub fn has_revoked(&self) -> bool {
         let mut any = false;

@@ -805,6 +805,12 @@ impl Fs {
 
     /// Remove the non-directory `name` from `parent`.
     pub fn unlink_ino(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        let r = self.unlink_in_handle(parent, name);
+        // A file too large to free in the handle was left an orphan: freed now.
+        r.and(self.free_deferred())
+    }
+
+    fn unlink_in_handle(&self, parent: Ino, name: &[u8]) -> Result<()> {
         check_name(name)?;
         let _h = self.handle();
         if self.is_htree(parent) {
@@ -901,14 +907,36 @@ impl Fs {
     /// lookups) — make it an orphan that the last reference frees.
     fn release_unlinked(&self, ino: Ino, mut inode: Inode) -> Result<()> {
         inode.links_count = 0;
-        if self.is_pinned(ino) {
+        let pinned = self.is_pinned(ino);
+        if pinned || self.too_big_for_a_handle(&inode) {
             let inode = self.orphan_add(ino, inode)?;
+            if !pinned {
+                // Freed in parts once this handle is gone (`orphan`'s module note).
+                self.inner
+                    .deferred_frees
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(ino);
+            }
             return self.write_inode(ino, &inode);
         }
         self.free_inode_and_blocks(ino, inode)
     }
 
-    pub(crate) fn free_inode_and_blocks(&self, ino: Ino, mut inode: Inode) -> Result<()> {
+    /// Free `ino` (links_count 0, on no orphan list) and its blocks in the running
+    /// transaction (a handle's: the file is small enough, see `too_big_for_a_handle`).
+    pub(crate) fn free_inode_and_blocks(&self, ino: Ino, inode: Inode) -> Result<()> {
+        self.free_inode_parts(ino, inode, false)
+    }
+
+    /// [`Fs::free_inode_and_blocks`] committing between parts where the file is too
+    /// large for one transaction, on the orphan list meanwhile. Caller holds the write
+    /// lock and the inode's I/O lock exclusively.
+    pub(crate) fn free_inode_and_blocks_in_parts(&self, ino: Ino, inode: Inode) -> Result<()> {
+        self.free_inode_parts(ino, inode, true)
+    }
+
+    fn free_inode_parts(&self, ino: Ino, mut inode: Inode, in_parts: bool) -> Result<()> {
         // Cached data goes with the inode (no writeback can be running: it pins).
         self.inner.pagecache.discard(ino);
         let is_dir = inode.is_dir();
@@ -916,7 +944,15 @@ impl Fs {
             // Removing extents may split one (a new leaf): from the pool if need be.
             // A block map frees its data and indirect blocks.
             let _c = crate::fs::space::claim_as(crate::fs::space::Claim::NoFail);
-            unmap_range(self, ino, &mut inode, 0, MAX_LOGICAL)?;
+            if in_parts {
+                let mut listed = false;
+                self.unmap_tail_in_parts(ino, &mut inode, 0, &mut listed)?;
+                if listed {
+                    self.orphan_remove(ino, &inode)?;
+                }
+            } else {
+                unmap_range(self, ino, &mut inode, 0, MAX_LOGICAL)?;
+            }
         }
         if crate::fs::inode_write::uses_block_map(&inode) {
             inode.block = [0; 60];
@@ -993,6 +1029,19 @@ impl Fs {
 
     /// rename(2) / renameat2(2).
     pub fn rename_ino(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        fl: RenameFlags,
+    ) -> Result<()> {
+        let r = self.rename_in_handle(parent, name, new_parent, new_name, fl);
+        // A replaced file too large to free in the handle was left an orphan.
+        r.and(self.free_deferred())
+    }
+
+    fn rename_in_handle(
         &self,
         parent: Ino,
         name: &[u8],
@@ -1592,11 +1641,23 @@ impl Fs {
             return Ok(());
         }
         let bs = u64::from(self.inner.block_size);
+        let t = self.now();
         if size < inode.size {
             let first_gone = size.div_ceil(bs);
             // Removing extents may split one (a new leaf): from the pool if need be.
             let _c = crate::fs::space::claim_as(crate::fs::space::Claim::NoFail);
-            unmap_range(self, ino, &mut inode, first_gone, MAX_LOGICAL)?;
+            // A huge one commits between parts with the new size on record and the
+            // file an orphan (`orphan`'s module note); an unlinked file is one already.
+            inode.size = size;
+            inode.mtime = t;
+            inode.ctime = t;
+            let was_listed = inode.links_count == 0;
+            let mut listed = was_listed;
+            self.unmap_tail_in_parts(ino, &mut inode, first_gone, &mut listed)?;
+            if listed && !was_listed {
+                self.orphan_remove(ino, &inode)?;
+                inode.dtime = 0;
+            }
             // The bytes past the new EOF in its last block stay on disk until the file
             // grows again (`zero_past_eof`): zeroing them now would change the
             // committed file before this truncate commits.
@@ -1604,7 +1665,6 @@ impl Fs {
             self.zero_past_eof(ino, &inode, size)?;
         }
         inode.size = size;
-        let t = self.now();
         inode.mtime = t;
         inode.ctime = t;
         self.write_inode(ino, &inode)?;

@@ -11,6 +11,28 @@
 //! next read-write open after a crash, every listed inode is finished: freed when it has no links, else truncated to i_size
 //! (a truncate the kernel had in progress).
 //!
+//! Huge removals (`unmap_tail_in_parts`, as the kernel's `ext4_ext_remove_space` and
+//! `ext4_ind_truncate` restart their handles): a truncate, a final free or an orphan's
+//! cleanup at open that would dirty more than one transaction holds (a file of a
+//! million extents, or with its blocks spread over thousands of groups) removes the
+//! mapping from the end backwards, a few mapped runs at a time, and commits between
+//! parts whenever the running transaction has no room for the next one. Before the
+//! first such commit the inode goes on the orphan list (a truncate's i_size already the
+//! new one, a freed file's links_count 0), and the record written at every commit maps
+//! exactly what is left (a prefix of the file, i_blocks to match), so a crash between
+//! parts leaves an orphan that rext4's open and the kernel's mount finish the same way:
+//! truncated to i_size, or freed when it has no link. (e2fsprogs frees such orphans and
+//! truncates block maps, but its orphan truncate of an extent file aborts at the first
+//! leaf it empties — "Already cleared block" — and pass 1 then clears the inode; the
+//! kernel's own restarted truncates meet the same. tests/huge_ops.rs counts it.) A
+//! removal whose worst case (two blocks per block the file holds) fits what the running
+//! transaction still takes goes in one step, without parts. The caller holds the
+//! write lock (no handle is open beside it, so the commit may close the transaction)
+//! and the inode's I/O lock exclusively. An unlink under a handle cannot commit: a
+//! file too large for the handle's share of the transaction is made an orphan there
+//! and freed in parts once the handle is gone (`deferred_frees`, as the kernel's evict
+//! comes after the unlink's handle).
+//!
 //! The last unpin may come while its thread holds another inode's I/O lock (writeback
 //! of other files from inside a write, which pins each file it writes). The I/O locks
 //! are striped, so waiting there for the orphan's could wait for a lock the thread
@@ -18,14 +40,22 @@
 //! unpin, sync or close on a thread holding no I/O lock (the inode stays on the orphan
 //! list meanwhile, so a crash still finishes it).
 
-use rext4_format::inode::Inode;
+use rext4_format::inode::{flags, Inode};
 use rext4_format::orphan as fo;
 use rext4_format::superblock::feature;
 
 use crate::cache::Kind;
 use crate::error::{Error, Result};
+use crate::fs::inode_write::{unmap_range, uses_block_map};
 use crate::fs::map::{Mapping, MAX_LOGICAL};
 use crate::fs::{Fs, Ino};
+
+/// Mapped runs one part of a huge removal takes away at most.
+const PART_RUNS: usize = 32;
+/// Blocks one part may add to the running transaction at most: per run, a bitmap and a
+/// descriptor block (each run may lie in a group of its own) and the indirect or tree
+/// blocks around it (changed, or freed and revoked), with the inode's and superblock's.
+const PART_BUDGET: usize = 4 * PART_RUNS + 16;
 
 impl Fs {
     /// Take a reference on `ino` (an open handle): it is not freed while referenced.
@@ -135,9 +165,120 @@ impl Fs {
         if inode.links_count == 0 && inode.mode != 0 && self.inode_in_use(ino)? {
             self.orphan_remove(ino, &inode)?;
             let inode = self.read_inode(ino)?;
-            self.free_inode_and_blocks(ino, inode)?;
+            self.free_inode_and_blocks_in_parts(ino, inode)?;
         }
         Ok(())
+    }
+
+    /// Whether freeing `inode` (its blocks and tree) could dirty more than a handle's
+    /// share of a transaction: each block it holds may lie in a group of its own (a
+    /// bitmap and a descriptor block each) or be a logged tree block (a revoke record).
+    pub(crate) fn too_big_for_a_handle(&self, inode: &Inode) -> bool {
+        let max = self
+            .inner
+            .max_txn
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if max == 0 || !inode.is_reg() {
+            return false;
+        }
+        self.removal_estimate(inode) > (max / 4) as u64
+    }
+
+    /// The most blocks removing all of `inode`'s mapping can add to a transaction:
+    /// two per block it holds (its bitmap and descriptor block, or a tree block's
+    /// revoke record and its parent), and a few more.
+    fn removal_estimate(&self, inode: &Inode) -> u64 {
+        let bs = self.inner.block_size;
+        let huge = self.inner.sb.has_ro_compat(feature::RO_COMPAT_HUGE_FILE);
+        let blocks = inode.blocks_512(huge, bs) / u64::from(bs / 512).max(1);
+        blocks.saturating_mul(2).saturating_add(16)
+    }
+
+    /// Whether the running transaction has room for `more` blocks within its commit
+    /// threshold (half of what one transaction may carry, as `txn_full`): dirty
+    /// blocks, revoke records (counted as blocks: generous) and a descriptor block for
+    /// each changed group (an upper bound).
+    fn txn_has_room(&self, more: usize) -> bool {
+        let max = self
+            .inner
+            .max_txn
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if max == 0 {
+            return true;
+        }
+        let groups: usize = self
+            .inner
+            .dirty_groups
+            .iter()
+            .map(|w| w.load(std::sync::atomic::Ordering::Relaxed).count_ones() as usize)
+            .sum();
+        let used = self.cache().dirty_count() + self.cache().revoked_count() + groups + 2;
+        used + more <= max / 2
+    }
+
+    /// The logical blocks from `from` on where mapped runs begin (an extent, or what a
+    /// block map's lookup answers in one run), in order.
+    fn run_starts(&self, ino: Ino, inode: &Inode, from: u64) -> Result<Vec<u64>> {
+        let mut starts = Vec::new();
+        let mut l = from;
+        while l < MAX_LOGICAL {
+            match self.map_block(ino, inode, l)? {
+                Mapping::Mapped { len, .. } => {
+                    starts.push(l);
+                    l = l.saturating_add(len.max(1));
+                }
+                Mapping::Hole { len } => l = l.saturating_add(len.max(1)),
+            }
+        }
+        Ok(starts)
+    }
+
+    /// Remove the mapping of `ino` from logical block `from` to the end in parts that
+    /// each fit the running transaction, committing between them (see the module
+    /// note). `inode` is the record as it must read at every commit (the new i_size of
+    /// a truncate, links_count 0 of a file being freed); `listed` says whether it is on
+    /// the orphan list, and becomes true when a commit between parts put it there (the
+    /// caller takes it off when done). Caller holds the write lock and the inode's I/O
+    /// lock exclusively.
+    pub(crate) fn unmap_tail_in_parts(
+        &self,
+        ino: Ino,
+        inode: &mut Inode,
+        from: u64,
+        listed: &mut bool,
+    ) -> Result<()> {
+        let mapped = inode.has_flag(flags::EXTENTS) || uses_block_map(inode);
+        let fits =
+            usize::try_from(self.removal_estimate(inode)).is_ok_and(|n| self.txn_has_room(n));
+        if fits || !self.journaling() || inode.has_flag(flags::INLINE_DATA) || !mapped {
+            // At most what the running transaction still takes: one step.
+            return unmap_range(self, ino, inode, from, MAX_LOGICAL);
+        }
+        let starts = self.run_starts(ino, inode, from)?;
+        let mut hi = starts.len();
+        loop {
+            if !self.txn_has_room(PART_BUDGET) {
+                self.commit_between_parts(ino, inode, listed)?;
+            }
+            let Some(lo) = hi.checked_sub(1).map(|h| h.saturating_sub(PART_RUNS - 1)) else {
+                // Last, whatever lies between `from` and the first run (an extent
+                // tree's empty leaves), with the tree's final shrink.
+                return unmap_range(self, ino, inode, from, MAX_LOGICAL);
+            };
+            unmap_range(self, ino, inode, starts[lo], MAX_LOGICAL)?;
+            hi = lo;
+        }
+    }
+
+    /// Commit the running transaction between two parts of a huge removal, with `ino`
+    /// on the orphan list and its record as the parts so far left it.
+    fn commit_between_parts(&self, ino: Ino, inode: &mut Inode, listed: &mut bool) -> Result<()> {
+        if !*listed {
+            *inode = self.orphan_add(ino, inode.clone())?;
+            *listed = true;
+        }
+        self.write_inode(ino, inode)?;
+        self.inner.sync_locked()
     }
 
     pub(crate) fn is_pinned(&self, ino: Ino) -> bool {
@@ -277,26 +418,21 @@ impl Fs {
         Ok(out)
     }
 
+    /// Each orphan is taken off its list as it is finished (not the whole list first),
+    /// so a cleanup that commits between the parts of a huge one (see the module note)
+    /// leaves the ones not reached yet listed; the list is emptied at the end (entries
+    /// a damaged chain hid, or repeated ones).
     pub(crate) fn process_orphans(&self) -> Result<usize> {
         let _w = self.write_lock();
-        let mut todo: Vec<Ino> = Vec::new();
+        // (inode, whether the legacy chain named it: taken off by moving the head on)
+        let mut todo: Vec<(Ino, bool)> = Vec::new();
         if let Some(of) = self.orphan_file() {
-            let (blocks, seed) = self.orphan_blocks(of)?;
+            let (blocks, _) = self.orphan_blocks(of)?;
             for b in blocks {
-                let data = self.cache().read(b, Kind::Raw, |_| Ok(()))?.to_vec();
+                let data = self.cache().read(b, Kind::Raw, |_| Ok(()))?;
                 let inos = fo::decode(&data).map_err(|e| Error::from(e.at_block(b)))?;
-                if !inos.is_empty() {
-                    todo.extend(inos.into_iter().map(Ino));
-                    let mut clean = data;
-                    for s in 0..fo::slots_per_block(clean.len()) {
-                        fo::clear_slot(&mut clean, s);
-                    }
-                    self.write_orphan_block(b, clean, seed)?;
-                }
+                todo.extend(inos.into_iter().map(|i| (Ino(i), false)));
             }
-            let mut live = self.live();
-            live.sb.feature_ro_compat &= !feature::RO_COMPAT_ORPHAN_PRESENT;
-            live.dirty = true;
         }
         // Legacy chain.
         let mut cur = self.live().sb.last_orphan;
@@ -309,39 +445,74 @@ impl Fs {
                     None,
                 ));
             }
-            todo.push(Ino(cur));
+            todo.push((Ino(cur), true));
             cur = self.read_inode(Ino(cur))?.dtime;
             steps += 1;
         }
-        {
-            let mut live = self.live();
-            live.sb.last_orphan = 0;
-            live.dirty = true;
-        }
         let n = todo.len();
-        for ino in todo {
+        let mut done = std::collections::HashSet::new();
+        for (k, &(ino, chained)) in todo.iter().enumerate() {
+            if chained {
+                // The chain is finished in order: its head moves on to the next one
+                // (as collected: a freed inode's dtime is no link).
+                let next = match todo.get(k + 1) {
+                    Some(&(n, true)) => n.0,
+                    _ => 0,
+                };
+                let mut live = self.live();
+                live.sb.last_orphan = next;
+                live.dirty = true;
+            }
+            if !done.insert(ino) {
+                continue;
+            }
+            if !chained {
+                let inode = self.read_inode(ino)?;
+                self.orphan_remove(ino, &inode)?;
+            }
             let mut inode = self.read_inode(ino)?;
             if inode.mode == 0 {
                 continue;
             }
             inode.dtime = 0;
             if inode.links_count == 0 {
-                self.free_inode_and_blocks(ino, inode)?;
+                self.free_inode_and_blocks_in_parts(ino, inode)?;
             } else if inode.is_reg() || inode.is_dir() {
                 // A truncate in progress: drop blocks past i_size.
                 let bs = u64::from(self.inner.block_size);
                 let first_gone = inode.size.div_ceil(bs);
-                crate::fs::inode_write::unmap_range(
-                    self,
-                    ino,
-                    &mut inode,
-                    first_gone,
-                    MAX_LOGICAL,
-                )?;
+                let mut listed = false;
+                self.unmap_tail_in_parts(ino, &mut inode, first_gone, &mut listed)?;
+                if listed {
+                    self.orphan_remove(ino, &inode)?;
+                    inode.dtime = 0;
+                }
                 self.write_inode(ino, &inode)?;
             } else {
                 self.write_inode(ino, &inode)?;
             }
+        }
+        // Whatever is still listed (a chain cut short, a slot named twice) goes too.
+        if let Some(of) = self.orphan_file() {
+            let (blocks, seed) = self.orphan_blocks(of)?;
+            for b in blocks {
+                let data = self.cache().read(b, Kind::Raw, |_| Ok(()))?.to_vec();
+                if fo::used_slots(&data) > 0 {
+                    let mut clean = data;
+                    for s in 0..fo::slots_per_block(clean.len()) {
+                        fo::clear_slot(&mut clean, s);
+                    }
+                    self.write_orphan_block(b, clean, seed)?;
+                }
+            }
+            let mut live = self.live();
+            live.sb.feature_ro_compat &= !feature::RO_COMPAT_ORPHAN_PRESENT;
+            live.dirty = true;
+        }
+        {
+            let mut live = self.live();
+            live.sb.last_orphan = 0;
+            live.dirty = true;
         }
         Ok(n)
     }

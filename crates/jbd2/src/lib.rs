@@ -114,11 +114,16 @@ pub struct Log {
     fast_commits_pending: bool,
 }
 
-/// A log's map: runs of log blocks on consecutive device blocks, in log order.
+/// A log's map: runs of log blocks on consecutive device blocks, in log order — the one
+/// map of a journal's blocks (the engine's `JournalMap` finds them in the journal
+/// inode and keeps them here; recovery and the log writer look them up here).
 #[derive(Debug, Clone, Default)]
 pub struct Runs {
-    /// (first log block, first device block, length), sorted, adjacent.
+    /// (first log block, first device block, length), sorted, not overlapping; log
+    /// blocks between two runs are unmapped (a journal inode with a hole).
     runs: Vec<(u64, u64, u64)>,
+    /// Log blocks there are: the end of the last run, or the length set by
+    /// [`Runs::set_len`] (blocks past it are not looked up).
     blocks: u64,
 }
 
@@ -132,17 +137,66 @@ impl Runs {
         r
     }
 
-    /// Append `len` log blocks on device blocks `physical..`.
-    pub fn push(&mut self, physical: u64, len: u64) {
-        match self.runs.last_mut() {
-            Some((_, p, l)) if *p + *l == physical => *l += len,
-            _ => self.runs.push((self.blocks, physical, len)),
-        }
-        self.blocks += len;
+    /// The logical end of the last run.
+    fn end(&self) -> u64 {
+        self.runs.last().map_or(0, |r| r.0 + r.2)
     }
 
-    /// The device block of log block `j`, which the log's superblock geometry (checked
-    /// at open against [`LogMap::blocks`]) keeps inside the map.
+    /// Append `len` log blocks on device blocks `physical..`.
+    pub fn push(&mut self, physical: u64, len: u64) {
+        let at = self.end();
+        self.push_run(at, physical, len);
+    }
+
+    /// Map log blocks `logical..logical+len` to device blocks `physical..`: runs come
+    /// in log order (a run starting before the end of the last one is refused); a gap
+    /// between them stays unmapped.
+    pub fn push_at(&mut self, logical: u64, physical: u64, len: u64) -> Result<()> {
+        if logical < self.end() {
+            return Err(Error::Corrupted {
+                what: format!("journal block {logical} is mapped twice"),
+                block: None,
+            });
+        }
+        self.push_run(logical, physical, len);
+        Ok(())
+    }
+
+    fn push_run(&mut self, logical: u64, physical: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
+        match self.runs.last_mut() {
+            Some((l, p, n)) if *l + *n == logical && *p + *n == physical => *n += len,
+            _ => self.runs.push((logical, physical, len)),
+        }
+        self.blocks = self.blocks.max(logical + len);
+    }
+
+    /// The log has `blocks` blocks (a journal inode's size): runs past it are not
+    /// looked up, and blocks up to it that no run maps are holes.
+    pub fn set_len(&mut self, blocks: u64) {
+        self.blocks = blocks;
+    }
+
+    /// The first log block below the log's length that no run maps.
+    pub fn first_hole(&self) -> Option<u64> {
+        let mut next = 0;
+        for &(l, _, n) in &self.runs {
+            if next >= self.blocks {
+                return None;
+            }
+            if l > next {
+                return Some(next);
+            }
+            next = l + n;
+        }
+        (next < self.blocks).then_some(next)
+    }
+
+    /// The device block of log block `j`: the log's superblock geometry, checked at
+    /// open against [`LogMap::blocks`] and [`Runs::first_hole`], keeps the log writer
+    /// inside the mapped blocks.
     fn at(&self, j: u64) -> u64 {
         let i = self.runs.partition_point(|r| r.0 <= j);
         let (l, p, _) = self.runs[i.saturating_sub(1)];
@@ -155,13 +209,14 @@ impl LogMap for Runs {
         self.blocks
     }
     fn physical(&self, j: u64) -> Result<u64> {
-        if j >= self.blocks {
-            return Err(Error::Corrupted {
+        let i = self.runs.partition_point(|r| r.0 <= j);
+        match i.checked_sub(1).and_then(|i| self.runs.get(i)) {
+            Some(&(l, p, n)) if j < l + n && j < self.blocks => Ok(p + (j - l)),
+            _ => Err(Error::Corrupted {
                 what: format!("journal block {j} is not mapped"),
                 block: None,
-            });
+            }),
         }
-        Ok(self.at(j))
     }
 }
 
@@ -209,6 +264,7 @@ impl Log {
         let (jsb, jsb_block) = recover::read_superblock_block(dev, &map, bs)?;
         if jsb.blocksize as usize != bs
             || (jsb.maxlen as u64) > map.blocks()
+            || map.first_hole().is_some_and(|h| h < u64::from(jsb.maxlen))
             || jsb.first == 0
             || jsb.first >= jsb.maxlen
         {
@@ -653,6 +709,27 @@ mod tests {
         pushed.push(7, 2);
         pushed.push(9000, 1);
         assert_eq!(pushed.runs, r.runs);
+    }
+
+    /// Runs placed by log block: a gap is a hole, a run before the last one's end is
+    /// refused, the length cuts lookups off.
+    #[test]
+    fn runs_placed_by_log_block_keep_their_holes() {
+        let mut r = Runs::default();
+        r.push_at(0, 100, 4).expect("first");
+        r.push_at(6, 200, 4).expect("after a gap");
+        assert!(r.push_at(8, 300, 1).is_err(), "overlap");
+        assert_eq!(r.blocks(), 10);
+        assert_eq!(r.first_hole(), Some(4));
+        assert_eq!(r.physical(3).expect("mapped"), 103);
+        assert!(r.physical(4).is_err() && r.physical(5).is_err());
+        assert_eq!(r.physical(7).expect("mapped"), 201);
+        r.set_len(8);
+        assert!(r.physical(8).is_err(), "past the length");
+        r.set_len(12);
+        assert!(r.physical(10).is_err(), "a hole at the end");
+        let whole = Runs::from_blocks(&[5, 6, 7]);
+        assert_eq!(whole.first_hole(), None);
     }
 
     const BS: usize = 1024;

@@ -2,7 +2,8 @@
 //! the policy. Writing the log (descriptors, tags, revoke and commit blocks, the
 //! journal superblock, early commits) is the `rext4-jbd2` crate's [`Journal`] (its
 //! `Log`), which knows nothing of ext4; this module hands it the journal inode's
-//! blocks ([`load`]) and runs the periodic commit and early commit threads.
+//! blocks ([`load`], through `journal::JournalMap::locate`, the map recovery uses) and
+//! runs the periodic commit and early commit threads.
 //!
 //! Model: a transaction is everything made dirty between two commits. Operations run
 //! under `Fs::write_lock` or as handles (the transaction gate shared; closing takes it
@@ -59,54 +60,37 @@ use std::sync::Arc;
 use rext4_format::jbd2;
 
 use crate::error::{Error, Result};
-use crate::fs::map::Mapping;
-use crate::fs::{Fs, Ino};
+use crate::fs::Fs;
 
 pub(crate) use rext4_jbd2::{EarlyOutcome, Log as Journal};
 
 /// Read the journal of `fs` (None without has_journal): the journal inode's blocks,
-/// all mapped, handed to the log, which validates its superblock against them.
+/// found by `journal::JournalMap::locate` (as recovery finds them: one map of the log,
+/// `rext4_jbd2::Runs`), all mapped, handed to the log, which validates its superblock
+/// against them.
 pub(crate) fn load(fs: &Fs) -> Result<Option<Journal>> {
     let sb = &fs.inner.sb;
     if !sb.has_compat(rext4_format::superblock::feature::COMPAT_HAS_JOURNAL) || sb.journal_inum == 0
     {
         return Ok(None);
     }
-    let ino = Ino(sb.journal_inum);
-    let inode = fs.read_inode(ino)?;
     let bs = fs.block_size() as usize;
-    let nblocks = inode.size / bs as u64;
+    let dev = fs.cache().device().clone();
+    let map = crate::journal::JournalMap::locate(dev.as_ref(), sb)?;
+    let nblocks = map.blocks;
     if nblocks < u64::from(jbd2::MIN_JOURNAL_BLOCKS) || nblocks > 1 << 24 {
         return Err(Error::corrupted(
             format!("journal of {nblocks} blocks"),
             None,
         ));
     }
-    let mut map = rext4_jbd2::Runs::default();
-    let mut l = 0u64;
-    while l < nblocks {
-        match fs.map_block(ino, &inode, l)? {
-            Mapping::Mapped {
-                physical,
-                len,
-                unwritten: false,
-            } => {
-                map.push(physical, len.min(nblocks - l));
-                l += len.min(nblocks - l);
-            }
-            _ => {
-                return Err(Error::corrupted(
-                    format!("journal has a hole at block {l}"),
-                    None,
-                ))
-            }
-        }
+    if let Some(l) = map.first_hole() {
+        return Err(Error::corrupted(
+            format!("journal has a hole at block {l}"),
+            None,
+        ));
     }
-    Ok(Some(Journal::open_runs(
-        fs.cache().device().as_ref(),
-        map,
-        bs,
-    )?))
+    Ok(Some(Journal::open_runs(dev.as_ref(), map.into_runs(), bs)?))
 }
 
 /// Commit every `secs` seconds while the filesystem is open read-write (mount's

@@ -94,17 +94,12 @@ pub(crate) fn check_ext4_magic(raw_sb: &[u8]) -> Result<()> {
 }
 
 /// A run of journal blocks `[logical, logical+len)` stored at `physical..`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Run {
-    logical: u64,
-    physical: u64,
-    len: u64,
-}
-
-/// Where the blocks of an internal journal live.
+/// Where the blocks of an internal journal live: found in the journal inode
+/// ([`JournalMap::locate`]), kept as the log's one map, `rext4_jbd2::Runs`, which
+/// recovery and the log writer (`fs::jwrite::load`) look blocks up in.
 #[derive(Clone, Debug)]
 pub struct JournalMap {
-    runs: Vec<Run>,
+    map: rext4_jbd2::Runs,
     /// Journal size from the inode's i_size, in blocks.
     pub blocks: u64,
     block_size: u64,
@@ -179,7 +174,7 @@ impl JournalMap {
         }
         let blocks = (inode.size / bs).min(MAX_JOURNAL_BLOCKS);
 
-        let mut runs = Vec::new();
+        let mut runs: Vec<(u64, u64, u64)> = Vec::new();
         let mut reads = 0usize;
         let check = |p: u64, len: u64| -> Result<()> {
             if p < u64::from(sb.first_data_block) || p.saturating_add(len) > sb.blocks_count {
@@ -214,11 +209,7 @@ impl JournalMap {
                                 ));
                             }
                             check(e.physical, u64::from(e.len))?;
-                            runs.push(Run {
-                                logical: u64::from(e.logical),
-                                physical: e.physical,
-                                len: u64::from(e.len),
-                            });
+                            runs.push((u64::from(e.logical), e.physical, u64::from(e.len)));
                         }
                     }
                     Node::Index(h, idx) => {
@@ -248,18 +239,14 @@ impl JournalMap {
         } else {
             // ext2/3 block map: 12 direct pointers, then IND, DIND, TIND.
             let apb = bs / 4;
-            let push = |l: u64, p: u64, runs: &mut Vec<Run>| -> Result<()> {
+            let push = |l: u64, p: u64, runs: &mut Vec<(u64, u64, u64)>| -> Result<()> {
                 if p == 0 || l >= blocks {
                     return Ok(());
                 }
                 check(p, 1)?;
                 match runs.last_mut() {
-                    Some(r) if r.logical + r.len == l && r.physical + r.len == p => r.len += 1,
-                    _ => runs.push(Run {
-                        logical: l,
-                        physical: p,
-                        len: 1,
-                    }),
+                    Some((rl, rp, n)) if *rl + *n == l && *rp + *n == p => *n += 1,
+                    _ => runs.push((l, p, 1)),
                 }
                 Ok(())
             };
@@ -302,9 +289,15 @@ impl JournalMap {
                 todo.extend(children);
             }
         }
-        runs.sort_by_key(|r| r.logical);
+        runs.sort_by_key(|r| r.0);
+        let mut map = rext4_jbd2::Runs::default();
+        for (l, p, n) in runs {
+            map.push_at(l, p, n)
+                .map_err(|e| Error::corrupted(e.to_string(), None))?;
+        }
+        map.set_len(blocks);
         Ok(JournalMap {
-            runs,
+            map,
             blocks,
             block_size: bs,
         })
@@ -312,14 +305,20 @@ impl JournalMap {
 
     /// Physical block of journal block `j`.
     pub fn physical(&self, j: u64) -> Result<u64> {
-        let i = self.runs.partition_point(|r| r.logical <= j);
-        match i.checked_sub(1).and_then(|i| self.runs.get(i)) {
-            Some(r) if j < r.logical + r.len && j < self.blocks => Ok(r.physical + (j - r.logical)),
-            _ => Err(Error::corrupted(
-                format!("journal block {j} is not mapped"),
-                None,
-            )),
-        }
+        use rext4_jbd2::LogMap;
+        self.map
+            .physical(j)
+            .map_err(|e| Error::corrupted(e.to_string(), None))
+    }
+
+    /// The first journal block the inode leaves unmapped, if any.
+    pub fn first_hole(&self) -> Option<u64> {
+        self.map.first_hole()
+    }
+
+    /// The map itself, for the log writer.
+    pub(crate) fn into_runs(self) -> rext4_jbd2::Runs {
+        self.map
     }
 
     /// Read journal block `j` into `buf` (one block).

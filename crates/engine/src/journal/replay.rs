@@ -127,18 +127,6 @@ pub(crate) fn replay_in_boot(
     run(dev, true, boot_id)
 }
 
-impl rext4_jbd2::LogMap for JournalMap {
-    fn blocks(&self) -> u64 {
-        self.blocks
-    }
-    fn physical(&self, j: u64) -> rext4_jbd2::Result<u64> {
-        JournalMap::physical(self, j).map_err(|e| rext4_jbd2::Error::Corrupted {
-            what: e.to_string(),
-            block: None,
-        })
-    }
-}
-
 fn run(dev: &dyn BlockDevice, write: bool, boot_id: Option<[u8; 16]>) -> Result<ReplayReport> {
     let (_, sb) = read_superblock(dev)?;
     if !sb.has_compat(feature::COMPAT_HAS_JOURNAL) || !sb.has_incompat(feature::INCOMPAT_RECOVER) {
@@ -150,7 +138,7 @@ fn run(dev: &dyn BlockDevice, write: bool, boot_id: Option<[u8; 16]>) -> Result<
         needed: true,
         log: rext4_jbd2::recover(
             dev,
-            &map,
+            &map.into_runs(),
             bs,
             sb.blocks_count,
             usize::from(sb.inode_size),
