@@ -97,8 +97,11 @@ impl Fs {
     fn alloc_span(&self, g: usize) -> u64 {
         let sb = &self.inner.sb;
         let first = sb.group_first_block(g as u64);
-        sb.clusters_in_group(g as u64)
-            .min(self.alloc_end().saturating_sub(first).div_ceil(sb.cluster_ratio()))
+        sb.clusters_in_group(g as u64).min(
+            self.alloc_end()
+                .saturating_sub(first)
+                .div_ceil(sb.cluster_ratio()),
+        )
     }
 
     fn group_of_block(&self, blk: u64) -> usize {
