@@ -191,8 +191,8 @@ def test_not_ext4_and_missing_image(tmp):
 
 
 def test_unsupported_feature_is_eopnotsupp(tmp):
-    img = os.path.join(tmp, "inline.img")
-    mkfs_ext4(img, "16M", "-O", "inline_data")
+    img = os.path.join(tmp, "encrypt.img")
+    mkfs_ext4(img, "16M", "-O", "encrypt")
     raises(OSError, errno.EOPNOTSUPP, rext4.open, img)
 
 
