@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p rext4-cli
-R=$PWD/target/release/rext4
+R=$(realpath -m "${CARGO_TARGET_DIR:-target}")/release/rext4
 dir=$(mktemp -d)
 mnt=$dir/mnt
 cleanup() {
