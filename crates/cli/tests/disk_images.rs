@@ -557,16 +557,7 @@ fn mkfs_onto_a_partition() {
 
 /// statvfs's f_bfree of `p` in bytes (0 when it fails).
 fn free_bytes(p: &Path) -> u64 {
-    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()) else {
-        return 0;
-    };
-    // SAFETY: statvfs with a valid path and a zeroed out-struct.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return 0;
-    }
-    st.f_bfree as u64 * st.f_frsize as u64
+    fuse_mount::statvfs(p).map_or(0, |st| st.f_bfree * st.f_frsize)
 }
 
 /// Wait (up to 30 s) until the mount at `p` has `free` bytes free again (less 1 MiB).

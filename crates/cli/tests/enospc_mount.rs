@@ -893,14 +893,7 @@ fn direct_aio_writers_race_space_changes() {
 
 /// statvfs's f_bavail of `p` in bytes (0 when it fails).
 fn avail_bytes(p: &Path) -> u64 {
-    let c = fuse_mount::cpath(p);
-    // SAFETY: statvfs with a valid path and a zeroed out-struct.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return 0;
-    }
-    st.f_bavail * st.f_frsize
+    fuse_mount::statvfs(p).map_or(0, |st| st.f_bavail * st.f_frsize)
 }
 
 /// The fio run: libaio O_DIRECT writers (128 KiB, 128 in flight each) beside

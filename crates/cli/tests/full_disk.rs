@@ -83,10 +83,7 @@ fn fill(dir: &Path, n: usize) -> Vec<Outcome> {
 
 /// statvfs's f_bavail in bytes.
 fn avail_bytes(p: &Path) -> u64 {
-    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
-    // SAFETY: statvfs with a valid path and a zeroed out-struct.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    let st = fuse_mount::statvfs(p).expect("statvfs");
     st.f_bavail * st.f_frsize
 }
 

@@ -202,6 +202,18 @@ pub fn cpath(p: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).expect("path without NUL")
 }
 
+/// statvfs(3) of `p`.
+pub fn statvfs(p: &Path) -> std::io::Result<libc::statvfs> {
+    let c = cpath(p);
+    // SAFETY: statvfs with a valid path and a zeroed out-struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
 /// renameat2(2) relative to the working directory.
 pub fn renameat2(from: &Path, to: &Path, flags: u32) -> std::io::Result<()> {
     let (a, b) = (cpath(from), cpath(to));
