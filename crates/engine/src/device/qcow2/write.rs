@@ -343,6 +343,14 @@ impl Qcow2 {
                 ),
             ));
         }
+        // Past the file's end: (cluster, 0) for every cluster of refcount block `b`
+        // (table entry `ti`) from its entry `from` on that still counts a reference.
+        let counted_from = |b: &[u8], ti: u64, from: u64| {
+            (from..per)
+                .filter(|&i| refcount::get(b, order, i as usize) != 0)
+                .map(|i| (ti * per + i, 0))
+                .collect::<Vec<_>>()
+        };
         let mut leaks = Vec::new();
         let mut hint = None;
         for ti in 0..rc_table.len() as u64 {
@@ -358,11 +366,7 @@ impl Qcow2 {
                     continue;
                 };
                 if let Some(b) = m.rc.as_ref().and_then(|r| r.blocks.get(&boff)) {
-                    leaks.extend(
-                        (0..per as usize)
-                            .filter(|&i| refcount::get(&b.b, order, i) != 0)
-                            .map(|i| (ti * per + i as u64, 0)),
-                    );
+                    leaks.extend(counted_from(&b.b, ti, 0));
                 }
                 continue;
             }
@@ -394,12 +398,7 @@ impl Qcow2 {
                 }
             }
             if inside.end == nclusters {
-                let beyond = (nclusters - ti * per) as usize..per as usize;
-                leaks.extend(
-                    beyond
-                        .filter(|&i| refcount::get(&b, order, i) != 0)
-                        .map(|i| (ti * per + i as u64, 0)),
-                );
+                leaks.extend(counted_from(&b, ti, nclusters - ti * per));
             }
         }
         let mut punch = Vec::new();
